@@ -1,0 +1,49 @@
+# mini-vLLM course. Every target installs what it needs into .venv (idempotent).
+#   make lab        open the course in JupyterLab
+#   make test       the whole test suite (what CI runs)
+PYTHON        ?= python3
+VENV          := .venv
+PY            := $(VENV)/bin/python
+PIP           := $(PY) -m pip
+# torch and triton are installed only when the venv has none, so a CUDA build
+# you installed yourself (README: "Using a GPU") is kept.
+TORCH_SPEC    ?= torch==2.13.0
+TRITON_SPEC   ?= triton==3.9.0
+PYTEST_ARGS   ?=
+
+.PHONY: help venv install-course install-test lab test test-fast notebooks test-notebooks bench model clean
+
+help:
+	@echo "make lab    - install the course into .venv and open JupyterLab"
+	@echo "make test   - install test dependencies into .venv and run the whole suite"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+
+# torch (and triton on Linux) first, only when missing.
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	@if [ "$$(uname -s)" = "Linux" ]; then \
+	  $(PY) -c "import triton" 2>/dev/null || $(PIP) install "$(TRITON_SPEC)"; fi
+	touch $@
+
+$(VENV)/.course: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PIP) install -c constraints.txt -e ".[course]"
+	touch $@
+
+$(VENV)/.test: pyproject.toml constraints.txt $(VENV)/.torch
+	$(PIP) install -c constraints.txt -e ".[test]"
+	touch $@ $(VENV)/.course
+
+venv install-course: $(VENV)/.course
+install-test: $(VENV)/.test
+
+lab: $(VENV)/.course
+	$(VENV)/bin/jupyter lab notebooks/00_welcome.ipynb
+
+test: $(VENV)/.test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

@@ -1,0 +1,371 @@
+"""The paged KV-cache pool: blocks, the free-block queue and the hash map (chapters 02, 05, 06).
+
+The GPU memory for K/V is cut into ``num_blocks`` fixed-size blocks of
+``block_size`` tokens. This module only does the *bookkeeping* for them: which
+block is used by how many requests (``ref_cnt``), which blocks are free and in
+what order they will be reused (``FreeKVCacheBlockQueue``), and which blocks
+hold a cached prefix (the hash map). It never touches a tensor.
+
+Two ideas carry prefix caching:
+
+* A freed block keeps its hash and its K/V. It sits in the free queue, and
+  until it is reused a new request with the same prefix can take it back
+  (``touch``). Eviction is lazy: it happens only when the block is popped
+  for reuse.
+* The free queue is ordered for LRU: blocks popped from the head are reused
+  first; a freed block that holds a cached prefix goes to the tail, so it is
+  evicted last.
+
+vLLM equivalents: ``vllm/v1/core/block_pool.py`` (``BlockPool``,
+``BlockHashToBlockMap``) and ``vllm/v1/core/kv_cache_utils.py``
+(``KVCacheBlock``, ``FreeKVCacheBlockQueue``). One difference: vLLM reserves
+block 0 as a "null block" (a placeholder used by sliding-window and hybrid
+models); this pool has none, so block ids run from 0 to ``num_blocks - 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Union
+
+from .hashing import BlockHash
+
+if TYPE_CHECKING:
+    from .request import Request
+
+
+class KVCacheBlock:
+    """The metadata of one physical KV-cache block.
+
+    Attributes:
+        block_id: index of the block in the cache tensors (never changes).
+        ref_cnt: how many running requests have this block in their block table.
+        block_hash: the hash of the (full) block's contents while it is in the
+            prefix cache, else None.
+        prev_free_block / next_free_block: links of the free-block queue; only
+            meaningful while the block is in the queue (ref_cnt == 0).
+    """
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block")
+
+    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: Optional[BlockHash] = None):
+        self.block_id = block_id
+        self.ref_cnt = ref_cnt
+        self.block_hash = block_hash
+        self.prev_free_block: Optional[KVCacheBlock] = None
+        self.next_free_block: Optional[KVCacheBlock] = None
+
+    def __repr__(self) -> str:
+        # Print neighbours by id: printing them whole would recurse along the list.
+        prev_id = self.prev_free_block.block_id if self.prev_free_block else None
+        next_id = self.next_free_block.block_id if self.next_free_block else None
+        short_hash = self.block_hash.hex()[:8] if self.block_hash is not None else None
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"block_hash={short_hash}, prev_free_block={prev_id}, next_free_block={next_id})"
+        )
+
+
+class FreeKVCacheBlockQueue:
+    """The free blocks, as a doubly linked list in reuse order (head first).
+
+    Owns the ``prev_free_block``/``next_free_block`` links of every block in it.
+    Invariants: every block in the list has ``ref_cnt == 0``; a block is in the
+    list at most once; ``num_free_blocks`` is the list's length.
+
+    Why not a Python ``deque``? A cache hit must take a block out of the
+    *middle* of the queue (``remove``); with links stored in the blocks that is
+    O(1). Two sentinel nodes (``fake_head``, ``fake_tail``) remove every
+    "is the list empty / is this the end" special case.
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        self.fake_head = KVCacheBlock(block_id=-1)
+        self.fake_tail = KVCacheBlock(block_id=-1)
+        previous = self.fake_head
+        for block in blocks:
+            previous.next_free_block = block
+            block.prev_free_block = previous
+            previous = block
+        previous.next_free_block = self.fake_tail
+        self.fake_tail.prev_free_block = previous
+
+    def popleft(self) -> KVCacheBlock:
+        """Take the block at the head (the next one to be reused)."""
+        block = self.fake_head.next_free_block
+        if block is self.fake_tail or block is None:
+            raise ValueError("No free blocks available")
+        self.remove(block)
+        return block
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take ``n`` blocks from the head (ValueError if there are fewer)."""
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+        return [self.popleft() for _ in range(n)]
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink ``block`` from wherever it is in the list, in O(1)."""
+        if block.prev_free_block is None or block.next_free_block is None:
+            raise ValueError(f"remove() called on block {block.block_id}, which is not in the free queue")
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the tail: it will be reused (evicted) last."""
+        self._insert_after(self.fake_tail.prev_free_block, block)
+
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Put ``block`` at the head: it will be reused first."""
+        self._insert_after(self.fake_head, block)
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Append several blocks to the tail, in the order given."""
+        for block in blocks:
+            self.append(block)
+
+    def _insert_after(self, previous: Optional[KVCacheBlock], block: KVCacheBlock) -> None:
+        if block.prev_free_block is not None or block.next_free_block is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        assert previous is not None and previous.next_free_block is not None
+        following = previous.next_free_block
+        previous.next_free_block = block
+        block.prev_free_block = previous
+        block.next_free_block = following
+        following.prev_free_block = block
+        self.num_free_blocks += 1
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """All free blocks, head to tail (for tests and widgets; O(n))."""
+        blocks = []
+        block = self.fake_head.next_free_block
+        while block is not None and block is not self.fake_tail:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+class BlockHashToBlockMap:
+    """hash → cached block(s): the prefix cache's index.
+
+    The same contents may be computed twice (two identical prompts admitted in
+    one step both compute their blocks), so one hash may own several blocks.
+    Nothing de-duplicates them; lookup returns the first one inserted. To keep
+    the common case cheap a single block is stored as itself, and several as a
+    ``{block_id: block}`` dict (insertion-ordered).
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[BlockHash, Union[KVCacheBlock, dict[int, KVCacheBlock]]] = {}
+
+    def get_one_block(self, key: BlockHash) -> Optional[KVCacheBlock]:
+        entry = self._cache.get(key)
+        if entry is None or isinstance(entry, KVCacheBlock):
+            return entry
+        return next(iter(entry.values()))
+
+    def insert(self, key: BlockHash, block: KVCacheBlock) -> None:
+        entry = self._cache.get(key)
+        if entry is None:
+            self._cache[key] = block
+        elif isinstance(entry, KVCacheBlock):
+            self._cache[key] = {entry.block_id: entry, block.block_id: block}
+        else:
+            entry[block.block_id] = block
+
+    def pop(self, key: BlockHash, block_id: int) -> Optional[KVCacheBlock]:
+        """Remove the block ``block_id`` under ``key`` (only that one) and return it."""
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        if isinstance(entry, KVCacheBlock):
+            if entry.block_id != block_id:
+                return None
+            del self._cache[key]
+            return entry
+        block = entry.pop(block_id, None)
+        if len(entry) == 1:
+            self._cache[key] = next(iter(entry.values()))
+        elif not entry:
+            del self._cache[key]
+        return block
+
+    def items(self) -> Iterable[tuple[BlockHash, KVCacheBlock]]:
+        """Every (hash, block) pair, in insertion order (for checks and widgets)."""
+        for key, entry in self._cache.items():
+            if isinstance(entry, KVCacheBlock):
+                yield key, entry
+            else:
+                for block in entry.values():
+                    yield key, block
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """Event: a full block entered the prefix cache."""
+
+    block_id: int
+    block_hash: BlockHash
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """Event: a cached block was evicted (popped for reuse); its hash is gone."""
+
+    block_id: int
+    block_hash: BlockHash
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """Event: ``reset_prefix_cache`` emptied the prefix cache."""
+
+
+KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+class BlockPool:
+    """Owns every ``KVCacheBlock``, the free-block queue and the prefix-cache map.
+
+    Invariants (checked by ``KVCacheManager.check_invariants``):
+
+    * ``blocks[i].block_id == i``;
+    * a block is in ``free_block_queue`` exactly when its ``ref_cnt`` is 0;
+    * a block has a ``block_hash`` exactly when the map holds it under that hash.
+
+    Callers (the ``KVCacheManager``) own the block *tables*: which request holds
+    which blocks. The pool only counts references.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False):
+        if not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.num_evictions = 0
+        # Events are recorded only when someone listens (the engine turns this on).
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of blocks held by running requests (cached-but-free blocks count as free)."""
+        return 1.0 - self.get_num_free_blocks() / self.num_blocks
+
+    def get_cached_block(self, block_hash: BlockHash) -> Optional[KVCacheBlock]:
+        """The block that holds ``block_hash``'s contents, if it is still cached."""
+        return self.cached_block_hash_to_block.get_one_block(block_hash)
+
+    def cache_full_blocks(
+        self,
+        request: "Request",
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
+        """Enter ``blocks[num_cached_blocks:num_full_blocks]`` into the prefix cache.
+
+        Their hashes come from ``request.block_hashes`` (computed when the
+        request's tokens filled them). Called at *schedule* time, before the
+        K/V are computed: the model computes them in the same step, before any
+        later step can read them.
+        """
+        for index in range(num_cached_blocks, num_full_blocks):
+            block = blocks[index]
+            assert block.block_hash is None, f"block {block.block_id} is already cached"
+            block_hash = request.block_hashes[index]
+            block.block_hash = block_hash
+            self.cached_block_hash_to_block.insert(block_hash, block)
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(BlockStored(block.block_id, block_hash))
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop ``num_blocks`` blocks from the head of the free queue, each with ref_cnt 1.
+
+        A popped block that still holds a cached prefix is evicted now
+        (lazy eviction): its hash is cleared and it leaves the map.
+        """
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool ({self.get_num_free_blocks()} free)")
+        new_blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in new_blocks:
+            if self.enable_caching:
+                self._maybe_evict_cached_block(block)
+            assert block.ref_cnt == 0
+            block.ref_cnt = 1
+        return new_blocks
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
+        """Drop ``block`` from the prefix cache if it is in it; True if it was."""
+        block_hash = block.block_hash
+        if block_hash is None:
+            return False
+        self.cached_block_hash_to_block.pop(block_hash, block.block_id)
+        block.block_hash = None
+        self.num_evictions += 1
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(BlockRemoved(block.block_id, block_hash))
+        return True
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on cache-hit blocks (a free one leaves the free queue)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block; a block reaching 0 becomes free.
+
+        Where it goes decides how long it survives:
+
+        * with a hash, to the **tail**, in the order given (the caller passes a
+          request's blocks in reverse, so a prefix's last block is evicted
+          before its first, which more requests share);
+        * without a hash (a partial block, or caching off), to the **head**: it
+          can never be hit, so it is the cheapest to reuse.
+        """
+        for block in ordered_blocks:
+            if block.ref_cnt <= 0:
+                raise ValueError(f"block {block.block_id} freed more often than it was allocated")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None:
+                    self.free_block_queue.appendleft(block)
+                else:
+                    self.free_block_queue.append(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix. Refused (False) while any block is in use."""
+        num_used_blocks = self.num_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 0:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Return and clear the events recorded since the last call."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events

@@ -1,0 +1,260 @@
+"""The KV-cache manager: block tables, prefix lookup and allocation (chapters 05, 06, 08).
+
+The scheduler talks to this class only. For a waiting request it asks
+``get_computed_blocks`` (which prefix is already cached?) and then
+``allocate_slots`` (give me room for N more tokens); when a request finishes
+or is preempted it calls ``free``. The manager turns those calls into
+operations on the ``BlockPool``.
+
+vLLM equivalent: ``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager``) and
+``vllm/v1/core/single_type_kv_cache_manager.py`` (``FullAttentionManager``,
+whose ``find_longest_cache_hit`` this mirrors).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+from .block_pool import BlockPool, KVCacheBlock, KVCacheEvent
+from .hashing import BlockHash
+from .request import Request
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache counters, in tokens (vLLM: ``vllm:prefix_cache_queries`` / ``_hits``).
+
+    ``requests``: lookups made; ``queries``: prompt tokens looked up;
+    ``hits``: tokens found in the cache.
+    """
+
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many blocks of ``b`` tokens hold ``a`` tokens."""
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Owns every request's block table (``req_to_blocks``) and the ``BlockPool``.
+
+    Invariants (``check_invariants`` asserts them):
+
+    * each block's ``ref_cnt`` equals the number of block tables holding it;
+    * the free queue holds exactly the blocks with ``ref_cnt == 0``, once each;
+    * every block with a hash is found through the map under that hash, and the
+      map holds no block whose hash differs from its key.
+
+    Requests are never mutated here except for their hashes being read;
+    ``num_computed_tokens`` belongs to the scheduler.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_caching: bool = True,
+        enable_kv_cache_events: bool = False,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        if not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
+        # request_id -> its block table: logical block i lives in physical block req_to_blocks[id][i].
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # request_id -> how many of its blocks are already in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool held by running requests."""
+        return self.block_pool.get_usage()
+
+    # -- lookup -----------------------------------------------------------------
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``).
+
+        Stops at the first miss: block ``i``'s hash chains over every block
+        before it, so a later block can only be valid if all earlier ones are.
+        Costs one dict lookup per block hit.
+        """
+        computed_blocks: list[KVCacheBlock] = []
+        for block_hash in block_hashes[:max_num_blocks]:
+            cached_block = self.block_pool.get_cached_block(block_hash)
+            if cached_block is None:
+                break
+            computed_blocks.append(cached_block)
+        return computed_blocks
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The request's cached prefix: (blocks, number of tokens they hold).
+
+        Takes no references: the scheduler may still decide not to admit the
+        request; ``allocate_slots`` takes them. The hit is capped at
+        ``(num_tokens - 1) // block_size`` blocks: the last prompt token must be
+        computed even when everything is cached, because its logits give the
+        first output token. A fully cached 48-token prompt therefore hits 2
+        blocks (32 tokens) with 16-token blocks, and recomputes the third.
+        """
+        self._check_block_size(request)
+        if not self.enable_caching:
+            self._record_lookup(request, 0)
+            return [], 0
+        max_cache_hit_length = request.num_tokens - 1
+        computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_cache_hit_length // self.block_size)
+        num_computed_tokens = len(computed_blocks) * self.block_size
+        self._record_lookup(request, num_computed_tokens)
+        return computed_blocks, num_computed_tokens
+
+    def _check_block_size(self, request: Request) -> None:
+        # The request's hashes are per block of *its* size: they must match the pool's.
+        if request.block_size != self.block_size:
+            raise ValueError(
+                f"request {request.request_id!r} was hashed with block_size={request.block_size}, "
+                f"but the KV cache uses block_size={self.block_size}"
+            )
+
+    def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
+        self.prefix_cache_stats.requests += 1
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_hit_tokens
+
+    # -- allocation -------------------------------------------------------------
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Sequence[KVCacheBlock] = (),
+    ) -> Optional[list[KVCacheBlock]]:
+        """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        Args:
+            num_new_tokens: tokens to compute in this step (prompt tokens, or 1 for a decode).
+            num_new_computed_tokens: tokens of the cache hit (first admission only).
+            new_computed_blocks: the hit blocks from ``get_computed_blocks``.
+
+        Returns the newly allocated blocks (``[]`` when none were needed), or
+        None — changing nothing at all — when the pool cannot serve the request.
+        Hit blocks that sit in the free queue (ref_cnt 0) count toward what is
+        needed: touching them takes them out of the queue.
+
+        Every block that becomes full with this step's tokens is hashed into the
+        cache *now*, at schedule time, so a request admitted later in the same
+        step can already hit it.
+        """
+        if num_new_tokens <= 0:
+            raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
+        self._check_block_size(request)
+        new_computed_blocks = list(new_computed_blocks)
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = num_computed_tokens + num_new_tokens
+        num_required_blocks = cdiv(num_tokens_need_slot, self.block_size)
+        num_new_blocks = max(0, num_required_blocks - len(req_blocks) - len(new_computed_blocks))
+        # A hit block with ref_cnt 0 is in the free queue: taking it uses up a free block.
+        num_evictable_computed_blocks = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
+        if num_new_blocks + num_evictable_computed_blocks > self.block_pool.get_num_free_blocks():
+            if not req_blocks:
+                del self.req_to_blocks[request.request_id]  # leave no trace of a failed admission
+            return None
+
+        if new_computed_blocks:
+            if not self.enable_caching:
+                raise ValueError("new_computed_blocks given but prefix caching is disabled")
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+        if request.request_id not in self.num_cached_block:
+            # The hit blocks are cached already: caching starts after them.
+            self.num_cached_block[request.request_id] = len(new_computed_blocks)
+
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Enter the request's blocks that are full after ``num_computed_tokens`` tokens into the cache."""
+        num_full_blocks = num_computed_tokens // self.block_size
+        num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
+        if num_full_blocks <= num_cached_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request, self.req_to_blocks[request.request_id], num_cached_blocks, num_full_blocks
+        )
+        self.num_cached_block[request.request_id] = num_full_blocks
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, last block first (a no-op for unknown requests).
+
+        Reverse order matters for eviction: freed cached blocks join the free
+        queue's tail in this order, so a prefix's *last* block is evicted
+        first and its first block — shared by the most requests — last.
+        """
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_block.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    # -- inspection -------------------------------------------------------------
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table as physical block ids."""
+        return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (and nothing changes) while blocks are in use."""
+        return self.block_pool.reset_prefix_cache()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.block_pool.take_events()
+
+    def check_invariants(self) -> None:
+        """Assert the class invariants (for tests; O(num_blocks))."""
+        pool = self.block_pool
+        holders = Counter(block.block_id for table in self.req_to_blocks.values() for block in table)
+        for block in pool.blocks:
+            assert block.ref_cnt == holders[block.block_id], (
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by {holders[block.block_id]} block tables"
+            )
+        free_ids = [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
+        assert len(free_ids) == len(set(free_ids)), f"a block is twice in the free queue: {free_ids}"
+        assert len(free_ids) == pool.free_block_queue.num_free_blocks, "num_free_blocks is out of date"
+        expected_free = {block.block_id for block in pool.blocks if block.ref_cnt == 0}
+        assert set(free_ids) == expected_free, (
+            f"free queue {sorted(free_ids)} != blocks with ref_cnt 0 {sorted(expected_free)}"
+        )
+        mapped = {}
+        for block_hash, block in pool.cached_block_hash_to_block.items():
+            assert block.block_hash == block_hash, f"block {block.block_id} is in the map under another hash"
+            mapped[block.block_id] = block_hash
+        for block in pool.blocks:
+            if block.block_hash is not None:
+                assert mapped.get(block.block_id) == block.block_hash, f"hashed block {block.block_id} is not in the map"
+            if not self.enable_caching:
+                assert block.block_hash is None, "caching is off but a block has a hash"
+        for request_id, num_cached in self.num_cached_block.items():
+            table = self.req_to_blocks.get(request_id, [])
+            assert num_cached <= len(table), f"{request_id}: {num_cached} cached blocks but a table of {len(table)}"

@@ -1,0 +1,146 @@
+"""A request as the scheduler and the KV-cache manager see it (chapters 04, 08).
+
+A ``Request`` owns its token ids (prompt + generated), how many of them have
+K/V in the cache (``num_computed_tokens``), and one hash per *full* block of its
+tokens (``block_hashes``). The hashes are kept current as tokens are appended:
+a block is hashed once, in the call that fills it.
+
+vLLM equivalent: ``vllm/v1/request.py`` (``Request``, ``RequestStatus``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from .hashing import BlockHash, get_hash_function, hash_new_full_blocks
+
+if TYPE_CHECKING:
+    from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"  # EOS or a stop string
+    FINISHED_LENGTH_CAPPED = "finished_length_capped"  # max_tokens or max_model_len
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH_CAPPED,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        """The OpenAI-style reason: "stop", "length", "abort", or None while running."""
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+        }.get(self)
+
+
+class Request:
+    """One sequence being generated.
+
+    Owns: its token ids, ``num_computed_tokens`` (advanced by the scheduler,
+    reset to 0 on preemption), ``block_hashes`` and its status.
+
+    Invariants: ``len(block_hashes) == num_tokens // block_size``;
+    ``0 <= num_computed_tokens <= num_tokens``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        block_size: int = 16,
+        cache_salt: Optional[str] = None,
+        lora_name: Optional[str] = None,
+        sampling_params: Optional["SamplingParams"] = None,
+        hash_algo: str = "sha256",
+        arrival_time: Optional[float] = None,
+        prompt: Any = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.block_size = block_size
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.sampling_params = sampling_params
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.status = RequestStatus.WAITING
+
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache at first admission (-1 = not yet).
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+
+        self._hash_fn = get_hash_function(hash_algo)
+        self.block_hashes: list[BlockHash] = []
+        self._update_block_hashes()
+
+    # -- tokens ---------------------------------------------------------------
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by the generated tokens (do not mutate: use append_output_token_ids)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_ids: Union[int, Sequence[int]]) -> None:
+        """Append generated token(s); a block they fill gets its hash now."""
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self._all_token_ids.extend(token_ids)
+        self._update_block_hashes()
+
+    def _update_block_hashes(self) -> None:
+        # Only blocks that became full since the last call are hashed.
+        if self.num_tokens // self.block_size > len(self.block_hashes):
+            self.block_hashes.extend(
+                hash_new_full_blocks(
+                    self._all_token_ids,
+                    self.block_size,
+                    self.block_hashes,
+                    self.cache_salt,
+                    self.lora_name,
+                    self._hash_fn,
+                )
+            )
+
+    # -- status ---------------------------------------------------------------
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def get_finished_reason(self) -> Optional[str]:
+        return self.status.finish_reason
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, num_tokens={self.num_tokens}, "
+            f"num_computed_tokens={self.num_computed_tokens}, status={self.status.name})"
+        )

@@ -1,0 +1,1 @@
+"""Training pipeline of the bundled default model (see README.md here)."""

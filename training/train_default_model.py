@@ -1,0 +1,404 @@
+"""Train the bundled default model: tokenizer + a tiny Qwen3, on the story corpus.
+
+    python -m training.train_default_model --out mini_vllm/default_model
+    python -m training.train_default_model --out /tmp/smoke --quick   # seconds
+
+Steps (each seeded, so a rerun on the same machine gives the same files):
+
+1. draw the training and validation conversations from :mod:`training.corpus`;
+2. train a byte-level BPE tokenizer on them (special tokens ``<|endoftext|>``,
+   ``<|im_start|>``, ``<|im_end|>``) and wrap it in a
+   ``PreTrainedTokenizerFast`` with a Qwen-style chat template;
+3. train a ``Qwen3ForCausalLM`` (GQA, q/k norms, tied embeddings) with AdamW and
+   a cosine schedule, the loss on the assistant's tokens only;
+4. evaluate: validation loss, and greedy stories for held-out requests (does
+   each story use the requested name and animal?);
+5. save model + tokenizer (``save_pretrained``, safetensors, float32),
+   ``training_report.json`` and ``prompts.json``.
+
+Why the loss covers only the assistant's tokens: the system prompts are five
+fixed texts repeated thousands of times and the user turns are random draws
+(a name the model cannot predict), so their loss is either memorisation or
+noise. The model still reads them -- its answers depend on both -- and the
+reported loss measures what we care about: the stories.
+
+Why batches are grouped by length: sequences range from ~30 tokens (a request
+without system prompt) to ~800 (a system prompt and two turns). Batching
+similar lengths keeps padding -- wasted compute on two CPU cores -- small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from training.corpus import SYSTEM_PROMPTS, Example, make_corpus, sample_requests
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# Qwen's chat format without the tool-calling parts:
+#   <|im_start|>{role}\n{content}<|im_end|>\n   ... then <|im_start|>assistant\n
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines the result (written into training_report.json)."""
+
+    seed: int = 0
+    num_train: int = 12000
+    num_val: int = 300
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 768
+    max_steps: int = 800
+    tokens_per_batch: int = 4096  # padded tokens per optimizer step
+    max_batch_size: int = 64
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.05
+    warmup_steps: int = 40
+    weight_decay: float = 0.01
+    num_eval_requests: int = 24
+    max_new_tokens: int = 160
+
+    @classmethod
+    def quick(cls) -> "TrainConfig":
+        """A smoke-test configuration: tiny everything, a few seconds."""
+        return cls(num_train=300, num_val=20, vocab_size=400, hidden_size=64, num_layers=2,
+                   num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128,
+                   max_steps=8, tokens_per_batch=4096, warmup_steps=2,
+                   num_eval_requests=2, max_new_tokens=8)
+
+
+# --------------------------------------------------------------------------- #
+# Tokenizer
+# --------------------------------------------------------------------------- #
+
+def render(messages: list[dict[str, str]]) -> str:
+    """The chat template, in Python (the tests check it matches the Jinja one)."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer wrapped for ``AutoTokenizer`` (saved with the model)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,  # ids 0, 1, 2
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any byte can be encoded
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+    """Token ids and labels (``-100`` except on the assistant's content and its ``<|im_end|>``)."""
+    text = render(example.messages)
+    # Mark the characters the loss should cover, then map them to tokens by offset.
+    trained = bytearray(len(text))
+    pos = 0
+    for m in example.messages:
+        header = f"<|im_start|>{m['role']}\n"
+        start = pos + len(header)
+        end = start + len(m["content"]) + len("<|im_end|>")
+        if m["role"] == "assistant":
+            trained[start:end] = b"\x01" * (end - start)
+        pos = end + 1  # the "\n" after <|im_end|>
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
+    ids = enc["input_ids"]
+    labels = [i if trained[a] else -100 for i, (a, _) in zip(ids, enc["offset_mapping"])]
+    return ids, labels
+
+
+def make_batches(encoded, tokens_per_batch: int, max_batch_size: int, rng: random.Random):
+    """Group examples of similar length into batches of about ``tokens_per_batch`` padded tokens."""
+    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][0]), rng.random()))
+    batches, current, longest = [], [], 0
+    for i in order:
+        n = len(encoded[i][0])
+        if current and (max(longest, n) * (len(current) + 1) > tokens_per_batch
+                        or len(current) == max_batch_size):
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(encoded, batch: list[int], pad_id: int):
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` tensors."""
+    width = max(len(encoded[i][0]) for i in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, i in enumerate(batch):
+        x, y = encoded[i]
+        ids[row, : len(x)] = torch.tensor(x)
+        mask[row, : len(x)] = 1
+        labels[row, : len(y)] = torch.tensor(y)
+    return ids, mask, labels
+
+
+# --------------------------------------------------------------------------- #
+# Model, training, evaluation
+# --------------------------------------------------------------------------- #
+
+def build_model(cfg: TrainConfig, tokenizer):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,  # fewer KV heads than query heads: GQA
+        head_dim=cfg.head_dim,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=torch.float32,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+@torch.no_grad()
+def evaluate_loss(model, encoded, pad_id: int, tokens_per_batch: int) -> float:
+    """Mean loss per assistant token over ``encoded``."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in make_batches(encoded, tokens_per_batch, 64, random.Random(0)):
+        ids, mask, labels = collate(encoded, batch, pad_id)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        targets = labels[:, 1:]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum")
+        total += loss.item()
+        count += int((targets != -100).sum())
+    model.train()
+    return total / max(1, count)
+
+
+@torch.no_grad()
+def greedy_story(model, tokenizer, messages, max_new_tokens: int) -> str:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    input_ids = torch.tensor([ids])
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                         max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+
+
+def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
+    """Greedy stories for held-out requests: how many use the requested name / animal?
+
+    Half of the requests go without a system prompt, half with one (cycling
+    through the variants), so both ways the course uses the model are covered.
+    """
+    model.eval()
+    results = []
+    for k, req in enumerate(sample_requests(cfg.num_eval_requests, seed=cfg.seed + 1234)):
+        messages = [{"role": "user", "content": req["request"]}]
+        system_index = None
+        if k % 2 == 1:
+            system_index = (k // 2) % len(SYSTEM_PROMPTS)
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPTS[system_index]})
+        text = greedy_story(model, tokenizer, messages, cfg.max_new_tokens)
+        results.append({
+            "system_prompt": system_index,
+            "request": req["request"],
+            "story": text,
+            "name_ok": req["name"] in text,
+            "animal_ok": req["animal"] in text,
+            "adjective_ok": req["adjective"] is None or req["adjective"] in text,
+            "place_ok": req["place"] is None or req["place"] in text,
+        })
+    n = len(results)
+    model.train()
+    return {
+        "num_requests": n,
+        "name_correct": sum(r["name_ok"] for r in results),
+        "animal_correct": sum(r["animal_ok"] for r in results),
+        "adjective_correct": sum(r["adjective_ok"] for r in results),
+        "place_correct": sum(r["place_ok"] for r in results),
+        "all_correct": sum(r["name_ok"] and r["animal_ok"] and r["adjective_ok"] and r["place_ok"]
+                           for r in results),
+        "samples": results,
+    }
+
+
+def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
+    t_start = time.time()
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(2)
+    rng = random.Random(cfg.seed)
+
+    # 1. Data (train and validation from different seeds: no shared draws).
+    train_set = make_corpus(cfg.num_train, seed=cfg.seed)
+    val_set = make_corpus(cfg.num_val, seed=cfg.seed + 10_000)
+
+    # 2. Tokenizer, trained on the training conversations as the model will see them.
+    tokenizer = train_tokenizer([render(ex.messages) for ex in train_set], cfg.vocab_size)
+    encoded = [encode_example(tokenizer, ex) for ex in train_set]
+    val_encoded = [encode_example(tokenizer, ex) for ex in val_set]
+    num_tokens = sum(len(x) for x, _ in encoded)
+    num_target = sum(sum(1 for t in y if t != -100) for _, y in encoded)
+    log(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(encoded)} conversations, "
+        f"{num_tokens} tokens ({num_target} trained) [{time.time() - t_start:.0f}s]")
+
+    # 3. Model and training loop.
+    model = build_model(cfg, tokenizer)
+    model.train()
+    num_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {num_params / 1e6:.2f}M parameters")
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # no decay on norms
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.95))
+    pad_id = tokenizer.pad_token_id
+    batches: list[list[int]] = []
+    step, epoch, seen_tokens = 0, 0, 0
+    t_train = time.time()
+    train_loss = float("nan")
+    while step < cfg.max_steps:
+        if not batches:  # a new pass over the corpus, in a new (seeded) order
+            batches = make_batches(encoded, cfg.tokens_per_batch, cfg.max_batch_size, rng)
+            epoch += 1
+        ids, mask, labels = collate(encoded, batches.pop(), pad_id)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        train_loss = loss.item() if step == 0 else 0.95 * train_loss + 0.05 * loss.item()
+        seen_tokens += int(mask.sum())
+        step += 1
+        if step % 50 == 0 or step == cfg.max_steps:
+            log(f"step {step}/{cfg.max_steps} epoch {epoch} loss {train_loss:.3f} "
+                f"lr {lr_at(step, cfg):.2e} [{time.time() - t_train:.0f}s]")
+    train_seconds = time.time() - t_train
+
+    # 4. Evaluation.
+    val_loss = evaluate_loss(model, val_encoded, pad_id, cfg.tokens_per_batch)
+    log(f"val loss {val_loss:.3f}")
+    quality = evaluate_quality(model, tokenizer, cfg)
+    log(f"greedy: name {quality['name_correct']}/{quality['num_requests']}, "
+        f"animal {quality['animal_correct']}/{quality['num_requests']}, "
+        f"all {quality['all_correct']}/{quality['num_requests']}")
+
+    # 5. Save: model (safetensors, float32), tokenizer, report, prompts.
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = model.config.bos_token_id
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    weights = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
+    report = {
+        "command": "python -m training.train_default_model " + " ".join(sys.argv[1:]),
+        "seed": cfg.seed,
+        "config": asdict(cfg),
+        "torch_version": torch.__version__,
+        "num_threads": torch.get_num_threads(),
+        "corpus": {"train_conversations": len(encoded), "val_conversations": len(val_encoded),
+                   "train_tokens": num_tokens, "train_target_tokens": num_target},
+        "vocab_size": len(tokenizer),
+        "num_parameters": num_params,
+        "weights_dtype": "float32",
+        "weights_mb": round(weights / 1e6, 2),
+        "steps": step,
+        "epochs_started": epoch,
+        "tokens_seen": seen_tokens,
+        "final_train_loss": round(train_loss, 4),
+        "final_val_loss": round(val_loss, 4),
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.time() - t_start, 1),
+        "loss_note": "mean cross-entropy per assistant token (the loss is on assistant tokens only)",
+        "greedy_quality": {k: v for k, v in quality.items() if k != "samples"},
+        "greedy_sample": quality["samples"][0] if quality["samples"] else None,
+        "greedy_samples": quality["samples"],
+    }
+    (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    prompts = {
+        "system_prompts": SYSTEM_PROMPTS,
+        "user_requests": [r["request"] for r in sample_requests(16, seed=cfg.seed + 1234)],
+        "requests": sample_requests(16, seed=cfg.seed + 1234),
+    }
+    (out_dir / "prompts.json").write_text(json.dumps(prompts, indent=2) + "\n")
+    log(f"saved to {out_dir} ({weights / 1e6:.1f} MB of weights) in {time.time() - t_start:.0f}s")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=None, help="output folder (default: a temp dir with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a tiny smoke run (seconds)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    cfg = TrainConfig.quick() if args.quick else TrainConfig()
+    cfg.seed = args.seed
+    if args.max_steps is not None:
+        cfg.max_steps = args.max_steps
+    if args.out is None:
+        if not args.quick:
+            parser.error("--out is required (e.g. --out mini_vllm/default_model)")
+        args.out = tempfile.mkdtemp(prefix="mini_vllm_quick_")
+    train(cfg, Path(args.out), log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
