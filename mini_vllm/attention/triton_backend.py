@@ -1,0 +1,68 @@
+"""The ``triton`` attention backend: the kernels of :mod:`kernels` (chapter 07).
+
+Same contract as the ``torch`` backend, same results up to float rounding, but
+each step is one kernel launch for the whole batch instead of a Python loop
+over sequences. On a GPU the kernels are compiled; on a CPU they run in
+Triton's interpreter (correct, and slower than the torch backend: that mode is
+for learning and testing, not for speed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import kernels
+
+from .base import AttentionBackend, AttentionMetadata
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """``store_kv`` → :func:`kernels.store_kv`; attention → the Triton attention kernels.
+
+    An all-decode batch (one query token per sequence) goes to
+    :func:`kernels.paged_attention`, which can split long contexts across
+    programs when the batch is small; everything else goes to
+    :func:`kernels.unified_attention`.
+    """
+
+    name = "triton"
+
+    def store_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def attention(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
+        if is_all_decode:
+            return kernels.paged_attention(
+                query,
+                k_cache,
+                v_cache,
+                metadata.block_tables,
+                metadata.seq_lens,
+                scale,
+                max_seq_len=metadata.max_seq_len,
+            )
+        return kernels.unified_attention(
+            query,
+            k_cache,
+            v_cache,
+            metadata.cu_seqlens_q,
+            metadata.seq_lens,
+            metadata.block_tables,
+            scale,
+            max_query_len=metadata.max_query_len,
+        )

@@ -1,0 +1,445 @@
+"""A Llama / Qwen2 / Qwen3 decoder that runs over the paged KV cache (chapters 01, 07, 08).
+
+This is the whole model, in plain PyTorch. It reads the same ``config.json``
+and ``*.safetensors`` files as Hugging Face ``transformers`` and computes the
+same numbers -- the tests compare the logits -- but its forward pass is shaped
+like vLLM's, not like ``transformers``':
+
+* **No batch dimension.** The tokens of all sequences in a step are packed into
+  one flat ``[num_tokens]`` tensor; ``positions`` says where each token sits in
+  its own sequence, and the :class:`~mini_vllm.attention.AttentionMetadata`
+  says which rows belong to which sequence. A prefill of 500 tokens and a
+  decode of 1 token ride in the same forward, with no padding.
+* **No KV cache inside the model.** Each layer receives its slice of the paged
+  cache pool (``k_cache``, ``v_cache``: ``[num_blocks, block_size,
+  num_kv_heads, head_dim]``) owned by the model runner. The attention backend
+  writes this step's keys and values into their slots, then attends over each
+  sequence's blocks through its block table.
+
+Everything else is the standard recipe shared by the three families:
+
+=================  =========================================================
+piece              what it is
+=================  =========================================================
+RMSNorm            scale by ``1 / rms(x)``, then a learned weight (no mean,
+                   no bias)
+RoPE               rotate each query/key by an angle proportional to its
+                   position, so ``q . k`` depends on the *distance* only
+GQA                fewer key/value heads than query heads: each KV head
+                   serves a group of query heads (a smaller cache)
+SwiGLU MLP         ``down(silu(gate(x)) * up(x))``
+Qwen2              adds biases to the q/k/v projections
+Qwen3              adds an RMSNorm on each query and key head (``q_norm``,
+                   ``k_norm``) before RoPE
+tied embeddings    the output projection reuses the input embedding matrix
+=================  =========================================================
+
+Module names mirror the checkpoint keys (``model.layers.3.self_attn.q_proj``),
+so loading is a plain ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mini_vllm.attention import AttentionBackend, AttentionMetadata, get_attn_backend
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def default_model_path() -> str:
+    """Absolute path of the bundled default model (a tiny Qwen3 trained on stories).
+
+    ``transformers.AutoModelForCausalLM`` and ``AutoTokenizer`` load it too;
+    ``training/`` holds the script that made it.
+    """
+    return str(Path(__file__).resolve().parent / "default_model")
+
+
+# --------------------------------------------------------------------------- #
+# Configuration
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class ModelConfig:
+    """The numbers the model needs, parsed from a Hugging Face ``config.json``."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_id: int | list[int] | None
+    bos_token_id: int | None
+    qkv_bias: bool  # biases on q_proj, k_proj, v_proj (Qwen2; Llama's attention_bias)
+    qk_norm: bool  # per-head RMSNorm of queries and keys (Qwen3)
+    torch_dtype: str  # the dtype the checkpoint was saved in, e.g. "bfloat16"
+    o_bias: bool = False  # a bias on o_proj too (Llama/Qwen3 ``attention_bias``)
+    mlp_bias: bool = False  # biases in the MLP (Llama ``mlp_bias``)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "ModelConfig":
+        """Parse a ``config.json`` dict; ValueError for what this model does not implement."""
+        architectures = cfg.get("architectures") or []
+        # A config that was never saved with a model lacks "architectures";
+        # its model_type still names the family.
+        arch = architectures[0] if architectures else _ARCH_BY_MODEL_TYPE.get(cfg.get("model_type"))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {arch!r}; mini-vLLM supports "
+                + ", ".join(SUPPORTED_ARCHITECTURES)
+            )
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only 'silu' (SwiGLU)")
+        if cfg.get("use_sliding_window", False):
+            raise ValueError("sliding-window attention is not implemented")
+
+        num_heads = cfg["num_attention_heads"]
+        # transformers writes attention_bias=True for Llama/Qwen3 to mean q, k, v AND o;
+        # Qwen2 always has q/k/v biases and never an o_proj bias.
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            # GQA: absent means one KV head per query head (plain multi-head attention)
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            intermediate_size=cfg["intermediate_size"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=_parse_rope_theta(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_id=cfg.get("eos_token_id"),
+            bos_token_id=cfg.get("bos_token_id"),
+            qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
+            qk_norm=arch == "Qwen3ForCausalLM",
+            torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+            o_bias=arch != "Qwen2ForCausalLM" and attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        """Read ``path/config.json``.
+
+        When ``generation_config.json`` names end-of-sequence tokens, those win:
+        it is what ``transformers``' ``generate`` stops on (chat models often
+        list their end-of-turn token there, e.g. ``<|im_end|>``).
+        """
+        path = Path(path)
+        config = cls.from_dict(json.loads((path / "config.json").read_text()))
+        gen_file = path / "generation_config.json"
+        if gen_file.exists():
+            gen_eos = json.loads(gen_file.read_text()).get("eos_token_id")
+            if gen_eos is not None:
+                config.eos_token_id = gen_eos
+        return config
+
+
+def _parse_rope_theta(cfg: dict) -> float:
+    """The RoPE base, from ``rope_parameters`` (transformers >= 5) or legacy ``rope_theta``.
+
+    Only the plain ("default") RoPE is implemented: scaled variants (linear,
+    dynamic, yarn, llama3, ...) change the frequencies, and silently ignoring
+    them would give wrong logits on long contexts, so they are rejected.
+    """
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"unsupported RoPE type {rope_type!r}; only the default RoPE is implemented")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings are not implemented")
+    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+# --------------------------------------------------------------------------- #
+# Building blocks
+# --------------------------------------------------------------------------- #
+
+class RMSNorm(nn.Module):
+    """``x / rms(x) * weight`` over the last dimension.
+
+    Computed in float32 and cast back before the weight multiplies -- the same
+    order as ``transformers``, so bfloat16 runs round the same way.
+    """
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]``: pairs dimension ``i`` with ``i + head_dim/2``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE), the "half-split" layout of Llama and Qwen.
+
+    Dimension pair ``(i, i + d/2)`` of a query or key at position ``p`` is
+    rotated by the angle ``p * theta ** (-2i / d)``. After rotating both, the dot
+    product ``q . k`` depends only on the distance between their positions --
+    which is why a block of K/V computed for one request can be reused by
+    another: same tokens at the same positions give the same rotated keys.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        # A buffer (moves with .to(device)) but not part of the checkpoint.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` ``[n, Hq, D]`` and ``k`` ``[n, Hkv, D]`` by their tokens' positions ``[n]``."""
+        # The angles are computed in float32 (bfloat16 positions would be too
+        # coarse past 256), then cast to the activations' dtype.
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [n, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]: same angle for i and i + D/2
+        cos = emb.cos().to(q.dtype)[:, None, :]  # broadcast over heads
+        sin = emb.sin().to(q.dtype)[:, None, :]
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over the paged KV cache."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.scale = self.head_dim**-0.5
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        if config.qk_norm:
+            # Qwen3: normalise each head's query and key before RoPE (keeps
+            # attention logits in range without a bias).
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+        self.rotary = RotaryEmbedding(self.head_dim, config.rope_theta)
+        self.attn_backend = attn_backend
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        n = hidden.shape[0]
+        q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        # The backend writes k and v into this step's cache slots, then each
+        # sequence's queries attend over its whole context in the cache --
+        # the cached prefix and the tokens just written.
+        out = self.attn_backend.forward(q, k, v, k_cache, v_cache, attn_metadata, self.scale)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, inter, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, attn_backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, hidden, positions, k_cache, v_cache, attn_metadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(
+            self.input_layernorm(hidden), positions, k_cache, v_cache, attn_metadata
+        )
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, the layers and the final norm (checkpoint prefix ``model.``)."""
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, attn_backend) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """The language model: token ids in, final hidden states out; logits on request.
+
+    Owns only weights. The KV cache belongs to the model runner (passed in
+    per call, one ``(k_cache, v_cache)`` pair per layer), the batch layout to
+    the step's :class:`AttentionMetadata`.
+    """
+
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, attn_backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With tied embeddings, the output projection *is* the embedding matrix."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the new tokens of a packed batch; returns final-normed hidden states.
+
+        input_ids, positions: ``[num_tokens]`` int64 (several sequences back to
+        back). kv_caches: per layer ``(k_cache, v_cache)``, each
+        ``[num_blocks, block_size, num_kv_heads, head_dim]``; this call writes
+        the new tokens' K/V into them. Returns ``[num_tokens, hidden_size]``.
+        """
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
+            hidden = layer(hidden, positions, k_cache, v_cache, attn_metadata)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits (float32) for the rows of ``hidden`` you need.
+
+        Kept apart from :meth:`forward` because the engine only needs the last
+        token of each sequence: projecting 500 prefill rows onto the
+        vocabulary just to keep one would waste most of the work.
+        """
+        return self.lm_head(hidden).float()
+
+
+# --------------------------------------------------------------------------- #
+# Loading
+# --------------------------------------------------------------------------- #
+
+def load_model(
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    attn_backend: AttentionBackend | None = None,
+) -> CausalLM:
+    """Load a Hugging Face folder (``config.json`` + ``*.safetensors``) into a :class:`CausalLM`.
+
+    Every ``*.safetensors`` file in the folder is read, so sharded checkpoints
+    (``model-00001-of-00004.safetensors`` ...) work. A tied checkpoint stores
+    the embedding once; the output projection then shares it. The model comes
+    back in eval mode with gradients off.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    config = ModelConfig.from_pretrained(path)
+    if attn_backend is None:
+        attn_backend = get_attn_backend("auto", str(device))
+
+    # Build on the "meta" device: shapes only, no memory, no random init --
+    # the checkpoint overwrites every weight anyway.
+    with torch.device("meta"):
+        model = CausalLM(config, attn_backend)
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    checkpoint: dict[str, torch.Tensor] = {}
+    for file in files:
+        checkpoint.update(load_file(str(file), device="cpu"))
+    # Old Llama checkpoints carry RoPE's inv_freq; we compute it ourselves.
+    checkpoint = {k: v for k, v in checkpoint.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        # Tied: the file may omit lm_head.weight (transformers does); drop it
+        # if present, the embedding is the single source.
+        checkpoint.pop("lm_head.weight", None)
+        checkpoint["lm_head.weight"] = checkpoint["model.embed_tokens.weight"]
+
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(checkpoint))
+    unexpected = sorted(set(checkpoint) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint in {path} does not match {config.architecture}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    state = {k: v.to(device=device, dtype=dtype) for k, v in checkpoint.items()}
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    # assign=True adopts the tensors instead of copying into meta storage.
+    model.load_state_dict(state, strict=True, assign=True)
+    model.tie_weights()  # assign replaced the Parameter objects: tie them again
+    # Non-checkpoint buffers (RoPE's inv_freq) are still on "meta": rebuild them.
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.inv_freq = RotaryEmbedding(config.head_dim, config.rope_theta).inv_freq.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "ModelConfig",
+    "CausalLM",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "load_model",
+    "default_model_path",
+]

@@ -1,0 +1,58 @@
+"""What ``LLM.generate`` returns (chapter 08).
+
+vLLM equivalent: ``vllm/outputs.py`` (``RequestOutput``, ``CompletionOutput``).
+``num_cached_tokens`` is what hosted APIs call ``cached_tokens``: prompt tokens
+whose K/V came from the prefix cache instead of being computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]  # "stop", "length" or "abort"
+
+
+@dataclass
+class RequestMetrics:
+    """Timings of one request (seconds on ``time.monotonic``'s clock, and engine steps)."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    finished_time: Optional[float] = None
+    arrival_step: int = 0
+    first_token_step: Optional[int] = None
+    num_preemptions: int = 0
+
+    @property
+    def time_to_first_token(self) -> Optional[float]:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def steps_to_first_token(self) -> Optional[int]:
+        """Engine steps from arrival to the first token (1 = prefilled in one step)."""
+        if self.first_token_step is None:
+            return None
+        return self.first_token_step - self.arrival_step
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Any
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int
+    metrics: Optional[RequestMetrics] = None
+    finished: bool = True
+    # For n > 1: each completion's own cached-token count and metrics.
+    per_completion_metrics: list[RequestMetrics] = field(default_factory=list, repr=False)

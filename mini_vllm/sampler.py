@@ -1,0 +1,39 @@
+"""Turning logits into tokens (chapter 08).
+
+Each request samples with its own ``torch.Generator``, seeded from
+``SamplingParams.seed`` (or from the engine's seed and the request's number),
+so a request's tokens do not depend on which other requests share its batch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
+    """Pick one token from one row of logits (``[vocab]``, float32)."""
+    if params.greedy:
+        return int(torch.argmax(logits).item())
+    logits = logits.float() / params.temperature
+    if params.top_k != -1 and params.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, sorted_ids = torch.sort(probs, descending=True)
+        # Keep a token if the probability mass *before* it is below top_p (the first is always kept).
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, sorted_probs)
+    # Sample on the CPU with the request's own generator: reproducible on any device.
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+
+
+def make_generator(seed: int) -> torch.Generator:
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(seed)
+    return generator

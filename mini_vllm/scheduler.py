@@ -1,0 +1,204 @@
+"""The scheduler: continuous batching, chunked prefill, preemption (chapter 08).
+
+Each engine step the scheduler decides which requests run and how many of
+their tokens are computed, under two limits: a token budget
+(``max_num_batched_tokens``) and a cap on running requests (``max_num_seqs``).
+
+1. **Running requests first.** A decoding request needs 1 token; a request
+   whose prompt is being prefilled in chunks needs the rest of its prompt
+   (cut to the remaining budget). If the KV cache cannot give it a block, the
+   most recently admitted running request is *preempted*: its blocks are
+   freed and it goes back to the front of the waiting queue, to be recomputed
+   later (its own blocks stay cached until evicted, so it usually hits them).
+2. **Then waiting requests, in order.** For each: look up its cached prefix
+   (``get_computed_blocks``), then ask for slots for the rest
+   (``allocate_slots``). A prompt longer than the remaining budget is
+   chunked: its first part is computed now, the rest in later steps.
+
+There is no separate "prefill phase": prefills, prefill chunks and decodes all
+go into one batch. That is continuous batching.
+
+vLLM equivalent: ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``,
+``update_from_output``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .block_pool import BlockRemoved, BlockStored
+from .events import (
+    BlockCached,
+    BlockEvicted,
+    BlocksAllocated,
+    BlocksFreed,
+    ComputedBlocksFound,
+    EventBus,
+    RequestPreempted,
+)
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: compute tokens ``[num_computed_tokens, + num_new_tokens)``."""
+
+    request: Request
+    num_computed_tokens: int  # tokens with K/V in the cache before this step
+    num_new_tokens: int
+    block_ids: list[int]  # the request's block table after allocation
+
+    @property
+    def completes_prefill(self) -> bool:
+        """True when this step computes the request's last token, so its logits give a new token."""
+        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting and running queues; the ``KVCacheManager`` owns the blocks.
+
+    Invariants: a request is in exactly one of ``waiting`` / ``running`` until
+    it finishes; a running request holds blocks for all its computed tokens;
+    a waiting request holds none.
+    """
+
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        events: Optional[EventBus] = None,
+    ) -> None:
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.events = events if events is not None else EventBus()
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput()
+        token_budget = self.max_num_batched_tokens
+
+        # 1. Running requests: decodes and unfinished prefill chunks.
+        index = 0
+        while index < len(self.running) and token_budget > 0:
+            request = self.running[index]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if not self._allocate_or_preempt(request, num_new_tokens, output):
+                break  # the request preempted itself: nothing left to preempt for
+            self._schedule(request, request.num_computed_tokens, num_new_tokens, output)
+            token_budget -= num_new_tokens
+            index += 1
+
+        # 2. Waiting requests, unless this step already had to preempt (memory is short).
+        while self.waiting and not output.preempted and token_budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new_tokens, num_computed_tokens, computed_blocks
+            )
+            if new_blocks is None:
+                break  # not enough free blocks: keep FIFO order, try again next step
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed_tokens
+            if self.events.active:
+                block_ids = tuple(block.block_id for block in computed_blocks)
+                self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_computed_tokens))
+                self._emit_allocation(request, new_blocks)
+            self._schedule(request, num_computed_tokens, num_new_tokens, output)
+            token_budget -= num_new_tokens
+        return output
+
+    def _allocate_or_preempt(self, request: Request, num_new_tokens: int, output: SchedulerOutput) -> bool:
+        """Allocate slots for a running request, preempting from the back until it fits.
+
+        Returns False if ``request`` itself had to be preempted.
+        """
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                if self.events.active:
+                    self._emit_allocation(request, new_blocks)
+                return True
+            victim = self.running.pop()  # the most recently admitted request
+            self.preempt(victim)
+            output.preempted.append(victim)
+            if victim is request:
+                return False
+
+    def _schedule(self, request: Request, num_computed_tokens: int, num_new_tokens: int, output: SchedulerOutput) -> None:
+        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
+        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids))
+        # The tokens count as computed from now on: the model computes them in this step.
+        request.num_computed_tokens = num_computed_tokens + num_new_tokens
+
+    def preempt(self, request: Request) -> None:
+        """Free a running request's blocks and put it back at the front of the waiting queue."""
+        self._free_blocks(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        if self.events.active:
+            self.events.emit(RequestPreempted(request.request_id))
+
+    # -- after the model ran --------------------------------------------------------
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Remove a request from whichever queue holds it and free its blocks."""
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        if self.events.active:
+            block_ids = tuple(self.kv_cache_manager.get_block_ids(request.request_id))
+            self.kv_cache_manager.free(request)
+            self.events.emit(BlocksFreed(request.request_id, block_ids))
+        else:
+            self.kv_cache_manager.free(request)
+
+    def _emit_allocation(self, request: Request, new_blocks) -> None:
+        # Evictions happen while the new blocks are popped, caching right after: report in that order.
+        pool_events = self.kv_cache_manager.take_events()
+        for event in pool_events:
+            if isinstance(event, BlockRemoved):
+                self.events.emit(BlockEvicted(event.block_id, event.block_hash))
+        if new_blocks:
+            self.events.emit(BlocksAllocated(request.request_id, tuple(block.block_id for block in new_blocks)))
+        for event in pool_events:
+            if isinstance(event, BlockStored):
+                self.events.emit(BlockCached(event.block_id, event.block_hash))

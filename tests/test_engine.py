@@ -1,0 +1,272 @@
+"""The engine end to end: oracles (caching on == off, batched == one by one, chunked == whole,
+tiny pool == big pool, n>1 sharing), bookkeeping after every run, and bad input.
+(DESIGN.md: mini_vllm/__init__.py; issue 3.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mini_vllm import LLM, SamplingParams, default_model_path
+from mini_vllm.events import (
+    BlockCached,
+    BlockEvicted,
+    BlocksAllocated,
+    BlocksFreed,
+    ComputedBlocksFound,
+    RequestAdded,
+    RequestFinished,
+    RequestPreempted,
+    StepFinished,
+)
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+def _prompts_file():
+    return json.loads((Path(default_model_path()) / "prompts.json").read_text())
+
+
+def chat_prompts(llm, count=4, system_index=0):
+    """Chat prompts that share one long system prompt (the workload prefix caching is for)."""
+    data = _prompts_file()
+    system = data["system_prompts"][system_index]
+    requests = data["user_requests"][:count]
+    return [
+        {"prompt_token_ids": llm.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": r}])}
+        for r in requests
+    ]
+
+
+def texts(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def assert_all_blocks_free(llm):
+    manager = llm.llm_engine.kv_cache_manager
+    manager.check_invariants()
+    assert manager.get_num_free_blocks() == manager.num_blocks
+    assert not manager.req_to_blocks
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(num_blocks=256, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompts(llm):
+    return chat_prompts(llm)
+
+
+@pytest.fixture(scope="module")
+def reference_outputs(prompts):
+    """Greedy outputs one prompt at a time with prefix caching off: the oracle."""
+    plain = LLM(num_blocks=256, device="cpu", enable_prefix_caching=False)
+    return [texts(plain.generate([p], GREEDY))[0] for p in prompts]
+
+
+def test_greedy_outputs_equal_with_prefix_caching_on_and_off(llm, prompts, reference_outputs):
+    outputs = llm.generate(prompts, GREEDY)
+    assert texts(outputs) == reference_outputs
+    assert sum(o.num_cached_tokens for o in outputs) > 0  # caching really happened
+    assert_all_blocks_free(llm)
+
+
+def test_batched_equals_one_by_one(llm, prompts, reference_outputs):
+    one_by_one = [texts(llm.generate([p], GREEDY))[0] for p in prompts]
+    batched = texts(llm.generate(prompts, GREEDY))
+    assert batched == one_by_one == reference_outputs
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("chunk", [16, 37, 100])
+def test_chunked_prefill_gives_the_same_outputs(prompts, reference_outputs, chunk):
+    chunked = LLM(num_blocks=256, device="cpu", max_num_batched_tokens=chunk)
+    outputs = chunked.generate(prompts, GREEDY)
+    assert texts(outputs) == reference_outputs
+    assert max(o.metrics.steps_to_first_token for o in outputs) > 1  # prompts really were chunked
+    assert_all_blocks_free(chunked)
+
+
+def test_tiny_pool_forces_eviction_and_preemption_without_changing_outputs(prompts, reference_outputs):
+    longest = max(len(p["prompt_token_ids"]) for p in prompts)
+    num_blocks = (longest + GREEDY.max_tokens) // 16 + 3  # room for about one request at a time
+    tiny = LLM(num_blocks=num_blocks, device="cpu")
+    outputs = tiny.generate(prompts + chat_prompts(tiny, 4, system_index=1), GREEDY)
+    assert texts(outputs)[: len(prompts)] == reference_outputs
+    stats = tiny.llm_engine.get_stats()
+    assert stats.num_preemptions > 0 and stats.num_evictions > 0
+    assert_all_blocks_free(tiny)
+
+
+def test_two_identical_long_prompts_in_one_step_hit_blocks_computed_in_that_step(prompts, reference_outputs):
+    engine_llm = LLM(num_blocks=256, device="cpu")
+    prompt = prompts[0]
+    outputs = engine_llm.generate([prompt, prompt], GREEDY)
+    assert texts(outputs) == [reference_outputs[0]] * 2
+    assert outputs[0].num_cached_tokens == 0
+    # The second was admitted in the same step and hit the first one's blocks.
+    assert outputs[1].num_cached_tokens == (len(prompt["prompt_token_ids"]) - 1) // 16 * 16
+    assert outputs[1].metrics.steps_to_first_token == 1
+    assert_all_blocks_free(engine_llm)
+
+
+def test_n_samples_share_the_prompt_blocks_with_ref_cnt_n(llm, prompts):
+    engine = llm.llm_engine
+    seen_ref_cnts = []
+
+    def on_event(event):
+        if isinstance(event, StepFinished) and event.step == engine.num_steps and not seen_ref_cnts:
+            table = engine.kv_cache_manager.req_to_blocks[event.num_scheduled_tokens[0][0]]
+            seen_ref_cnts.extend(block.ref_cnt for block in table)
+
+    engine.add_listener(on_event)
+    try:
+        outputs = llm.generate([prompts[1]], SamplingParams(n=3, temperature=1.0, max_tokens=5, seed=1))
+    finally:
+        engine.remove_listener(on_event)
+    num_full = (len(prompts[1]["prompt_token_ids"]) - 1) // 16
+    assert seen_ref_cnts[:num_full] == [3] * num_full  # every full prompt block shared by all 3
+    assert len(outputs) == 1 and [c.index for c in outputs[0].outputs] == [0, 1, 2]
+    assert_all_blocks_free(llm)
+
+
+def test_seeded_sampling_is_reproducible(llm, prompts):
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=8, seed=7)
+    first = texts(llm.generate([prompts[2]], params))
+    again = texts(llm.generate([prompts[2], prompts[0]], [params, SamplingParams(temperature=1.0, seed=3)]))[0]
+    assert first[0] == again
+    other = texts(llm.generate([prompts[2]], SamplingParams(temperature=5.0, max_tokens=8, seed=8)))
+    assert other != first
+
+
+def test_stop_conditions(llm, prompts):
+    long_run = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
+    assert len(long_run.outputs[0].token_ids) == 3 and long_run.outputs[0].finish_reason == "length"
+    text = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0].text
+    assert len(text) >= 8
+    stop_word = text[len(text) // 2 : len(text) // 2 + 3]
+    stopped = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30, stop=stop_word))[0]
+    assert stopped.outputs[0].finish_reason == "stop"
+    assert stop_word not in stopped.outputs[0].text
+    assert text.startswith(stopped.outputs[0].text)
+
+
+def test_cache_salt_separates_tenants(prompts):
+    llm = LLM(num_blocks=256, device="cpu")
+    token_ids = prompts[0]["prompt_token_ids"]
+    llm.generate([{"prompt_token_ids": token_ids, "cache_salt": "alice"}], GREEDY)
+    bob = llm.generate([{"prompt_token_ids": token_ids, "cache_salt": "bob"}], GREEDY)[0]
+    alice = llm.generate([{"prompt_token_ids": token_ids, "cache_salt": "alice"}], GREEDY)[0]
+    assert bob.num_cached_tokens == 0
+    assert alice.num_cached_tokens > 0
+
+
+def test_events_describe_sharing_caching_and_freeing(prompts):
+    llm = LLM(num_blocks=256, device="cpu")
+    events = []
+    llm.llm_engine.add_listener(events.append)
+    llm.generate([prompts[0], prompts[1]], SamplingParams(temperature=0, max_tokens=2))
+    kinds = {type(e) for e in events}
+    assert {RequestAdded, ComputedBlocksFound, BlocksAllocated, BlockCached, BlocksFreed, RequestFinished, StepFinished} <= kinds
+    found = [e for e in events if isinstance(e, ComputedBlocksFound)]
+    assert found[0].block_ids == () and len(found[1].block_ids) > 0  # the second hit the shared system prompt
+    cached_ids = {e.block_id for e in events if isinstance(e, BlockCached)}
+    assert set(found[1].block_ids) <= cached_ids
+    llm.llm_engine.remove_listener(events.append)
+    count = len(events)
+    llm.generate([prompts[2]], GREEDY)
+    assert len(events) == count  # a removed listener hears nothing
+
+
+def test_events_report_preemption_and_eviction(prompts):
+    longest = max(len(p["prompt_token_ids"]) for p in prompts)
+    tiny = LLM(num_blocks=(longest + 12) // 16 + 3, device="cpu")
+    events = []
+    tiny.llm_engine.add_listener(events.append)
+    tiny.generate(prompts + chat_prompts(tiny, 4, system_index=1), GREEDY)
+    assert any(isinstance(e, RequestPreempted) for e in events)
+    assert any(isinstance(e, BlockEvicted) for e in events)
+
+
+BAD_PROMPTS = [
+    ("", "empty"),
+    ({"prompt_token_ids": []}, "empty"),
+    ({"prompt_token_ids": [1, -5, 2]}, "outside the vocabulary"),
+    ({"prompt_token_ids": [1, 10**9]}, "outside the vocabulary"),
+    ({"prompt_token_ids": [1, 2.5]}, "outside the vocabulary"),
+    ({"prompt_token_ids": [1] * 5000}, "max_model_len"),
+    ({"prompt_token_ids": [1, 2], "cache_salt": 42}, "cache_salt"),
+    ({"prompt_token_ids": [1, 2], "salt": "x"}, "unknown prompt keys"),
+    (12, "must be a str or a dict"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_PROMPTS)
+def test_bad_prompts_raise_value_error_and_the_engine_keeps_serving(llm, prompts, reference_outputs, bad, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([prompts[0], bad], GREEDY)
+    assert_all_blocks_free(llm)
+    assert texts(llm.generate([prompts[0]], GREEDY)) == [reference_outputs[0]]
+
+
+def test_a_request_larger_than_the_pool_is_rejected_up_front():
+    small = LLM(num_blocks=4, device="cpu")
+    with pytest.raises(ValueError, match="KV-cache blocks"):
+        small.generate([{"prompt_token_ids": list(range(1, 60))}], GREEDY)
+    assert_all_blocks_free(small)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"n": 0}, "n must"),
+        ({"top_k": 0}, "top_k"),
+        ({"stop": [""]}, "stop"),
+        ({"seed": "x"}, "seed"),
+    ],
+)
+def test_invalid_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"block_size": 0}, "block_size"), ({"num_blocks": -1}, "num_blocks"), ({"max_num_seqs": 0}, "max_num_seqs"),
+     ({"dtype": "int8"}, "dtype"), ({"attention_backend": "flash"}, "attention_backend")],
+)
+def test_invalid_engine_settings_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        LLM(device="cpu", **kwargs)
+
+
+def test_greedy_generation_equals_transformers_generate(llm, prompts, reference_outputs):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32)
+    for prompt, expected in zip(prompts[:2], reference_outputs[:2]):
+        ids = torch.tensor([prompt["prompt_token_ids"]])
+        generated = hf.generate(ids, max_new_tokens=GREEDY.max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
+        hf_tokens = generated[0, ids.shape[1]:].tolist()
+        # transformers stops at EOS too; compare up to where either stopped.
+        assert hf_tokens[: len(expected)] == expected[: len(hf_tokens)]
+        assert len(expected) > 0
+
+
+def test_chat_applies_the_template_and_reports_cached_tokens(llm):
+    data = _prompts_file()
+    system = {"role": "system", "content": data["system_prompts"][0]}
+    first = llm.chat([system, {"role": "user", "content": data["user_requests"][0]}], GREEDY)[0]
+    second = llm.chat([system, {"role": "user", "content": data["user_requests"][1]}], GREEDY)[0]
+    assert second.num_cached_tokens >= 16 * 4
+    assert first.outputs[0].text
