@@ -11,11 +11,18 @@ TORCH_SPEC    ?= torch==2.13.0
 TRITON_SPEC   ?= triton==3.9.0
 PYTEST_ARGS   ?=
 
-.PHONY: help venv install-course install-test lab test test-fast notebooks test-notebooks bench model clean
+NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
+SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
+
+.PHONY: help venv install-course install-test lab test test-unit test-notebooks notebooks exercises bench model clean
 
 help:
-	@echo "make lab    - install the course into .venv and open JupyterLab"
-	@echo "make test   - install test dependencies into .venv and run the whole suite"
+	@echo "make lab            install the course into .venv and open JupyterLab"
+	@echo "make test           install test dependencies into .venv and run the whole suite (what CI runs)"
+	@echo "make test-unit      only the pytest suite under tests/"
+	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
+	@echo "make notebooks      regenerate exercises/ and re-execute notebooks/ and solutions/ in place"
+	@echo "make bench          the benchmarks (results in benchmarks/results/)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +49,27 @@ install-test: $(VENV)/.test
 lab: $(VENV)/.course
 	$(VENV)/bin/jupyter lab notebooks/00_welcome.ipynb
 
-test: $(VENV)/.test
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: test-unit test-notebooks
+
+test-unit: $(VENV)/.test
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Strict nbval: every committed output must be what the code produces now
+# (tests/nbval_sanitize.cfg masks addresses and timings only).
+test-notebooks: $(VENV)/.test
+	@if [ -n "$(NOTEBOOKS)$(SOLUTIONS)" ]; then \
+	  $(PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS); \
+	else echo "no notebooks yet"; fi
+
+exercises: $(VENV)/.test
+	$(PY) -m mini_vllm.course.build exercises
+
+notebooks: exercises
+	$(PY) -m mini_vllm.course.build execute $(NOTEBOOKS) $(SOLUTIONS)
+
+bench: $(VENV)/.test
+	$(PY) -m mini_vllm bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

@@ -132,7 +132,8 @@ def _paged_attention_kernel(
         # and the log-sum-exp (base 2) [num_seqs, num_q_heads, num_splits]. An
         # empty split (past the end of a short sequence) stores lse = -inf,
         # which gives it weight 0 when the splits are combined.
-        lse = tl.where(running_sum == 0.0, float("-inf"), running_max + tl.log2(running_sum))
+        safe_sum = tl.where(running_sum == 0.0, 1.0, running_sum)
+        lse = tl.where(running_sum == 0.0, float("-inf"), running_max + tl.log2(safe_sum))
         partial_row = (seq * tl.num_programs(1) * GROUP + q_heads) * num_splits + split
         tl.store(partial_lse_ptr + partial_row, lse, mask=row_mask)
         tl.store(partial_out_ptr + partial_row[:, None] * HEAD_DIM_PAD + dims[None, :], out, mask=store_mask)
@@ -159,12 +160,13 @@ def _combine_splits_kernel(
     splits = tl.arange(0, SPLITS_PAD)
     split_mask = splits < num_splits
     dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_mask = dims < head_dim
 
     first_row = (seq * tl.num_programs(1) + q_head) * num_splits
     lse = tl.load(partial_lse_ptr + first_row + splits, mask=split_mask, other=float("-inf"))
     partial = tl.load(
         partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM_PAD + dims[None, :],
-        mask=split_mask[:, None],
+        mask=split_mask[:, None] & dim_mask[None, :],
         other=0.0,
     )
     lse_max = tl.max(lse, axis=0)
@@ -180,7 +182,7 @@ def _combine_splits_kernel(
     tl.store(
         out_ptr + seq * stride_out_seq + q_head * stride_out_head + dims,
         out.to(out_ptr.dtype.element_ty),
-        mask=dims < head_dim,
+        mask=dim_mask,
     )
 
 

@@ -69,7 +69,11 @@ def _store_kv_kernel(
     # of which the last 48 are masked off.
     heads = tl.arange(0, HEADS_PAD)
     dims = tl.arange(0, HEAD_DIM_PAD)
-    mask = (heads[:, None] < num_kv_heads) & (dims[None, :] < head_dim) & (slot >= 0)
+    in_tile = (heads[:, None] < num_kv_heads) & (dims[None, :] < head_dim)
+    # A token without a slot stores nothing: its mask is false everywhere.
+    # (tl.where rather than `in_tile & (slot >= 0)`: Triton 3.9's interpreter
+    # gives `tile & scalar` an integer type that tl.load rejects as a mask.)
+    mask = tl.where(slot >= 0, in_tile, False)
 
     key_ptrs = key_ptr + token * stride_key_token + heads[:, None] * stride_key_head + dims[None, :] * stride_key_dim
     value_ptrs = (

@@ -60,7 +60,7 @@ class TrainConfig:
     """Everything that determines the result (written into training_report.json)."""
 
     seed: int = 0
-    num_train: int = 12000
+    num_train: int = 22000
     num_val: int = 300
     vocab_size: int = 2048
     hidden_size: int = 256
@@ -69,8 +69,8 @@ class TrainConfig:
     num_kv_heads: int = 2
     head_dim: int = 64
     intermediate_size: int = 768
-    max_steps: int = 800
-    tokens_per_batch: int = 4096  # padded tokens per optimizer step
+    max_steps: int = 700
+    tokens_per_batch: int = 3072  # padded tokens per step, after the shared system turn
     max_batch_size: int = 64
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
@@ -123,7 +123,26 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
-def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
+@dataclass
+class Encoded:
+    """One tokenized conversation.
+
+    ``prefix_len`` tokens at the start are the system turn (0 without one):
+    identical for every conversation with the same ``system_index``, so a
+    training batch computes them once (see :func:`batch_loss`).
+    """
+
+    ids: list[int]
+    labels: list[int]
+    system_index: int | None
+    prefix_len: int
+
+    @property
+    def suffix_len(self) -> int:
+        return len(self.ids) - self.prefix_len
+
+
+def encode_example(tokenizer, example: Example) -> Encoded:
     """Token ids and labels (``-100`` except on the assistant's content and its ``<|im_end|>``)."""
     text = render(example.messages)
     # Mark the characters the loss should cover, then map them to tokens by offset.
@@ -139,16 +158,37 @@ def encode_example(tokenizer, example: Example) -> tuple[list[int], list[int]]:
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=False)
     ids = enc["input_ids"]
     labels = [i if trained[a] else -100 for i, (a, _) in zip(ids, enc["offset_mapping"])]
-    return ids, labels
+    prefix_len = 0
+    if example.system_index is not None:
+        # The system turn ends in "<|im_end|>\n" and the next turn starts with a
+        # special token, so its tokens are the same alone as inside the chat.
+        prefix = tokenizer(render(example.messages[:1]), add_special_tokens=False)["input_ids"]
+        assert ids[: len(prefix)] == prefix, "system turn tokenizes differently inside the chat"
+        prefix_len = len(prefix)
+    return Encoded(ids, labels, example.system_index, prefix_len)
 
 
-def make_batches(encoded, tokens_per_batch: int, max_batch_size: int, rng: random.Random):
-    """Group examples of similar length into batches of about ``tokens_per_batch`` padded tokens."""
-    order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i][0]), rng.random()))
+def make_batches(encoded: list[Encoded], tokens_per_batch: int, max_batch_size: int,
+                 rng: random.Random, share_prefix: bool = True) -> list[list[int]]:
+    """Group conversations into batches of about ``tokens_per_batch`` padded tokens.
+
+    Within a batch all conversations have the same system prompt (or none)
+    and similar lengths. With ``share_prefix`` the budget counts only the
+    tokens after the shared system turn, which is computed once per batch.
+    """
+    def group(i: int) -> int:
+        s = encoded[i].system_index
+        return -1 if s is None or not share_prefix else s
+
+    def length(i: int) -> int:
+        return encoded[i].suffix_len if share_prefix else len(encoded[i].ids)
+
+    order = sorted(range(len(encoded)), key=lambda i: (group(i), length(i), rng.random()))
     batches, current, longest = [], [], 0
     for i in order:
-        n = len(encoded[i][0])
-        if current and (max(longest, n) * (len(current) + 1) > tokens_per_batch
+        n = length(i)
+        if current and (group(i) != group(current[0])
+                        or max(longest, n) * (len(current) + 1) > tokens_per_batch
                         or len(current) == max_batch_size):
             batches.append(current)
             current, longest = [], 0
@@ -160,18 +200,46 @@ def make_batches(encoded, tokens_per_batch: int, max_batch_size: int, rng: rando
     return batches
 
 
-def collate(encoded, batch: list[int], pad_id: int):
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` tensors."""
-    width = max(len(encoded[i][0]) for i in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for row, i in enumerate(batch):
-        x, y = encoded[i]
+def collate(rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` from ``(ids, labels)`` rows."""
+    width = max(len(x) for x, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for row, (x, y) in enumerate(rows):
         ids[row, : len(x)] = torch.tensor(x)
         mask[row, : len(x)] = 1
         labels[row, : len(y)] = torch.tensor(y)
     return ids, mask, labels
+
+
+def batch_loss(model, encoded: list[Encoded], batch: list[int], pad_id: int,
+               share_prefix: bool = True) -> tuple[torch.Tensor, int]:
+    """Mean loss over the batch's assistant tokens, and the number of tokens computed.
+
+    Shared-prefix training -- prefix caching, for training: when every
+    conversation in the batch starts with the same system turn, run that turn
+    once (batch of 1), repeat its keys/values for each row, and run only the
+    rest of each conversation on top of them. The result (and its gradient)
+    equals the full forward -- the system tokens carry no loss, and their K/V
+    are the same in every row -- at a fraction of the cost, because the system
+    prompts are most of the tokens. The tests check the equality.
+    """
+    first = encoded[batch[0]]
+    if not share_prefix or first.prefix_len == 0:
+        ids, mask, labels = collate([(encoded[i].ids, encoded[i].labels) for i in batch], pad_id)
+        return model(input_ids=ids, attention_mask=mask, labels=labels).loss, int(mask.sum())
+    p = first.prefix_len
+    prefix = torch.tensor([first.ids[:p]])
+    cache = model(input_ids=prefix, use_cache=True).past_key_values
+    cache.batch_repeat_interleave(len(batch))  # [1, ...] -> [B, ...]; gradients flow back
+    ids, mask, labels = collate([(encoded[i].ids[p:], encoded[i].labels[p:]) for i in batch], pad_id)
+    full_mask = torch.cat([torch.ones(len(batch), p, dtype=mask.dtype), mask], dim=1)
+    # The first suffix token's label would need the prefix's last logits, but it
+    # is "<|im_start|>" of the user turn: never trained. So the loss is complete.
+    out = model(input_ids=ids, attention_mask=full_mask, past_key_values=cache, labels=labels,
+                use_cache=True)
+    return out.loss, p + int(mask.sum())
 
 
 # --------------------------------------------------------------------------- #
@@ -211,12 +279,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate_loss(model, encoded, pad_id: int, tokens_per_batch: int) -> float:
-    """Mean loss per assistant token over ``encoded``."""
+def evaluate_loss(model, encoded: list[Encoded], pad_id: int, tokens_per_batch: int) -> float:
+    """Mean loss per assistant token over ``encoded`` (full forward, no prefix sharing)."""
     model.eval()
     total, count = 0.0, 0
-    for batch in make_batches(encoded, tokens_per_batch, 64, random.Random(0)):
-        ids, mask, labels = collate(encoded, batch, pad_id)
+    for batch in make_batches(encoded, tokens_per_batch, 64, random.Random(0), share_prefix=False):
+        ids, mask, labels = collate([(encoded[i].ids, encoded[i].labels) for i in batch], pad_id)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         targets = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
@@ -290,8 +358,8 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     tokenizer = train_tokenizer([render(ex.messages) for ex in train_set], cfg.vocab_size)
     encoded = [encode_example(tokenizer, ex) for ex in train_set]
     val_encoded = [encode_example(tokenizer, ex) for ex in val_set]
-    num_tokens = sum(len(x) for x, _ in encoded)
-    num_target = sum(sum(1 for t in y if t != -100) for _, y in encoded)
+    num_tokens = sum(len(e.ids) for e in encoded)
+    num_target = sum(sum(1 for t in e.labels if t != -100) for e in encoded)
     log(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(encoded)} conversations, "
         f"{num_tokens} tokens ({num_target} trained) [{time.time() - t_start:.0f}s]")
 
@@ -307,23 +375,22 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
         lr=cfg.lr, betas=(0.9, 0.95))
     pad_id = tokenizer.pad_token_id
     batches: list[list[int]] = []
-    step, epoch, seen_tokens = 0, 0, 0
+    step, epoch, seen_tokens = 0, 0, 0  # seen: tokens actually computed
     t_train = time.time()
     train_loss = float("nan")
     while step < cfg.max_steps:
         if not batches:  # a new pass over the corpus, in a new (seeded) order
             batches = make_batches(encoded, cfg.tokens_per_batch, cfg.max_batch_size, rng)
             epoch += 1
-        ids, mask, labels = collate(encoded, batches.pop(), pad_id)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss, computed = batch_loss(model, encoded, batches.pop(), pad_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         train_loss = loss.item() if step == 0 else 0.95 * train_loss + 0.05 * loss.item()
-        seen_tokens += int(mask.sum())
+        seen_tokens += computed
         step += 1
         if step % 50 == 0 or step == cfg.max_steps:
             log(f"step {step}/{cfg.max_steps} epoch {epoch} loss {train_loss:.3f} "

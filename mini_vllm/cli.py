@@ -1,0 +1,151 @@
+"""Command line: ``python -m mini_vllm generate | chat | demo`` (chapter 00).
+
+* ``generate "prompt"``: one completion (the prompt goes through the chat template
+  unless ``--raw``).
+* ``chat``: an interactive conversation; every turn re-sends the whole history,
+  so the prefix cache serves everything but the newest turn.
+* ``demo``: many requests sharing one long system prompt, with prefix caching
+  on and then off: cached tokens per request, hit rate and time to first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .llm import LLM
+from .sampling_params import SamplingParams
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="a local Hugging Face folder (default: the bundled model)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+
+
+def _make_llm(args, **overrides) -> LLM:
+    kwargs = dict(
+        device=args.device,
+        dtype=args.dtype,
+        attention_backend=args.attention_backend,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+    )
+    kwargs.update(overrides)
+    return LLM(args.model, **kwargs)
+
+
+def _sampling(args) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+
+
+def cmd_generate(args) -> None:
+    llm = _make_llm(args)
+    if args.raw:
+        output = llm.generate([args.prompt], _sampling(args))[0]
+    else:
+        output = llm.chat([{"role": "user", "content": args.prompt}], _sampling(args))[0]
+    print(output.outputs[0].text)
+
+
+def cmd_chat(args) -> None:
+    llm = _make_llm(args)
+    history = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    print("Type a message (an empty line or Ctrl-D ends the chat).")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        history.append({"role": "user", "content": line})
+        output = llm.chat(history, _sampling(args))[0]
+        reply = output.outputs[0].text
+        history.append({"role": "assistant", "content": reply})
+        prompt_len = len(output.prompt_token_ids)
+        print(f"bot> {reply}\n     [{output.num_cached_tokens}/{prompt_len} prompt tokens from the prefix cache]")
+
+
+def _demo_prompts(llm: LLM, num_requests: int) -> list[dict]:
+    from .model import default_model_path
+
+    data = json.loads((Path(default_model_path()) / "prompts.json").read_text())
+    system = {"role": "system", "content": data["system_prompts"][0]}
+    requests = data["user_requests"]
+    conversations = [[system, {"role": "user", "content": requests[i % len(requests)]}] for i in range(num_requests)]
+    return [{"prompt_token_ids": llm.apply_chat_template(c)} for c in conversations]
+
+
+def run_demo(args) -> dict:
+    """Requests arrive one after another, all with the same long system prompt."""
+    from tqdm.auto import tqdm
+
+    results = {}
+    for caching in (True, False):
+        llm = _make_llm(args, enable_prefix_caching=caching)
+        prompts = _demo_prompts(llm, args.num_requests)
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))  # warm-up, caches nothing shared
+        label = "on" if caching else "off"
+        outputs = [llm.generate([p], _sampling(args))[0] for p in tqdm(prompts, desc=f"caching {label}")]
+        ttfts = [o.metrics.time_to_first_token for o in outputs]
+        stats = llm.llm_engine.get_stats()
+        results[label] = {"outputs": outputs, "ttft_p50": statistics.median(ttfts), "hit_rate": stats.hit_rate}
+        print(f"\nprefix caching {label}:")
+        print(f"{'request':>8} {'prompt':>7} {'cached':>7} {'TTFT ms':>8}  story")
+        for i, output in enumerate(outputs):
+            text = output.outputs[0].text.replace("\n", " ")
+            print(
+                f"{i:>8} {len(output.prompt_token_ids):>7} {output.num_cached_tokens:>7} "
+                f"{1000 * output.metrics.time_to_first_token:>8.1f}  {text[:60]}"
+            )
+        print(f"hit rate {stats.hit_rate:.1%}, median TTFT {1000 * results[label]['ttft_p50']:.1f} ms")
+    speedup = results["off"]["ttft_p50"] / results["on"]["ttft_p50"]
+    print(f"\nmedian time to first token: {speedup:.1f}x faster with prefix caching")
+    return results
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mini_vllm", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    generate = sub.add_parser("generate", help="complete one prompt")
+    generate.add_argument("prompt")
+    generate.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    chat = sub.add_parser("chat", help="an interactive chat")
+    chat.add_argument("--system", default=None, help="a system prompt")
+    demo = sub.add_parser("demo", help="prefix caching on vs off on a shared system prompt")
+    demo.add_argument("--num-requests", type=int, default=12)
+    for p in (generate, chat, demo):
+        _engine_args(p)
+        p.add_argument("--temperature", type=float, default=0.0)
+        p.add_argument("--max-tokens", type=int, default=60 if p is not demo else 40)
+        p.add_argument("--seed", type=int, default=None)
+    bench = sub.add_parser("bench", help="the benchmarks (see benchmarks/)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        cmd_generate(args)
+    elif args.command == "chat":
+        cmd_chat(args)
+    elif args.command == "demo":
+        run_demo(args)
+    elif args.command == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(args.rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
