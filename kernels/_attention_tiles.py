@@ -22,6 +22,7 @@ incorrectly, triton#11584; converting first sidesteps that too.)
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -112,7 +113,7 @@ LOG2_E = 1.4426950408889634
 """log2(e): exp(x) == exp2(x * LOG2_E); exp2 is the GPU's native exponential."""
 
 
-def use_tf32(query_dtype, cache_dtype, interpreted: bool) -> bool:
+def use_tf32(query_dtype: torch.dtype, cache_dtype: torch.dtype, interpreted: bool) -> bool:
     """Whether the kernels' float32 dot products may run as tf32 on tensor cores.
 
     Only for float16/bfloat16 queries and caches on a GPU: their values are exact in tf32,
@@ -120,11 +121,6 @@ def use_tf32(query_dtype, cache_dtype, interpreted: bool) -> bool:
     to tf32's 10-bit mantissa (FlashAttention rounds them to bf16's 7). Float32
     inputs keep exact IEEE float32 products, and the interpreter always does.
     """
-    import torch
-
     half_types = (torch.float16, torch.bfloat16)
     return (not interpreted) and query_dtype in half_types and cache_dtype in half_types
 
-
-def next_power_of_2(n: int) -> int:
-    return triton.next_power_of_2(n)

@@ -103,23 +103,39 @@ class Scheduler:
     # -- one step ---------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
-        token_budget = self.max_num_batched_tokens
+        token_budget = self._schedule_running(self.max_num_batched_tokens, output)
+        # Admit new requests only if no running request had to be preempted: memory is short.
+        if not output.preempted:
+            token_budget = self._schedule_waiting(token_budget, output)
+        return output
 
-        # 1. Running requests: decodes and unfinished prefill chunks.
+    def _schedule_running(self, token_budget: int, output: SchedulerOutput) -> int:
+        """Give every running request its next tokens (a decode token or a prefill chunk).
+
+        Returns the token budget left.
+        """
         index = 0
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
             if not self._allocate_or_preempt(request, num_new_tokens, output):
-                break  # the request preempted itself: nothing left to preempt for
+                break  # the request preempted itself: nothing left to preempt for it
             self._schedule(request, request.num_computed_tokens, num_new_tokens, output)
             token_budget -= num_new_tokens
             index += 1
+        return token_budget
 
-        # 2. Waiting requests, unless this step already had to preempt (memory is short).
-        while self.waiting and not output.preempted and token_budget > 0 and len(self.running) < self.max_num_seqs:
+    def _schedule_waiting(self, token_budget: int, output: SchedulerOutput) -> int:
+        """Admit waiting requests in FIFO order: prefix lookup, then slots for the rest.
+
+        Stops at the first request the pool cannot serve (it keeps its place),
+        when the budget is spent, or at ``max_num_seqs`` running requests.
+        Returns the token budget left.
+        """
+        while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            # Chunked prefill: a prompt longer than the budget gets only its first part now.
             num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
@@ -129,7 +145,7 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            if request.num_cached_tokens < 0:
+            if request.num_cached_tokens < 0:  # first admission (not a re-admission after preemption)
                 request.num_cached_tokens = num_computed_tokens
             if self.events.active:
                 block_ids = tuple(block.block_id for block in computed_blocks)
@@ -137,7 +153,7 @@ class Scheduler:
                 self._emit_allocation(request, new_blocks)
             self._schedule(request, num_computed_tokens, num_new_tokens, output)
             token_budget -= num_new_tokens
-        return output
+        return token_budget
 
     def _allocate_or_preempt(self, request: Request, num_new_tokens: int, output: SchedulerOutput) -> bool:
         """Allocate slots for a running request, preempting from the back until it fits.

@@ -90,4 +90,4 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     check.passed()
 
 
-__all__ = ["check_hash_block_tokens", "check_hash_request_tokens", "block_extra_keys"]
+__all__ = ["check_hash_block_tokens", "check_hash_request_tokens"]

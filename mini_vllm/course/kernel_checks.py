@@ -1,0 +1,3 @@
+"""Checks for one chapter's exercises (filled in with the chapter)."""
+
+__all__: list[str] = []

@@ -1,0 +1,194 @@
+"""HTML building blocks shared by the views: styles, cells, the legend, a sparkline.
+
+Every style is inline (``style="..."``): the snapshot must look right where no
+stylesheet or JavaScript runs (a notebook viewer, GitHub, an ``ipywidgets.HTML``).
+Colour never carries meaning alone: each state also has a letter (F/U/C/UC),
+cached blocks are hatched, shared blocks have a double border and the next
+block to be evicted a thick border, so the views read in grayscale and for
+colour-blind readers. The colours are from the Okabe-Ito palette.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Optional
+
+from .state import CACHED, FREE, USED, USED_CACHED
+
+BLUE = "#0072B2"
+ORANGE = "#E69F00"
+GREEN = "#009E73"
+VERMILLION = "#D55E00"
+GRAY = "#8a8a8a"
+INK = "#1b1b1b"
+MUTED = "#5c5c5c"
+
+FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif'
+MONO = 'ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace'
+
+
+def hatch(dark: str, light: str) -> str:
+    """A diagonal-stripe background: the pattern that marks a cached block."""
+    return f"repeating-linear-gradient(135deg, {dark} 0px, {dark} 3px, {light} 3px, {light} 7px)"
+
+
+# Per block state: (background, border colour, border style, name in the legend).
+STATE_STYLE: dict[str, tuple[str, str, str, str]] = {
+    FREE: ("#ffffff", GRAY, "dashed", "free, empty"),
+    USED: ("#d4e8f7", BLUE, "solid", "in use (ref_cnt ≥ 1)"),
+    CACHED: (hatch("#f8dba3", "#fff5e1"), ORANGE, "solid", "cached, free: can still be hit, evictable"),
+    USED_CACHED: (hatch("#b9d8f1", "#e6f2fb"), BLUE, "solid", "in use and cached (has a hash)"),
+}
+
+
+def esc(value: object) -> str:
+    """HTML-escape text (quotes too: it also goes into attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+def style(**properties: object) -> str:
+    """``style(font_size="12px")`` -> ``font-size:12px`` (underscores become dashes)."""
+    return ";".join(f"{name.replace('_', '-')}:{value}" for name, value in properties.items())
+
+
+def container(body: str, css_class: str, title: Optional[str] = None) -> str:
+    """The outer box of a view: white background (readable in dark themes too), one font."""
+    head = f'<div style="{style(font_weight="600", font_size="13px", margin="0 0 6px 0")}">{esc(title)}</div>' if title else ""
+    box = style(
+        font_family=FONT,
+        font_size="12px",
+        line_height="1.35",
+        color=INK,
+        background="#ffffff",
+        padding="8px 10px",
+        border="1px solid #d0d0d0",
+        border_radius="6px",
+        margin="4px 0",
+        max_width="100%",
+        overflow_x="auto",
+    )
+    return f'<div class="{css_class}" style="{box}">{head}{body}</div>'
+
+
+def heading(text: str, note: str = "") -> str:
+    note_html = f' <span style="{style(font_weight="400", color=MUTED)}">{esc(note)}</span>' if note else ""
+    return f'<div style="{style(font_weight="600", font_size="13px", margin="8px 0 4px 0")}">{esc(text)}{note_html}</div>'
+
+
+def badge(text: str, color: str, css_class: str = "", solid: bool = True) -> str:
+    """A small rounded label (white text on ``color``, or ``color`` text on white)."""
+    colors = style(background=color, color="#ffffff") if solid else style(background="#ffffff", color=color)
+    css = style(
+        display="inline-block",
+        padding="0 4px",
+        border_radius="3px",
+        border=f"1px solid {color}",
+        font_size="10px",
+        font_weight="700",
+        line_height="14px",
+        white_space="nowrap",
+    )
+    cls = f' class="{css_class}"' if css_class else ""
+    return f'<span{cls} style="{css};{colors}">{esc(text)}</span>'
+
+
+def cell_style(state: str, shared: bool = False, next_evict: bool = False, width: str = "86px") -> str:
+    """The box of one block: fill and border by state; double border if shared; thick if next to evict."""
+    background, border_color, border_style, _ = STATE_STYLE[state]
+    border = f"1px {border_style} {border_color}"
+    padding = "3px 5px"
+    if shared:
+        border = f"4px double {BLUE}"
+        padding = "0px 2px"
+    if next_evict:
+        border = f"4px solid {VERMILLION}"
+        padding = "0px 2px"
+    return style(
+        display="inline-block",
+        vertical_align="top",
+        box_sizing="border-box",
+        width=width,
+        min_height="62px",
+        margin="2px",
+        padding=padding,
+        border=border,
+        border_radius="4px",
+        background=background,
+        font_size="11px",
+        line_height="14px",
+        overflow="hidden",
+    )
+
+
+def mono(text: str, color: str = INK, weight: str = "400") -> str:
+    return f'<span style="{style(font_family=MONO, color=color, font_weight=weight)}">{esc(text)}</span>'
+
+
+def swatch(state: str, label: str, shared: bool = False, next_evict: bool = False) -> str:
+    box = cell_style(state, shared=shared, next_evict=next_evict, width="26px")
+    box += ";min-height:18px;height:18px;text-align:center;font-weight:700;margin:0 4px 0 0;vertical-align:middle"
+    letter = state if not (shared or next_evict) else ("U" if shared else "C")
+    item = style(display="inline-block", margin="0 12px 2px 0", white_space="nowrap")
+    return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
+
+
+def legend(include_tables: bool = False) -> str:
+    """What the letters, patterns and borders mean."""
+    items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
+    items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
+    items.append(swatch(CACHED, "thick border = evicted next", next_evict=True))
+    extra = "qN: N-th in the free queue (q1 is reused first) · hash: first 4 hex digits"
+    if include_tables:
+        items.append(
+            f'<span style="{style(display="inline-block", margin="0 12px 2px 0")}">'
+            f'{badge("HIT", GREEN)} prefix-cache hit</span>'
+        )
+        extra += " · n/16: filled slots of a partial block"
+    note = f'<div style="{style(color=MUTED, font_size="11px", margin_top="2px")}">{esc(extra)}</div>'
+    return f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
+
+
+def tooltip_tokens(block_label: str, token_ids: Optional[Sequence[int]], text: Optional[str]) -> str:
+    """The hover text of a block: its tokens as text (and ids)."""
+    if token_ids is None:
+        return block_label
+    ids = " ".join(str(t) for t in token_ids)
+    if text is None:
+        return f"{block_label}\ntoken ids: {ids}"
+    return f"{block_label}\n{text!r}\ntoken ids: {ids}"
+
+
+def sparkline(
+    values: Sequence[float],
+    width: int = 180,
+    height: int = 34,
+    color: str = GREEN,
+    max_value: float = 1.0,
+    label: str = "",
+) -> str:
+    """A tiny inline SVG line plot of ``values`` in [0, max_value] (deterministic coordinates)."""
+    pad = 2
+    inner_w, inner_h = width - 2 * pad, height - 2 * pad
+    frame = (
+        f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#ffffff" stroke="#cfcfcf" />'
+        f'<line x1="{pad}" y1="{pad + inner_h / 2:.1f}" x2="{width - pad}" y2="{pad + inner_h / 2:.1f}" '
+        f'stroke="#ececec" stroke-dasharray="2,2" />'
+    )
+    body = ""
+    if values:
+        n = len(values)
+        points = []
+        for index, value in enumerate(values):
+            x = pad + (inner_w * index / (n - 1) if n > 1 else inner_w)
+            y = pad + inner_h * (1 - max(0.0, min(max_value, value)) / max_value)
+            points.append(f"{x:.1f},{y:.1f}")
+        body = (
+            f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{" ".join(points)}" />'
+            f'<circle cx="{points[-1].split(",")[0]}" cy="{points[-1].split(",")[1]}" r="2.4" fill="{color}" />'
+        )
+    title = f"<title>{esc(label)}</title>" if label else ""
+    return (
+        f'<svg class="mv-sparkline" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle">{title}{frame}{body}</svg>'
+    )

@@ -1,0 +1,98 @@
+"""Keeping an ``ipywidgets.HTML`` in sync with a running engine (throttled).
+
+A ``LiveBinding`` registers one listener on the engine. The listener never
+changes the engine and never raises into it (an error is shown in the widget
+instead). It re-renders at most every ``min_interval`` seconds, always when
+the engine becomes idle, and when asked (``refresh()``), so a long
+``llm.generate(...)`` stays fast while the widget still moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Optional
+
+from ..events import RequestFinished, StepFinished
+
+logger = logging.getLogger("mini_vllm.viz")
+
+
+class LiveBinding:
+    """Owns one engine listener and the ``ipywidgets.HTML`` it updates.
+
+    Invariant: while ``attached`` the listener is registered on ``engine``;
+    ``close()`` removes it (idempotent) and closes the widget.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        render: Callable[[], str],
+        min_interval: float = 0.2,
+        on_event: Optional[Callable[[Any], None]] = None,
+        after_render: Optional[Callable[[], None]] = None,
+    ) -> None:
+        import ipywidgets  # only the live part needs it; static views work without
+
+        self.engine = engine
+        self.render = render
+        self.min_interval = min_interval
+        self.on_event = on_event
+        self.after_render = after_render
+        self.widget = ipywidgets.HTML(value="")
+        self.num_renders = 0
+        self.last_error: Optional[str] = None
+        self._last_render = 0.0
+        self._dirty = False
+        self._listener = self._handle_event  # one bound method, so remove_listener finds it
+        self.refresh()
+        engine.add_listener(self._listener)
+        self.attached = True
+
+    # -- the listener -----------------------------------------------------------
+    def _handle_event(self, event: Any) -> None:
+        try:
+            if self.on_event is not None:
+                self.on_event(event)
+            self._dirty = True
+            if isinstance(event, StepFinished):
+                idle = event.num_running == 0 and event.num_waiting == 0
+                if idle or time.monotonic() - self._last_render >= self.min_interval:
+                    self.refresh()
+            elif isinstance(event, RequestFinished) and not self.engine.has_unfinished_requests():
+                self.refresh()  # e.g. the last request was aborted: no StepFinished follows
+        except Exception:  # a widget must never break the engine it watches
+            self.last_error = traceback.format_exc()
+            logger.exception("mini_vllm.viz: a live view failed to update")
+
+    # -- rendering --------------------------------------------------------------
+    def refresh(self) -> None:
+        """Render now (and clear the pending-update flag)."""
+        try:
+            value = self.render()
+        except Exception:
+            self.last_error = traceback.format_exc()
+            logger.exception("mini_vllm.viz: rendering failed")
+            value = f"<pre>view failed to render:\n{self.last_error}</pre>"
+        if value != self.widget.value:
+            self.widget.value = value
+        self.num_renders += 1
+        self._last_render = time.monotonic()
+        self._dirty = False
+        if self.after_render is not None:
+            self.after_render()
+
+    def flush(self) -> None:
+        """Render if anything changed since the last render."""
+        if self._dirty:
+            self.refresh()
+
+    def close(self) -> None:
+        """Detach from the engine and close the widget (safe to call twice)."""
+        if self.attached:
+            self.engine.remove_listener(self._listener)
+            self.attached = False
+        self.widget.close()

@@ -1,0 +1,293 @@
+"""What the widgets show, read from the running engine (or a bare KV-cache manager).
+
+A ``StateSource`` wraps whatever the learner has — an ``LLM``, an
+``LLMEngine`` or, in the early chapters, a bare ``KVCacheManager`` plus the
+``Request`` objects of a scripted scenario — and turns it into a
+``CacheSnapshot``: plain, frozen data (block ids, ref counts, hashes, owners,
+free-queue order, block tables) that the views render. Reading never changes
+the engine: no block is touched, no event is taken.
+
+Everything in a snapshot is deterministic for a deterministic run: lists are
+in block-id, free-queue or request-insertion order, never in set or hash order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..kv_cache_manager import KVCacheManager
+from ..request import Request
+
+# Block states, one letter each so they read without colour.
+FREE = "F"  # ref_cnt 0, no hash: an empty free block
+USED = "U"  # ref_cnt > 0, no hash (yet): a partial block, or caching is off
+CACHED = "C"  # ref_cnt 0 with a hash: free, but its K/V can still be hit
+USED_CACHED = "UC"  # ref_cnt > 0 with a hash: in use and in the prefix cache
+
+
+def natural_key(text: str) -> list:
+    """Sort key that puts "r2" before "r10" (ids are compared piecewise, numbers as numbers)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def short_hash(block_hash: Optional[bytes], length: int = 4) -> str:
+    """The first ``length`` hex digits of a block hash ("" for None)."""
+    return block_hash.hex()[:length] if block_hash is not None else ""
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """One physical block as the pool sees it."""
+
+    block_id: int
+    ref_cnt: int
+    block_hash: Optional[bytes]
+    owners: tuple[str, ...]  # requests whose block table holds it
+    free_position: Optional[int]  # 0 = head of the free queue (reused first); None = in use
+    token_ids: Optional[tuple[int, ...]]  # its tokens, where known
+    k_norm: Optional[float]  # ‖K‖ of the block in one layer, where the engine has tensors
+
+    @property
+    def state(self) -> str:
+        if self.ref_cnt > 0:
+            return USED_CACHED if self.block_hash is not None else USED
+        return CACHED if self.block_hash is not None else FREE
+
+    @property
+    def is_shared(self) -> bool:
+        return self.ref_cnt > 1
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """One request's block table and progress."""
+
+    request_id: str
+    status: str  # "waiting", "running", "preempted", "finished_..." or "?"
+    num_tokens: int
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    block_ids: tuple[int, ...]  # the block table: logical block i -> physical block block_ids[i]
+    num_hit_blocks: int  # the first blocks that came from the prefix cache
+    token_ids: tuple[int, ...]
+
+    def tokens_in_block(self, index: int, block_size: int) -> int:
+        """How many token slots of logical block ``index`` are filled (or reserved for the next token)."""
+        covered = min(self.num_tokens, len(self.block_ids) * block_size)
+        return max(0, min(block_size, covered - index * block_size))
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """The whole KV-cache state at one moment."""
+
+    block_size: int
+    blocks: tuple[BlockInfo, ...]  # by block id
+    requests: tuple[RequestInfo, ...]
+    free_queue: tuple[int, ...]  # block ids, head (reused first) to tail
+    cached: Mapping[bytes, int]  # hash -> the block a lookup returns
+    hash_algo: str = "sha256"
+    num_steps: Optional[int] = None  # None without an engine
+    num_running: int = 0
+    num_waiting: int = 0
+    hit_rate: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_evictions: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        return sum(1 for block in self.blocks if block.ref_cnt > 0)
+
+    @property
+    def next_to_reuse(self) -> Optional[int]:
+        """The free queue's head: the next block ``get_new_blocks`` pops."""
+        return self.free_queue[0] if self.free_queue else None
+
+    @property
+    def next_to_evict(self) -> Optional[int]:
+        """The first *cached* block from the head: popping it is the next eviction."""
+        for block_id in self.free_queue:
+            if self.blocks[block_id].block_hash is not None:
+                return block_id
+        return None
+
+
+class StateSource:
+    """Reads the state of an ``LLM`` / ``LLMEngine`` (live) or a bare ``KVCacheManager``.
+
+    Args:
+        source: an ``LLM``, an ``LLMEngine`` or a ``KVCacheManager``.
+        requests: for a bare manager, the scenario's ``Request`` objects (a
+            dict by id or any iterable); they give token ids, status and hits.
+            An engine's own requests are always included.
+        tokenizer: turns token ids into text for the tooltips (default: the
+            engine's tokenizer; without one tooltips show token ids).
+
+    Owns one cache of ``hash -> token ids`` (pruned to the hashes still in the
+    pool), so a cached block keeps its text after its request is gone.
+    """
+
+    def __init__(self, source: Any, requests: Any = None, tokenizer: Any = None) -> None:
+        self.engine = None
+        if hasattr(source, "llm_engine"):  # an LLM
+            self.engine = source.llm_engine
+        elif hasattr(source, "kv_cache_manager") and hasattr(source, "scheduler"):  # an LLMEngine
+            self.engine = source
+        if self.engine is not None:
+            self.manager: KVCacheManager = self.engine.kv_cache_manager
+            self.tokenizer = tokenizer if tokenizer is not None else getattr(self.engine, "tokenizer", None)
+            self.hash_algo = self.engine.config.hash_algo
+        elif isinstance(source, KVCacheManager):
+            self.manager = source
+            self.tokenizer = tokenizer
+            self.hash_algo = "sha256"
+        else:
+            raise TypeError(
+                f"a view needs an LLM, an LLMEngine or a KVCacheManager, got {type(source).__name__}"
+            )
+        self.extra_requests: dict[str, Request] = {}
+        self.add_requests(requests)
+        # request id -> number of hit blocks, from ComputedBlocksFound events (the dashboard fills it).
+        self.hit_blocks: dict[str, int] = {}
+        self._tokens_by_hash: dict[bytes, tuple[int, ...]] = {}
+
+    @property
+    def block_size(self) -> int:
+        return self.manager.block_size
+
+    def add_requests(self, requests: Any) -> None:
+        """Make more scenario requests known (a dict by id, or an iterable of ``Request``)."""
+        if requests is None:
+            return
+        items = requests.values() if isinstance(requests, Mapping) else requests
+        for request in items:
+            self.extra_requests[request.request_id] = request
+
+    def known_requests(self) -> dict[str, Request]:
+        """Every request the views can describe: the engine's, then the scenario's."""
+        known: dict[str, Request] = {}
+        if self.engine is not None:
+            known.update(self.engine.requests)
+        for request_id, request in self.extra_requests.items():
+            known.setdefault(request_id, request)
+        return known
+
+    def decode(self, token_ids: Iterable[int]) -> Optional[str]:
+        """Token ids as text, or None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(list(token_ids))
+
+    def k_norms(self, layer: int = 0) -> Optional[list[float]]:
+        """‖K‖ per physical block in ``layer`` (the model runner's statistic), or None without tensors."""
+        runner = getattr(self.engine, "model_runner", None)
+        if runner is None or not hasattr(runner, "block_statistic"):
+            return None
+        return [float(value) for value in runner.block_statistic(layer).tolist()]
+
+    # -- the snapshot ---------------------------------------------------------
+    def snapshot(self, k_norm: bool = False, layer: int = 0) -> CacheSnapshot:
+        manager = self.manager
+        pool = manager.block_pool
+        block_size = manager.block_size
+        known = self.known_requests()
+
+        owners: dict[int, list[str]] = {}
+        tokens_by_block: dict[int, tuple[int, ...]] = {}
+        for request_id, table in manager.req_to_blocks.items():
+            request = known.get(request_id)
+            for index, block in enumerate(table):
+                owners.setdefault(block.block_id, []).append(request_id)
+                if request is not None and block.block_id not in tokens_by_block:
+                    start = index * block_size
+                    tokens = tuple(request.all_token_ids[start : start + block_size])
+                    if tokens:
+                        tokens_by_block[block.block_id] = tokens
+
+        # Remember what each cached hash holds, from every request we know.
+        for request in known.values():
+            tokens = request.all_token_ids
+            for index, block_hash in enumerate(request.block_hashes):
+                if block_hash not in self._tokens_by_hash:
+                    self._tokens_by_hash[block_hash] = tuple(tokens[index * block_size : (index + 1) * block_size])
+        cached: dict[bytes, int] = {}
+        for block_hash, block in pool.cached_block_hash_to_block.items():
+            cached.setdefault(block_hash, block.block_id)  # a lookup returns the first inserted
+        self._tokens_by_hash = {h: t for h, t in self._tokens_by_hash.items() if h in cached}
+
+        free_queue = tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks())
+        position = {block_id: place for place, block_id in enumerate(free_queue)}
+        norms = self.k_norms(layer) if k_norm else None
+
+        blocks = []
+        for block in pool.blocks:
+            tokens = tokens_by_block.get(block.block_id)
+            if tokens is None and block.block_hash is not None:
+                tokens = self._tokens_by_hash.get(block.block_hash)
+            blocks.append(
+                BlockInfo(
+                    block_id=block.block_id,
+                    ref_cnt=block.ref_cnt,
+                    block_hash=block.block_hash,
+                    owners=tuple(sorted(owners.get(block.block_id, []), key=natural_key)),
+                    free_position=position.get(block.block_id),
+                    token_ids=tokens,
+                    k_norm=norms[block.block_id] if norms is not None else None,
+                )
+            )
+
+        requests = []
+        request_ids = list(known)
+        request_ids += [rid for rid in manager.req_to_blocks if rid not in known]
+        for request_id in request_ids:
+            request = known.get(request_id)
+            block_ids = tuple(manager.get_block_ids(request_id))
+            if request is None:
+                requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, ()))
+                continue
+            if request_id in self.hit_blocks:
+                num_hit_blocks = self.hit_blocks[request_id]
+            elif request.num_cached_tokens >= 0:
+                num_hit_blocks = request.num_cached_tokens // block_size
+            else:
+                num_hit_blocks = 0
+            requests.append(
+                RequestInfo(
+                    request_id=request_id,
+                    status=request.status.value,
+                    num_tokens=request.num_tokens,
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_computed_tokens=request.num_computed_tokens,
+                    block_ids=block_ids,
+                    num_hit_blocks=min(num_hit_blocks, len(block_ids)),
+                    token_ids=tuple(request.all_token_ids),
+                )
+            )
+
+        stats = manager.prefix_cache_stats
+        engine = self.engine
+        return CacheSnapshot(
+            block_size=block_size,
+            blocks=tuple(blocks),
+            requests=tuple(requests),
+            free_queue=free_queue,
+            cached=cached,
+            hash_algo=self.hash_algo,
+            num_steps=engine.num_steps if engine is not None else None,
+            num_running=len(engine.scheduler.running) if engine is not None else 0,
+            num_waiting=len(engine.scheduler.waiting) if engine is not None else 0,
+            hit_rate=stats.hit_rate,
+            prefix_cache_queries=stats.queries,
+            prefix_cache_hits=stats.hits,
+            num_evictions=pool.num_evictions,
+            num_preemptions=engine.scheduler.num_preemptions if engine is not None else 0,
+        )
