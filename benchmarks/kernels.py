@@ -23,7 +23,10 @@ What it measures, in order:
 Times are medians of ``triton.testing.do_bench`` (which also flushes the GPU's
 L2 cache between runs, so a small KV cache cannot be served from L2). For each
 row it prints microseconds, the KV bytes read per second, and that as a
-percentage of the copy bandwidth. ``--json`` writes everything to a file.
+percentage of the copy bandwidth. On a GPU, each fast row also shows the time
+replayed from a CUDA graph (the GPU's time without Python's launch overhead)
+and the CPU time one call takes to launch: where the launch takes longer than
+the kernel, do_bench is timing Python. ``--json`` writes everything to a file.
 
 Every configuration runs inside its own ``try``: one that fails (out of memory,
 an SDPA variant this PyTorch lacks) is reported and the rest still run.
@@ -247,6 +250,28 @@ def bench_prefill(shape, num_seqs, cached, new, device, on_gpu, copy_gbps, resul
             log(f"   best: {best['name']}  {best['us']:.1f} us  {best.get('tflops', 0):.1f} TFLOP/s")
 
 
+def graph_and_cpu_us(fn: Callable[[], object]) -> tuple[float, float]:
+    """(GPU time per call replayed from a CUDA graph, CPU time per call to launch it).
+
+    For a small batch the kernel may take less time than Python takes to
+    launch it, and do_bench then measures the launch. A CUDA graph (what vLLM
+    uses for decode) replays the recorded launches without Python: its time is
+    the GPU's alone (without an L2 flush, so a cache smaller than the L2 is
+    partly served from there).
+    """
+    import triton.testing
+
+    graph_us = triton.testing.do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+    calls = 50
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    cpu_us = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return graph_us, cpu_us
+
+
 def record_time(results, kind, name, batch, context, kv_bytes, flops, fn, on_gpu, copy_gbps, slow=False,
                 quiet=False):
     row = {"kind": kind, "name": name, "batch": batch, "context": context, "kv_bytes": kv_bytes}
@@ -257,10 +282,20 @@ def record_time(results, kind, name, batch, context, kv_bytes, flops, fn, on_gpu
         row["pct_of_copy"] = 100 * row["kv_gbps"] / copy_gbps
         if flops:
             row["tflops"] = flops / (microseconds * 1e-6) / 1e12
+        graph_text = ""
+        if on_gpu and not slow and not quiet:
+            try:
+                row["graph_us"], row["cpu_launch_us"] = graph_and_cpu_us(fn)
+                row["graph_pct_of_copy"] = 100 * kv_bytes / (row["graph_us"] * 1e-6) / 1e9 / copy_gbps
+                graph_text = (f"  | graph {row['graph_us']:8.1f} us {row['graph_pct_of_copy']:5.1f}%"
+                              f"  launch {row['cpu_launch_us']:5.1f} us")
+            except Exception as error:
+                row["graph_error"] = repr(error)
+                graph_text = f"  | graph: {error!r}"[:80]
         if not quiet:
-            extra = f"  {row['tflops']:7.1f} TFLOP/s" if flops else ""
-            log(f"   {name:<34} {microseconds:10.1f} us  {row['kv_gbps']:8.0f} GB/s  "
-                f"{row['pct_of_copy']:5.1f}% of copy{extra}")
+            extra = f"  {row['tflops']:6.1f} TFLOP/s" if flops else ""
+            log(f"   {name:<30} {microseconds:9.1f} us  {row['kv_gbps']:6.0f} GB/s  "
+                f"{row['pct_of_copy']:5.1f}% of copy{extra}{graph_text}")
     except Exception as error:
         row["error"] = repr(error)
         log(f"   {name:<34} FAILED: {error!r}")

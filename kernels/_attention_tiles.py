@@ -17,7 +17,10 @@ rows, and a wide tile keeps the GPU's memory system busy.
 Numerics, for every dtype the cache may hold: values are converted to float32
 right after they are loaded, and all arithmetic is float32. (Triton's CPU
 interpreter also computes bfloat16 arithmetic and bfloat16 ``tl.dot``
-incorrectly, triton#11584; converting first sidesteps that too.)
+incorrectly, triton#11584; converting first sidesteps that too.) The two dot
+products take ``USE_TF32``: on a GPU, with float16/bfloat16 inputs, they run on
+tensor cores in tf32 (see :func:`use_tf32` for why that loses nothing in
+``q @ k.T``).
 """
 
 from __future__ import annotations
@@ -116,10 +119,13 @@ LOG2_E = 1.4426950408889634
 def use_tf32(query_dtype: torch.dtype, cache_dtype: torch.dtype, interpreted: bool) -> bool:
     """Whether the kernels' float32 dot products may run as tf32 on tensor cores.
 
-    Only for float16/bfloat16 queries and caches on a GPU: their values are exact in tf32,
-    so ``q @ k.T`` is exact; the softmax weights in ``weights @ v`` are rounded
-    to tf32's 10-bit mantissa (FlashAttention rounds them to bf16's 7). Float32
-    inputs keep exact IEEE float32 products, and the interpreter always does.
+    Only for float16/bfloat16 queries and caches on a GPU. Their values are
+    exact in tf32 (10 mantissa bits), so every product in ``q @ k.T`` is exact
+    and summed in float32; only the softmax weights in ``weights @ v`` are
+    rounded, to tf32's 10 bits (FlashAttention rounds them to bf16's 7).
+    Float32 inputs keep IEEE float32 products (tf32 would round them), and so
+    does the interpreter. Tensor cores make this ~7x faster than IEEE float32
+    on an H100/H200, which decode at a 16-row tile needs to stay memory-bound.
     """
     half_types = (torch.float16, torch.bfloat16)
     return (not interpreted) and query_dtype in half_types and cache_dtype in half_types

@@ -143,11 +143,20 @@ def _unified_attention_kernel(
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dim_mask[None, :])
 
 
-def default_launch_config(interpreted: bool) -> dict[str, int]:
-    """Tile sizes and launch settings. Small tiles in the interpreter exercise the loops."""
+def default_launch_config(interpreted: bool, tile_rows: int) -> dict[str, int]:
+    """Launch settings for a tile of ``tile_rows`` rows.
+
+    In the interpreter, small tiles make short test sequences take several
+    loop iterations. On the GPU (measured on an H200 with
+    ``benchmarks/kernels.py --sweep``): big prefill tiles (128 rows) run best
+    with 8 warps and a 3-stage pipeline; decode-sized tiles (16 rows) with 4
+    warps and 2 stages, as in ``paged_attention``.
+    """
     if interpreted:
-        return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
-    return {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
+        return {"block_n": 16, "num_warps": 4, "num_stages": 1}
+    if tile_rows >= 128:
+        return {"block_n": 64, "num_warps": 8, "num_stages": 3}
+    return {"block_n": 64, "num_warps": 4, "num_stages": 2}
 
 
 def unified_attention(
@@ -198,14 +207,10 @@ def unified_attention(
     if max_query_len <= 0:
         return out
 
-    config = default_launch_config(TRITON_INTERPRETED)
-    block_m = block_m or config["block_m"]
-    block_n = block_n or config["block_n"]
-    num_warps = num_warps or config["num_warps"]
-    num_stages = num_stages or config["num_stages"]
-    for name, value in (("block_m", block_m), ("block_n", block_n)):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot needs it), got {value}")
+    # The tile's row budget: 16 rows in the interpreter, 128 on a GPU.
+    block_m = block_m or (16 if TRITON_INTERPRETED else 128)
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two >= 16 (tl.dot needs it), got {block_m}")
 
     group = num_q_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
@@ -215,6 +220,13 @@ def unified_attention(
     block_q = min(block_q, triton.next_power_of_2(max_query_len))
     # ...but tl.dot needs a tile of at least 16 rows.
     block_q = max(block_q, triton.cdiv(16, group_pad))
+
+    config = default_launch_config(TRITON_INTERPRETED, tile_rows=block_q * group_pad)
+    block_n = block_n or config["block_n"]
+    num_warps = num_warps or config["num_warps"]
+    num_stages = num_stages or config["num_stages"]
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot needs it), got {block_n}")
 
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _unified_attention_kernel[grid](

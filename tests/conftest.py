@@ -1,9 +1,13 @@
-"""Shared helpers for the test suite."""
+"""Shared set-up for the test suite."""
 
 from __future__ import annotations
 
 import os
 
-# Kernels run through Triton's interpreter on machines without a GPU; set it
-# before anything imports triton (kernels/__init__ also does this).
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+# Without a GPU the kernels run in Triton's interpreter; the variable must be set
+# before triton is first imported (kernels/__init__ does the same). On a GPU
+# machine the kernels compile, and the kernel tests run on CUDA.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
