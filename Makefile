@@ -14,13 +14,14 @@ PYTEST_ARGS   ?=
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
 
-.PHONY: help venv install-course install-test lab test test-unit test-notebooks notebooks exercises bench model clean
+.PHONY: help venv install-course install-test lab test test-unit test-notebooks test-browser chromium notebooks exercises bench model clean
 
 help:
 	@echo "make lab            install the course into .venv and open JupyterLab"
 	@echo "make test           install test dependencies into .venv and run the whole suite (what CI runs)"
 	@echo "make test-unit      only the pytest suite under tests/"
 	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
+	@echo "make test-browser   the real-browser widget test (headless Chromium)"
 	@echo "make notebooks      regenerate exercises/ and re-execute notebooks/ and solutions/ in place"
 	@echo "make bench          the benchmarks (results in benchmarks/results/)"
 
@@ -51,8 +52,16 @@ lab: $(VENV)/.course
 
 test: test-unit test-notebooks
 
-test-unit: $(VENV)/.test
+# The unit suite includes the real-browser widget test (tests/browser), which
+# needs Debian's chromium: installed here with apt when missing.
+test-unit: $(VENV)/.test chromium
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-browser: $(VENV)/.test chromium
+	$(PY) -m pytest tests/browser -v
+
+chromium:
+	bash scripts/ensure_chromium.sh
 
 # Strict nbval: every committed output must be what the code produces now
 # (tests/nbval_sanitize.cfg masks addresses and timings only).

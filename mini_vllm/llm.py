@@ -127,13 +127,17 @@ class LLM:
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
         engine = self.llm_engine
+        wanted = set(request_ids)
         results: dict[str, RequestOutput] = {}
         progress = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
         try:
             while len(results) < len(request_ids):
+                # The engine may also finish requests queued before this call
+                # (e.g. by the dashboard's add_requests): they are not ours to return.
                 for output in engine.step():
-                    results[output.request_id] = output
-                    progress.update(1)
+                    if output.request_id in wanted:
+                        results[output.request_id] = output
+                        progress.update(1)
         finally:
             progress.close()
             # On an exception (or Ctrl-C) nothing may stay allocated.

@@ -24,8 +24,9 @@ GRAY = "#8a8a8a"
 INK = "#1b1b1b"
 MUTED = "#5c5c5c"
 
-FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif'
-MONO = 'ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace'
+# Single quotes only: these go inside style="..." attributes.
+FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', Arial, sans-serif"
+MONO = "ui-monospace, SFMono-Regular, Menlo, Consolas, 'DejaVu Sans Mono', monospace"
 
 
 def hatch(dark: str, light: str) -> str:
@@ -133,7 +134,7 @@ def swatch(state: str, label: str, shared: bool = False, next_evict: bool = Fals
     return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
 
 
-def legend(include_tables: bool = False) -> str:
+def legend(include_tables: bool = False, block_size: int = 16) -> str:
     """What the letters, patterns and borders mean."""
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
@@ -144,7 +145,7 @@ def legend(include_tables: bool = False) -> str:
             f'<span style="{style(display="inline-block", margin="0 12px 2px 0")}">'
             f'{badge("HIT", GREEN)} prefix-cache hit</span>'
         )
-        extra += " · n/16: filled slots of a partial block"
+        extra += f" · n/{block_size}: filled slots of a partial block"
     note = f'<div style="{style(color=MUTED, font_size="11px", margin_top="2px")}">{esc(extra)}</div>'
     return f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
 
@@ -160,35 +161,38 @@ def tooltip_tokens(block_label: str, token_ids: Optional[Sequence[int]], text: O
 
 
 def sparkline(
-    values: Sequence[float],
-    width: int = 180,
-    height: int = 34,
-    color: str = GREEN,
+    series: Sequence[tuple[Sequence[float], str]],
+    width: int = 200,
+    height: int = 36,
     max_value: float = 1.0,
     label: str = "",
 ) -> str:
-    """A tiny inline SVG line plot of ``values`` in [0, max_value] (deterministic coordinates)."""
-    pad = 2
+    """A tiny inline SVG plot of one or more lines ``(values, colour)``, values in [0, max_value].
+
+    Coordinates are rounded to 0.1 px, so the same values give the same SVG text.
+    """
+    pad = 3
     inner_w, inner_h = width - 2 * pad, height - 2 * pad
-    frame = (
-        f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#ffffff" stroke="#cfcfcf" />'
+    parts = [
+        f'<rect x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" fill="#ffffff" stroke="#cfcfcf" />',
         f'<line x1="{pad}" y1="{pad + inner_h / 2:.1f}" x2="{width - pad}" y2="{pad + inner_h / 2:.1f}" '
-        f'stroke="#ececec" stroke-dasharray="2,2" />'
-    )
-    body = ""
-    if values:
+        f'stroke="#e6e6e6" stroke-dasharray="2,2" />',
+    ]
+    for values, color in series:
+        if not values:
+            continue
         n = len(values)
         points = []
         for index, value in enumerate(values):
             x = pad + (inner_w * index / (n - 1) if n > 1 else inner_w)
             y = pad + inner_h * (1 - max(0.0, min(max_value, value)) / max_value)
-            points.append(f"{x:.1f},{y:.1f}")
-        body = (
-            f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{" ".join(points)}" />'
-            f'<circle cx="{points[-1].split(",")[0]}" cy="{points[-1].split(",")[1]}" r="2.4" fill="{color}" />'
-        )
+            points.append((x, y))
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        last_x, last_y = points[-1]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{path}" />')
+        parts.append(f'<circle cx="{last_x:.1f}" cy="{last_y:.1f}" r="2.4" fill="{color}" />')
     title = f"<title>{esc(label)}</title>" if label else ""
     return (
         f'<svg class="mv-sparkline" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle">{title}{frame}{body}</svg>'
+        f'xmlns="http://www.w3.org/2000/svg" style="vertical-align:middle">{title}{"".join(parts)}</svg>'
     )

@@ -47,6 +47,7 @@ class LiveBinding:
         self.last_error: Optional[str] = None
         self._last_render = 0.0
         self._dirty = False
+        self._last_step = engine.num_steps  # the last step whose StepFinished we saw
         self._listener = self._handle_event  # one bound method, so remove_listener finds it
         self.refresh()
         engine.add_listener(self._listener)
@@ -59,14 +60,19 @@ class LiveBinding:
                 self.on_event(event)
             self._dirty = True
             if isinstance(event, StepFinished):
+                self._last_step = event.step
                 idle = event.num_running == 0 and event.num_waiting == 0
                 if idle or time.monotonic() - self._last_render >= self.min_interval:
                     self.refresh()
-            elif isinstance(event, RequestFinished) and not self.engine.has_unfinished_requests():
-                self.refresh()  # e.g. the last request was aborted: no StepFinished follows
+            elif isinstance(event, RequestFinished) and self._outside_a_step() and not self.engine.has_unfinished_requests():
+                self.refresh()  # the last request was aborted between steps: no StepFinished follows
         except Exception:  # a widget must never break the engine it watches
             self.last_error = traceback.format_exc()
             logger.exception("mini_vllm.viz: a live view failed to update")
+
+    def _outside_a_step(self) -> bool:
+        # step() counts itself first and reports StepFinished last: in between, a step is running.
+        return self.engine.num_steps == self._last_step
 
     # -- rendering --------------------------------------------------------------
     def refresh(self) -> None:

@@ -1,0 +1,438 @@
+"""``EngineDashboard``: the live view of a running engine, with Step / Run / Reset (chapters 00, 05, 06, 08).
+
+    >>> dash = EngineDashboard(llm)
+    >>> dash                                   # shows it (the last line of a cell)
+    >>> dash.add_requests(["Once upon a time", "Once upon a time there"])
+    >>> # click Step to watch one engine step at a time, or just:
+    >>> llm.generate([...])                    # the dashboard follows along, live
+    >>> dash.close()                           # detach (a new dashboard on the same engine does it too)
+
+It shows the pool, the block tables, the free queue and the hash chain of the
+last prompt added, all read from the engine, plus a metrics line and a small
+hit-rate plot. It only *listens* (``engine.add_listener``): the engine does
+exactly the same with or without it. Re-rendering is throttled (at most every
+``min_interval`` seconds, always when the engine goes idle).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any, Optional, Sequence
+
+from ..events import ComputedBlocksFound, RequestAdded, RequestFinished, StepFinished
+from .html import BLUE, GREEN, MUTED, container, esc, legend, sparkline, style
+from .live import LiveBinding
+from .state import CacheSnapshot, StateSource
+from .hash_chain import HashChainView
+from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot
+
+# id(engine) -> its open dashboard: a new dashboard on the same engine closes the old one,
+# so re-running a notebook cell never leaves a stale listener behind.
+_OPEN_DASHBOARDS: "weakref.WeakValueDictionary[int, EngineDashboard]" = weakref.WeakValueDictionary()
+
+
+class EngineDashboard:
+    """Owns one engine listener, the buttons and the HTML widget; the views read the engine.
+
+    Invariants: while open, exactly one listener of this dashboard is on the
+    engine; after ``close()`` none is. Nothing here changes the engine except
+    the buttons (``step``, ``run``, ``reset``) and ``add_requests``.
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        *,
+        tokenizer: Any = None,
+        k_norm: bool = True,
+        layer: int = 0,
+        min_interval: float = 0.2,
+        history: int = 240,
+        max_cells: int = 160,
+        max_finished: int = 6,
+        replace_previous: bool = True,
+    ) -> None:
+        self.source = StateSource(llm, tokenizer=tokenizer)
+        if self.source.engine is None:
+            raise TypeError("EngineDashboard needs an LLM or an LLMEngine; for a bare KVCacheManager use the views")
+        self.llm = llm if hasattr(llm, "llm_engine") else None
+        self.engine = self.source.engine
+        # One legend for the whole dashboard, at the top.
+        self.pool_view = PoolView(self.source, k_norm=k_norm, layer=layer, max_cells=max_cells, show_legend=False)
+        self.table_view = BlockTableView(self.source, k_norm=k_norm, layer=layer, show_legend=False)
+        self.queue_view = FreeQueueView(self.source)
+        self.k_norm = k_norm
+        self.layer = layer
+
+        self.hit_rate_history: deque[float] = deque(maxlen=history)
+        self.usage_history: deque[float] = deque(maxlen=history)
+        self.finished: deque[dict] = deque(maxlen=max_finished)
+        self.last_outputs: list = []  # the RequestOutputs the last step()/run() returned
+        self.last_ttft: Optional[float] = None
+        self.last_ttft_steps: Optional[int] = None
+        self.last_step: Optional[StepFinished] = None
+        self.message = "Add requests with dashboard.add_requests([...]) and press Step, or call llm.generate(...)."
+        self._chain_prompt: Optional[list[int]] = None
+        self._chain_salt: Optional[str] = None
+        self._chain_reference: Optional[list[int]] = None
+        self._chain_pinned = False
+        self._request_counter = 0
+
+        previous = _OPEN_DASHBOARDS.get(id(self.engine))
+        if replace_previous and previous is not None and previous.engine is self.engine:
+            previous.close()
+
+        import ipywidgets as widgets
+
+        self.step_button = widgets.Button(description="Step", tooltip="engine.step() once", icon="step-forward")
+        self.run_button = widgets.Button(description="Run", tooltip="step until every request finished", icon="play")
+        self.reset_button = widgets.Button(
+            description="Reset cache", tooltip="reset_prefix_cache() (only when idle)", icon="trash"
+        )
+        for button in (self.step_button, self.run_button, self.reset_button):
+            button.layout.width = "auto"
+            button.layout.margin = "0 6px 0 0"
+        self.step_button.on_click(lambda _button: self._guarded(self.step))
+        self.run_button.on_click(lambda _button: self._guarded(self.run))
+        self.reset_button.on_click(lambda _button: self._guarded(self.reset))
+        self._live = LiveBinding(self.engine, self.to_html, min_interval, on_event=self._on_event)
+        self.html = self._live.widget
+        self.buttons = widgets.HBox([self.step_button, self.run_button, self.reset_button])
+        self.box = widgets.VBox([self.buttons, self.html])
+        self.box.add_class("mv-dashboard-widget")
+        _OPEN_DASHBOARDS[id(self.engine)] = self
+
+    # -- events -------------------------------------------------------------------
+    def _on_event(self, event: Any) -> None:
+        engine = self.engine
+        if isinstance(event, RequestAdded):
+            request = engine.requests.get(event.request_id)
+            if request is not None and not self._chain_pinned:
+                self._chain_prompt = list(request.prompt_token_ids)
+                self._chain_salt = request.cache_salt
+        elif isinstance(event, ComputedBlocksFound):
+            self.source.hit_blocks[event.request_id] = len(event.block_ids)
+        elif isinstance(event, RequestFinished):
+            self._record_finished(event)
+        elif isinstance(event, StepFinished):
+            self.last_step = event
+            self.message = self._step_message()  # also when llm.generate(...) drives the engine
+            stats = engine.kv_cache_manager.prefix_cache_stats
+            self.hit_rate_history.append(stats.hit_rate)
+            self.usage_history.append(engine.kv_cache_manager.usage)
+            for request_id, _ in event.num_scheduled_tokens:
+                self._record_ttft(engine.metrics.get(request_id), event.step)
+
+    def _record_ttft(self, metrics: Any, step: int) -> None:
+        if metrics is not None and metrics.first_token_step == step:
+            self.last_ttft = metrics.time_to_first_token
+            self.last_ttft_steps = metrics.steps_to_first_token
+
+    def _record_finished(self, event: RequestFinished) -> None:
+        engine = self.engine
+        self._record_ttft(engine.metrics.get(event.request_id), engine.num_steps)
+        self.source.hit_blocks.pop(event.request_id, None)
+        request = engine.requests.get(event.request_id)
+        if request is None:
+            return
+        text = self.source.decode(request.output_token_ids) if request.output_token_ids else ""
+        self.finished.append(
+            {
+                "request_id": event.request_id,
+                "finish_reason": event.finish_reason,
+                "num_prompt_tokens": request.num_prompt_tokens,
+                "num_cached_tokens": max(request.num_cached_tokens, 0),
+                "num_output_tokens": request.num_output_tokens,
+                "text": text,
+            }
+        )
+
+    # -- actions (the buttons) -----------------------------------------------------
+    def _guarded(self, action) -> None:
+        # A click must never leave the buttons disabled or raise into the widget machinery.
+        buttons = (self.step_button, self.run_button, self.reset_button)
+        for button in buttons:
+            button.disabled = True
+        try:
+            action()
+        except Exception as err:  # shown in the dashboard instead of a lost traceback
+            self.message = f"error: {type(err).__name__}: {err}"
+            self.refresh()
+        finally:
+            for button in buttons:
+                button.disabled = False
+
+    def step(self) -> list:
+        """``engine.step()`` once (nothing when no request is waiting or running)."""
+        if not self.engine.has_unfinished_requests():
+            self.message = "Idle: no request to step. Add some with dashboard.add_requests([...])."
+            self.refresh()
+            return []
+        outputs = self.engine.step()
+        self.last_outputs = outputs
+        self.message = self._step_message()
+        self.refresh()
+        return outputs
+
+    def run(self, max_steps: int = 100_000) -> list:
+        """Step until no request is waiting or running; returns the finished outputs."""
+        finished = []
+        steps = 0
+        while self.engine.has_unfinished_requests() and steps < max_steps:
+            finished += self.engine.step()
+            steps += 1
+        self.last_outputs = finished
+        self.message = f"Ran {steps} step{'s' if steps != 1 else ''}; {len(finished)} request(s) finished."
+        self.refresh()
+        return finished
+
+    def reset(self) -> bool:
+        """``reset_prefix_cache()``, refused while a request holds blocks."""
+        if self.engine.has_unfinished_requests():
+            self.message = "Reset refused: requests are still waiting or running (run them first)."
+            ok = False
+        else:
+            ok = self.engine.reset_prefix_cache()
+            self.message = "Prefix cache reset: every hash forgotten." if ok else "Reset refused: blocks are in use."
+        self.refresh()
+        return ok
+
+    def _step_message(self) -> str:
+        event = self.last_step
+        if event is None:
+            return "Stepped."
+        parts = ", ".join(f"{rid} +{n}" for rid, n in event.num_scheduled_tokens)
+        total = sum(n for _, n in event.num_scheduled_tokens)
+        return f"Step {event.step}: computed {total} tokens ({parts or 'nothing scheduled'})."
+
+    def add_requests(self, prompts: Any, sampling_params: Any = None, request_ids: Optional[Sequence[str]] = None) -> list[str]:
+        """Queue requests without running them (press Step to watch them); returns their ids.
+
+        ``prompts``: a string, a ``{"prompt_token_ids": [...], "cache_salt": ...}`` dict or a list
+        of them, as for ``LLM.generate``. With ``n > 1`` each completion is its own request.
+        """
+        from ..sampling_params import SamplingParams
+
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
+        if request_ids is not None and len(request_ids) != len(prompts):
+            raise ValueError(f"got {len(request_ids)} request_ids for {len(prompts)} prompts")
+        inputs = [self._to_inputs(prompt) for prompt in prompts]
+        for (token_ids, salt, _), p in zip(inputs, params_list):
+            self.engine.validate_request(token_ids, p, salt)
+        added = []
+        for index, ((token_ids, salt, shown), p) in enumerate(zip(inputs, params_list)):
+            base = request_ids[index] if request_ids is not None else self._next_request_id()
+            ids = [base] if p.n == 1 else [f"{base}-{k}" for k in range(p.n)]
+            for request_id in ids:
+                self.engine.add_request(request_id, list(token_ids), p, cache_salt=salt, prompt=shown)
+                added.append(request_id)
+        self.message = f"Queued {', '.join(added)}: press Step (one engine step) or Run."
+        self.refresh()
+        return added
+
+    def _next_request_id(self) -> str:
+        while True:
+            request_id = f"r{self._request_counter}"
+            self._request_counter += 1
+            if request_id not in self.engine.requests:
+                return request_id
+
+    def _to_inputs(self, prompt: Any) -> tuple[list[int], Optional[str], Any]:
+        if self.llm is not None:
+            return self.llm._to_request_inputs(prompt)
+        if isinstance(prompt, str):
+            return list(self.engine.tokenizer.encode(prompt, add_special_tokens=False)), None, prompt
+        if "prompt_token_ids" not in prompt:
+            token_ids, _, shown = self._to_inputs(prompt["prompt"])
+            return token_ids, prompt.get("cache_salt"), shown
+        return list(prompt["prompt_token_ids"]), prompt.get("cache_salt"), prompt.get("prompt")
+
+    def show_hash_chain(self, prompt: Any, reference: Any = None, cache_salt: Optional[str] = None) -> None:
+        """Pin the hash-chain panel to ``prompt`` (default: the last prompt added); None unpins."""
+        if prompt is None:
+            self._chain_pinned = False
+            self._chain_reference = None
+        else:
+            tokens, salt, _ = self._to_inputs(prompt) if isinstance(prompt, (str, dict)) else (list(prompt), None, None)
+            self._chain_prompt, self._chain_salt, self._chain_pinned = tokens, cache_salt or salt, True
+            self._chain_reference = None
+            if reference is not None:
+                self._chain_reference = self._to_inputs(reference)[0] if isinstance(reference, (str, dict)) else list(reference)
+        self.refresh()
+
+    # -- rendering ---------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-render the widget now."""
+        self._live.refresh()
+
+    def snapshot(self) -> CacheSnapshot:
+        return self.source.snapshot(k_norm=self.k_norm, layer=self.layer)
+
+    def _metrics(self, snap: CacheSnapshot) -> dict:
+        return {
+            "step": snap.num_steps,
+            "running": snap.num_running,
+            "waiting": snap.num_waiting,
+            "hit_rate": f"{100 * snap.hit_rate:.1f}%",
+            "hits": f"{snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens",
+            "blocks": f"{snap.num_blocks_in_use}/{snap.num_blocks}",
+            "evictions": snap.num_evictions,
+            "preemptions": snap.num_preemptions,
+        }
+
+    def _hash_chain(self) -> Optional[HashChainView]:
+        if self._chain_prompt is None:
+            return None
+        title = "Hash chain of the pinned prompt" if self._chain_pinned else "Hash chain of the last prompt added"
+        return HashChainView(
+            self.source, self._chain_prompt, reference=self._chain_reference, cache_salt=self._chain_salt, title=title
+        )
+
+    def _header_html(self, snap: CacheSnapshot) -> str:
+        m = self._metrics(snap)
+        item = style(display="inline-block", margin="0 14px 2px 0", white_space="nowrap")
+        ttft = "–"
+        if self.last_ttft_steps is not None:
+            ttft = f"{self.last_ttft_steps} step{'s' if self.last_ttft_steps != 1 else ''}"
+            if self.last_ttft is not None:
+                ttft += f", {1000 * self.last_ttft:.1f} ms"
+        metrics = [
+            ("step", m["step"]),
+            ("running", m["running"]),
+            ("waiting", m["waiting"]),
+            ("hit rate", f"{m['hit_rate']} ({m['hits']})"),
+            ("blocks in use", m["blocks"]),
+            ("evictions", m["evictions"]),
+            ("preemptions", m["preemptions"]),
+            ("last TTFT", ttft),
+        ]
+        line = "".join(
+            f'<span class="mv-metric" style="{item}"><span style="{style(color=MUTED)}">{esc(name)}</span> '
+            f"<b>{esc(value)}</b></span>"
+            for name, value in metrics
+        )
+        plot = sparkline(
+            [(list(self.usage_history), BLUE), (list(self.hit_rate_history), GREEN)],
+            label="hit rate (green) and pool usage (blue), per step",
+        )
+        key = (
+            f'<span style="{style(font_size="11px", color=MUTED, margin_left="8px")}">'
+            f'<span style="color:{GREEN};font-weight:700">━━</span> hit rate {m["hit_rate"]} &nbsp; '
+            f'<span style="color:{BLUE};font-weight:700">━━</span> pool in use '
+            f"{100 * snap.num_blocks_in_use / snap.num_blocks:.0f}% &nbsp; "
+            f"(per step, last {self.hit_rate_history.maxlen})</span>"
+        )
+        title = (
+            f'<div style="{style(font_size="15px", font_weight="700", margin_bottom="4px")}">mini-vLLM engine '
+            f'<span style="{style(font_weight="400", font_size="12px", color=MUTED)}">'
+            f"{snap.num_blocks} blocks × {snap.block_size} tokens, read live from the engine</span></div>"
+        )
+        message_style = style(
+            margin_top="6px", padding="3px 8px", background="#f3f6f9", border_left=f"3px solid {BLUE}", font_weight="600"
+        )
+        message = f'<div class="mv-message" style="{message_style}">{esc(self.message)}</div>'
+        metrics_html = f'<div class="mv-metrics">{line}</div><div>{plot}{key}</div>'
+        return title + metrics_html + message + legend(include_tables=True, block_size=snap.block_size)
+
+    def _finished_html(self) -> str:
+        if not self.finished:
+            return ""
+        cell = style(padding="2px 8px 2px 0", vertical_align="top", text_align="left")
+        rows = "".join(
+            f'<tr><td style="{cell};font-family:monospace;font-weight:700">{esc(f["request_id"])}</td>'
+            f'<td style="{cell}">{esc(f["finish_reason"])}</td>'
+            f'<td style="{cell}">{f["num_cached_tokens"]}/{f["num_prompt_tokens"]} prompt tokens cached</td>'
+            f'<td style="{cell};max-width:480px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap" '
+            f'title="{esc(f["text"])}">{esc(repr(f["text"]))}</td></tr>'
+            for f in self.finished
+        )
+        return container(
+            f'<div style="{style(font_weight="600", margin_bottom="4px")}">Finished recently</div>'
+            f'<table style="{style(border_collapse="collapse", font_size="12px")}">{rows}</table>',
+            "mv-finished",
+        )
+
+    def to_html(self) -> str:
+        """The whole dashboard as one self-contained HTML snapshot (the widget shows the same)."""
+        snap = self.snapshot()
+        chain = self._hash_chain()
+        parts = [
+            container(self._header_html(snap), "mv-header"),
+            self.table_view.render_html(snap),
+            self.pool_view.render_html(snap),
+            self.queue_view.render_html(snap),
+        ]
+        if chain is not None:
+            parts.append(chain.render_html(snap))
+        parts.append(self._finished_html())
+        return f'<div class="mv-dashboard" style="{style(max_width="1200px")}">{"".join(parts)}</div>'
+
+    def to_text(self) -> str:
+        """Deterministic plain text (no timings, no K norms): what strict nbval compares."""
+        snap = self.snapshot()
+        m = self._metrics(snap)
+        lines = [
+            f"EngineDashboard: step {m['step']}, {m['running']} running, {m['waiting']} waiting, "
+            f"hit rate {m['hit_rate']} ({m['hits']}), blocks in use {m['blocks']}, "
+            f"evictions {m['evictions']}, preemptions {m['preemptions']}",
+            self.table_view.render_text(snap),
+            self.pool_view.render_text(snap),
+            self.queue_view.render_text(snap),
+        ]
+        chain = self._hash_chain()
+        if chain is not None:
+            lines.append(chain.render_text(snap))
+        for f in self.finished:
+            lines.append(
+                f"finished {f['request_id']} ({f['finish_reason']}): {f['num_cached_tokens']}/"
+                f"{f['num_prompt_tokens']} prompt tokens cached, {f['num_output_tokens']} output tokens"
+            )
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def static(self) -> StaticSnapshot:
+        """The dashboard's current state as plain HTML + text, with no widget.
+
+        The live widget's saved output keeps the state from when it was first
+        displayed; end a notebook cell with ``dashboard.static()`` to keep the
+        state after a run for readers without a kernel.
+        """
+        return StaticSnapshot(self.to_html(), self.to_text())
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        self.refresh()
+        bundle = {"text/plain": self.to_text(), "text/html": self.to_html()}
+        if self.is_open:
+            widget_bundle = self.box._repr_mimebundle_()
+            bundle["application/vnd.jupyter.widget-view+json"] = widget_bundle[
+                "application/vnd.jupyter.widget-view+json"
+            ]
+        return bundle
+
+    # -- lifetime -------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._live.attached
+
+    def close(self) -> None:
+        """Detach from the engine and close the widgets (safe to call twice)."""
+        self._live.close()
+        for widget in (self.step_button, self.run_button, self.reset_button, self.buttons, self.box):
+            widget.close()
+        if _OPEN_DASHBOARDS.get(id(self.engine)) is self:
+            del _OPEN_DASHBOARDS[id(self.engine)]
+
+    def __enter__(self) -> "EngineDashboard":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

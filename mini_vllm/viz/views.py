@@ -1,0 +1,490 @@
+"""The views of the KV cache: the pool, the block tables, the free queue (hash chain: ``hash_chain.py``).
+
+Each view reads a ``CacheSnapshot`` (see ``state.py``) and renders it twice:
+as self-contained HTML (inline styles, no JavaScript) and as plain text that
+is deterministic and free of addresses and timings (strict nbval compares it).
+In a notebook a view displays its current state; ``live=True`` (with an
+engine) turns it into an ``ipywidgets.HTML`` that follows the engine, and
+``close()`` detaches it.
+
+    >>> PoolView(llm)                       # the pool right now
+    >>> BlockTableView(manager, requests={"A": a, "B": b})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .html import (
+    BLUE,
+    GREEN,
+    INK,
+    MONO,
+    MUTED,
+    VERMILLION,
+    badge,
+    cell_style,
+    container,
+    esc,
+    heading,
+    legend,
+    mono,
+    style,
+    tooltip_tokens,
+)
+from .state import CACHED, FREE, USED, USED_CACHED, BlockInfo, CacheSnapshot, RequestInfo, StateSource, short_hash
+
+
+class StaticSnapshot:
+    """A frozen rendering (HTML and text) of a view or a dashboard: what a notebook keeps without a kernel.
+
+    ``EngineDashboard.static()`` returns one: put it at the end of a cell to
+    commit the dashboard's final state as plain HTML (no widget state needed).
+    """
+
+    def __init__(self, html: str, text: str) -> None:
+        self.html = html
+        self.text = text
+
+    def to_html(self) -> str:
+        return self.html
+
+    def to_text(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        return {"text/plain": self.text, "text/html": self.html}
+
+
+class View:
+    """Base class: a state source, HTML and text renderings, an optional live widget.
+
+    Subclasses implement ``render_html(snapshot)`` and ``render_text(snapshot)``.
+    """
+
+    css_class = "mv-view"
+
+    def __init__(
+        self,
+        source: Any,
+        *,
+        requests: Any = None,
+        tokenizer: Any = None,
+        k_norm: bool = False,
+        layer: int = 0,
+        live: bool = False,
+        min_interval: float = 0.2,
+    ) -> None:
+        if isinstance(source, StateSource):
+            self.source = source
+            self.source.add_requests(requests)
+        else:
+            self.source = StateSource(source, requests=requests, tokenizer=tokenizer)
+        self.k_norm = k_norm
+        self.layer = layer
+        self._live = None
+        if live:
+            if self.source.engine is None:
+                raise ValueError("live=True needs an LLM or LLMEngine (a bare KVCacheManager sends no events)")
+            from .live import LiveBinding
+
+            self._live = LiveBinding(self.source.engine, self.to_html, min_interval)
+
+    # -- renderings -------------------------------------------------------------
+    def snapshot(self) -> CacheSnapshot:
+        return self.source.snapshot(k_norm=self.k_norm, layer=self.layer)
+
+    def render_html(self, snap: CacheSnapshot) -> str:
+        raise NotImplementedError
+
+    def render_text(self, snap: CacheSnapshot) -> str:
+        raise NotImplementedError
+
+    def to_html(self) -> str:
+        """A static, self-contained HTML snapshot of the current state."""
+        return self.render_html(self.snapshot())
+
+    def to_text(self) -> str:
+        """The current state as deterministic plain text."""
+        return self.render_text(self.snapshot())
+
+    def __repr__(self) -> str:
+        return self.to_text()
+
+    def static(self) -> StaticSnapshot:
+        """The current state, frozen (no live widget)."""
+        snap = self.snapshot()
+        return StaticSnapshot(self.render_html(snap), self.render_text(snap))
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        snap = self.snapshot()
+        bundle = {"text/plain": self.render_text(snap), "text/html": self.render_html(snap)}
+        if self._live is not None and self._live.attached:
+            self._live.refresh()
+            widget_bundle = self._live.widget._repr_mimebundle_()
+            bundle["application/vnd.jupyter.widget-view+json"] = widget_bundle[
+                "application/vnd.jupyter.widget-view+json"
+            ]
+        return bundle
+
+    # -- live -------------------------------------------------------------------
+    @property
+    def widget(self):
+        """The live ``ipywidgets.HTML`` (only with ``live=True``)."""
+        return self._live.widget if self._live is not None else None
+
+    def refresh(self) -> None:
+        if self._live is not None:
+            self._live.refresh()
+
+    def close(self) -> None:
+        """Stop following the engine (a no-op for a static view)."""
+        if self._live is not None:
+            self._live.close()
+
+
+def _owners_label(owners: Sequence[str], limit: int = 2) -> str:
+    if not owners:
+        return ""
+    shown = ", ".join(owners[:limit])
+    return shown + (f" +{len(owners) - limit}" if len(owners) > limit else "")
+
+
+def _block_tooltip(source: StateSource, block: BlockInfo, snap: CacheSnapshot) -> str:
+    lines = [f"block {block.block_id}: ref_cnt {block.ref_cnt}"]
+    if block.block_hash is not None:
+        lines.append(f"hash {block.block_hash.hex()[:16]}…")
+    if block.owners:
+        lines.append("held by " + ", ".join(block.owners))
+    if block.free_position is not None:
+        lines.append(f"free queue position {block.free_position + 1} of {len(snap.free_queue)}")
+    label = "\n".join(lines)
+    text = source.decode(block.token_ids) if block.token_ids is not None else None
+    return tooltip_tokens(label, block.token_ids, text)
+
+
+class PoolView(View):
+    """Every physical block: state letter, ref_cnt, short hash, owners, free-queue place.
+
+    Pools larger than ``max_cells`` show their in-use and cached blocks and
+    count the empty free ones.
+    """
+
+    css_class = "mv-pool"
+
+    def __init__(self, source: Any, *, max_cells: int = 160, show_legend: bool = True, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self.max_cells = max_cells
+        self.show_legend = show_legend
+
+    def _shown_blocks(self, snap: CacheSnapshot) -> tuple[list[BlockInfo], int]:
+        blocks = list(snap.blocks)
+        if len(blocks) <= self.max_cells:
+            return blocks, 0
+        keep = [b for b in blocks if b.state != FREE or b.block_id == snap.next_to_reuse]
+        return keep[: self.max_cells], len(blocks) - len(keep[: self.max_cells])
+
+    @staticmethod
+    def _counts(snap: CacheSnapshot) -> str:
+        states = [b.state for b in snap.blocks]
+        used = states.count(USED) + states.count(USED_CACHED)
+        return (
+            f"{snap.num_blocks} blocks × {snap.block_size} tokens: {used} in use "
+            f"({sum(1 for b in snap.blocks if b.is_shared)} shared), "
+            f"{states.count(CACHED)} cached and free, {states.count(FREE)} free and empty"
+        )
+
+    def render_cell(self, block: BlockInfo, snap: CacheSnapshot) -> str:
+        next_evict = block.block_id == snap.next_to_evict
+        ref_color = BLUE if block.ref_cnt > 1 else (INK if block.ref_cnt else MUTED)
+        ref = f'<span style="{style(color=ref_color, font_weight="700" if block.ref_cnt > 1 else "400")}">ref {block.ref_cnt}</span>'
+        if block.k_norm:  # an empty, never-written block has ‖K‖ 0: not worth a label
+            ref += f'<span class="mv-knorm" style="{style(color=MUTED, font_size="10px")}">‖K‖{block.k_norm:.4g}</span>'
+        ref_line = f'<div style="{style(display="flex", justify_content="space-between", white_space="nowrap")}">{ref}</div>'
+        head = (
+            f'<div style="{style(display="flex", justify_content="space-between")}">'
+            f'<span style="{style(font_weight="700", font_size="13px")}">{block.block_id}</span>'
+            f'<span class="mv-state" style="{style(font_weight="700", font_family=MONO)}">{block.state}</span></div>'
+        )
+        hash_line = mono("#" + short_hash(block.block_hash)) if block.block_hash is not None else mono("—", MUTED)
+        owners = _owners_label(block.owners)
+        owner_line = (
+            f'<div style="{style(white_space="nowrap", overflow="hidden", text_overflow="ellipsis")}">{esc(owners)}</div>'
+            if owners
+            else f'<div style="{style(color=MUTED)}">&nbsp;</div>'
+        )
+        foot = []
+        if block.free_position is not None:
+            foot.append(f"q{block.free_position + 1}")
+        if next_evict:
+            foot.append(badge("evict", VERMILLION, "mv-evict-next"))
+        foot_line = f'<div style="{style(white_space="nowrap")}">{" ".join(foot) or "&nbsp;"}</div>'
+        title = esc(_block_tooltip(self.source, block, snap))
+        box = cell_style(block.state, shared=block.is_shared, next_evict=next_evict, width="100px")
+        return (
+            f'<div class="mv-block" data-block="{block.block_id}" title="{title}" style="{box}">'
+            f"{head}{ref_line}<div>{hash_line}</div>{owner_line}{foot_line}</div>"
+        )
+
+    def render_html(self, snap: CacheSnapshot) -> str:
+        shown, hidden = self._shown_blocks(snap)
+        cells = "".join(self.render_cell(block, snap) for block in shown)
+        hidden_note = (
+            f'<div style="{style(color=MUTED, margin_top="4px")}">… and {hidden} more free, empty blocks (not shown)</div>'
+            if hidden
+            else ""
+        )
+        body = (
+            heading("Block pool", self._counts(snap))
+            + (legend(block_size=snap.block_size) if self.show_legend else "")
+            + f'<div style="{style(line_height="0")}">{cells}</div>'
+            + hidden_note
+            + _next_line_html(snap)
+        )
+        return container(body, self.css_class)
+
+    def render_text(self, snap: CacheSnapshot) -> str:
+        shown, hidden = self._shown_blocks(snap)
+        lines = [f"Block pool: {self._counts(snap)}", "block  state  ref  hash  owners        free queue"]
+        for block in shown:
+            place = "-"
+            if block.free_position is not None:
+                place = f"q{block.free_position + 1}"
+                if block.block_id == snap.next_to_evict:
+                    place += " (evict next)"
+            lines.append(
+                f"{block.block_id:>5}  {block.state:<5}  {block.ref_cnt:>3}  "
+                f"{short_hash(block.block_hash) or '-':<4}  {(', '.join(block.owners) or '-'):<12}  {place}"
+            )
+        if hidden:
+            lines.append(f"... and {hidden} more free, empty blocks")
+        lines.append(_next_line_text(snap))
+        return "\n".join(lines)
+
+
+def _next_line_text(snap: CacheSnapshot) -> str:
+    reuse = snap.next_to_reuse
+    evict = snap.next_to_evict
+    reuse_text = f"block {reuse}" if reuse is not None else "none (no free block)"
+    evict_text = f"block {evict}" if evict is not None else "none (no cached free block)"
+    return f"next reused: {reuse_text}; next evicted: {evict_text}"
+
+
+def _next_line_html(snap: CacheSnapshot) -> str:
+    evict = snap.next_to_evict
+    evict_html = (
+        f"{badge('evict next', VERMILLION)} block <b>{evict}</b> (the first cached block from the head)"
+        if evict is not None
+        else "no cached block is free: nothing to evict"
+    )
+    reuse = snap.next_to_reuse
+    reuse_html = f"block <b>{reuse}</b>" if reuse is not None else "none (the pool is full)"
+    return f'<div class="mv-next" style="{style(margin_top="6px")}">next reused: {reuse_html} · {evict_html}</div>'
+
+
+def shared_with(request: RequestInfo, snap: CacheSnapshot) -> list[tuple[str, list[int]]]:
+    """The other requests whose tables hold some of ``request``'s blocks, with those blocks."""
+    shares: dict[str, list[int]] = {}
+    for block_id in request.block_ids:
+        for owner in snap.blocks[block_id].owners:
+            if owner != request.request_id:
+                shares.setdefault(owner, []).append(block_id)
+    return list(shares.items())  # owners are sorted per block, blocks in table order
+
+
+def _shares_text(request: RequestInfo, snap: CacheSnapshot, limit: int = 2) -> str:
+    shares = shared_with(request, snap)
+    if not shares:
+        return ""
+    parts = [f"blocks {', '.join(map(str, blocks))} with {owner}" for owner, blocks in shares[:limit]]
+    more = f" (+{len(shares) - limit} more)" if len(shares) > limit else ""
+    return "shares " + "; ".join(parts) + more
+
+
+class BlockTableView(View):
+    """Per request: logical block → physical block, hits, shared blocks, the partial tail."""
+
+    css_class = "mv-tables"
+
+    def __init__(self, source: Any, *, show_legend: bool = True, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self.show_legend = show_legend
+
+    def render_entry(self, request: RequestInfo, index: int, snap: CacheSnapshot) -> str:
+        block = snap.blocks[request.block_ids[index]]
+        filled = request.tokens_in_block(index, snap.block_size)
+        hit = index < request.num_hit_blocks
+        marks = []
+        if hit:
+            marks.append(badge("HIT", GREEN, "mv-hit"))
+        if block.is_shared:
+            marks.append(badge(f"×{block.ref_cnt}", BLUE, "mv-shared", solid=False))
+        if filled < snap.block_size:
+            marks.append(f'<span class="mv-partial">{filled}/{snap.block_size}</span>')
+        bar = ""
+        if filled < snap.block_size:
+            width = round(100 * filled / snap.block_size)
+            bar = (
+                f'<div style="{style(height="4px", background="#ffffff", border=f"1px solid {MUTED}", margin_top="2px")}">'
+                f'<div style="{style(height="4px", width=f"{width}%", background=INK)}"></div></div>'
+            )
+        knorm = (
+            f'<div class="mv-knorm" style="{style(color=MUTED)}">‖K‖{block.k_norm:.4g}</div>' if block.k_norm is not None else ""
+        )
+        start = index * snap.block_size
+        tokens = request.token_ids[start : start + filled] if request.token_ids else None
+        label = f"{request.request_id}, logical block {index} → physical block {block.block_id} (ref_cnt {block.ref_cnt})"
+        text = self.source.decode(tokens) if tokens else None
+        title = esc(tooltip_tokens(label, tokens, text))
+        box = cell_style(block.state, shared=block.is_shared, width="78px")
+        return (
+            f'<div class="mv-entry" data-request="{esc(request.request_id)}" data-logical="{index}" '
+            f'data-block="{block.block_id}" title="{title}" style="{box}">'
+            f'<div style="{style(color=MUTED, font_size="10px")}">L{index} →</div>'
+            f'<div style="{style(font_weight="700", font_size="14px")}">{block.block_id} '
+            f'<span style="{style(font_family=MONO, font_size="10px", font_weight="700")}">{block.state}</span></div>'
+            f'<div style="{style(white_space="nowrap")}">{" ".join(marks) or "&nbsp;"}</div>{bar}{knorm}</div>'
+        )
+
+    def render_html(self, snap: CacheSnapshot) -> str:
+        rows = []
+        for request in snap.requests:
+            entries = "".join(self.render_entry(request, i, snap) for i in range(len(request.block_ids)))
+            if not entries:
+                entries = f'<span style="{style(color=MUTED)}">no blocks ({esc(request.status)})</span>'
+            shares = _shares_text(request, snap)
+            shares_html = f'<div class="mv-shares" style="{style(color=BLUE, font_weight="600")}">{esc(shares)}</div>'
+            info = (
+                f'<div style="{style(width="150px", display="inline-block", vertical_align="top", padding_top="4px")}">'
+                f'<div style="{style(font_weight="700", font_family=MONO, font_size="13px")}">{esc(request.request_id)}</div>'
+                f'<div style="{style(color=MUTED)}">{esc(request.status)}</div>'
+                f'<div style="{style(color=MUTED)}">{request.num_tokens} tokens, {request.num_computed_tokens} computed</div>'
+                f'<div style="{style(color=GREEN if request.num_hit_blocks else MUTED)}">'
+                f"{request.num_hit_blocks} block{'s' if request.num_hit_blocks != 1 else ''} from the cache</div>"
+                f"{shares_html if shares else ''}</div>"
+            )
+            rows.append(
+                f'<div class="mv-table-row" data-request="{esc(request.request_id)}" '
+                f'style="{style(padding="4px 0", border_top="1px solid #eeeeee")}">{info}'
+                f'<div style="{style(display="inline-block", vertical_align="top", max_width="calc(100% - 160px)", line_height="0")}">'
+                f"{entries}</div></div>"
+            )
+        body = heading("Block tables", "logical block → physical block, per request")
+        if self.show_legend:
+            body += legend(include_tables=True, block_size=snap.block_size)
+        body += "".join(rows) if rows else f'<div style="{style(color=MUTED)}">no requests</div>'
+        return container(body, self.css_class)
+
+    def render_text(self, snap: CacheSnapshot) -> str:
+        lines = ["Block tables (logical -> physical):"]
+        if not snap.requests:
+            lines.append("  no requests")
+        for request in snap.requests:
+            lines.append(
+                f"{request.request_id} [{request.status}] {request.num_tokens} tokens, "
+                f"{request.num_computed_tokens} computed, {request.num_hit_blocks} hit blocks"
+            )
+            shares = _shares_text(request, snap)
+            if shares:
+                lines.append(f"  {shares}")
+            if not request.block_ids:
+                lines.append("  (no blocks)")
+                continue
+            cols = range(len(request.block_ids))
+            rows = {"logical": [], "physical": [], "ref_cnt": [], "mark": []}
+            for i in cols:
+                block = snap.blocks[request.block_ids[i]]
+                filled = request.tokens_in_block(i, snap.block_size)
+                marks = []
+                if i < request.num_hit_blocks:
+                    marks.append("HIT")
+                if filled < snap.block_size:
+                    marks.append(f"{filled}/{snap.block_size}")
+                rows["logical"].append(str(i))
+                rows["physical"].append(str(block.block_id))
+                rows["ref_cnt"].append(str(block.ref_cnt))
+                rows["mark"].append(",".join(marks) or "-")
+            width = max(len(cell) for row in rows.values() for cell in row) + 1
+            for name, row in rows.items():
+                lines.append(f"  {name:<8} " + "".join(cell.rjust(width) for cell in row))
+        return "\n".join(lines)
+
+
+class FreeQueueView(View):
+    """The free queue, head (reused first) to tail: empty and cached blocks, the next eviction."""
+
+    css_class = "mv-freequeue"
+
+    def __init__(self, source: Any, *, max_items: int = 48, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self.max_items = max_items
+
+    def _shown(self, snap: CacheSnapshot) -> tuple[list[int], int, list[int]]:
+        queue = list(snap.free_queue)
+        if len(queue) <= self.max_items:
+            return queue, 0, []
+        tail_count = min(8, self.max_items // 4)
+        head = queue[: self.max_items - tail_count]
+        tail = queue[-tail_count:]
+        return head, len(queue) - len(head) - len(tail), tail
+
+    def render_item(self, block_id: int, snap: CacheSnapshot) -> str:
+        block = snap.blocks[block_id]
+        next_evict = block_id == snap.next_to_evict
+        box = cell_style(block.state, next_evict=next_evict, width="58px") + ";min-height:44px;text-align:center"
+        marks = ""
+        if block_id == snap.next_to_reuse:
+            marks = badge("next", INK, "mv-next-reuse")
+        if next_evict:
+            marks = (marks + " " if marks else "") + badge("evict", VERMILLION, "mv-evict-next")
+        hash_text = "#" + short_hash(block.block_hash) if block.block_hash is not None else "empty"
+        title = esc(_block_tooltip(self.source, block, snap))
+        return (
+            f'<div class="mv-free" data-block="{block_id}" title="{title}" style="{box}">'
+            f'<div style="{style(font_weight="700", font_size="13px")}">{block_id} '
+            f'<span style="{style(font_family=MONO, font_size="10px")}">{block.state}</span></div>'
+            f'<div style="{style(font_family=MONO, font_size="10px", color=INK if block.block_hash else MUTED)}">'
+            f"{hash_text}</div>"
+            f'<div style="{style(white_space="nowrap")}">{marks or "&nbsp;"}</div></div>'
+        )
+
+    def render_html(self, snap: CacheSnapshot) -> str:
+        head, skipped, tail = self._shown(snap)
+        def label(text: str, **extra: str) -> str:  # a word between the cells, level with their middle
+            return f'<span style="{style(display="inline-block", margin="16px 4px 0", vertical_align="top", **extra)}">{text}</span>'
+
+        items = [self.render_item(block_id, snap) for block_id in head]
+        if skipped:
+            items.append(label(f"… {skipped} more …", color=MUTED))
+        items += [self.render_item(block_id, snap) for block_id in tail]
+        if items:
+            chain = label("head", font_weight="700") + label("→", color=MUTED).join(items) + label("tail", font_weight="700")
+        else:
+            chain = f'<span style="{style(color=MUTED)}">empty: every block is in use</span>'
+        note = (
+            f"{len(snap.free_queue)} free blocks. get_new_blocks pops from the head; a freed cached block "
+            "joins the tail, an empty one the head."
+        )
+        body = heading("Free block queue", "head → tail (LRU order)")
+        body += f'<div style="{style(line_height="0")}">{chain}</div>'
+        body += f'<div style="{style(color=MUTED, margin_top="4px")}">{esc(note)}</div>' + _next_line_html(snap)
+        return container(body, self.css_class)
+
+    def render_text(self, snap: CacheSnapshot) -> str:
+        head, skipped, tail = self._shown(snap)
+
+        def item(block_id: int) -> str:
+            block = snap.blocks[block_id]
+            return f"{block_id}:{block.state}" + (f"#{short_hash(block.block_hash)}" if block.block_hash else "")
+
+        parts = [item(b) for b in head] + ([f"...{skipped} more..."] if skipped else []) + [item(b) for b in tail]
+        lines = [
+            f"Free block queue (head -> tail, {len(snap.free_queue)} blocks):",
+            "  head -> " + " -> ".join(parts) + " -> tail" if parts else "  empty",
+            _next_line_text(snap),
+        ]
+        return "\n".join(lines)
