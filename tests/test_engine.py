@@ -270,3 +270,14 @@ def test_chat_applies_the_template_and_reports_cached_tokens(llm):
     second = llm.chat([system, {"role": "user", "content": data["user_requests"][1]}], GREEDY)[0]
     assert second.num_cached_tokens >= 16 * 4
     assert first.outputs[0].text
+
+
+def test_generate_returns_only_its_own_requests_when_others_are_queued(llm, prompts, reference_outputs):
+    engine = llm.llm_engine
+    engine.add_request("queued-elsewhere", prompts[1]["prompt_token_ids"], GREEDY)
+    engine.step()
+    outputs = llm.generate([prompts[0]], GREEDY)
+    assert [o.request_id for o in outputs] == [outputs[0].request_id] and texts(outputs) == [reference_outputs[0]]
+    while engine.has_unfinished_requests():  # the other request is still served
+        engine.step()
+    assert_all_blocks_free(llm)
