@@ -90,6 +90,7 @@ class ModelConfig:
     torch_dtype: str  # the dtype the checkpoint was saved in, e.g. "bfloat16"
     o_bias: bool = False  # a bias on o_proj too (Llama/Qwen3 ``attention_bias``)
     mlp_bias: bool = False  # biases in the MLP (Llama ``mlp_bias``)
+    rope_scaling: dict | None = None  # None: plain RoPE; else "linear" or "llama3" parameters
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
@@ -112,6 +113,7 @@ class ModelConfig:
         # transformers writes attention_bias=True for Llama/Qwen3 to mean q, k, v AND o;
         # Qwen2 always has q/k/v biases and never an o_proj bias.
         attention_bias = bool(cfg.get("attention_bias", False))
+        rope_theta, rope_scaling = _parse_rope(cfg)
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -123,7 +125,8 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
             intermediate_size=cfg["intermediate_size"],
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=_parse_rope_theta(cfg),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_id=cfg.get("eos_token_id"),
@@ -153,20 +156,56 @@ class ModelConfig:
         return config
 
 
-def _parse_rope_theta(cfg: dict) -> float:
-    """The RoPE base, from ``rope_parameters`` (transformers >= 5) or legacy ``rope_theta``.
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
-    Only the plain ("default") RoPE is implemented: scaled variants (linear,
-    dynamic, yarn, llama3, ...) change the frequencies, and silently ignoring
-    them would give wrong logits on long contexts, so they are rejected.
+
+def _parse_rope(cfg: dict) -> tuple[float, dict | None]:
+    """The RoPE base and scaling, from ``rope_parameters`` (transformers >= 5) or legacy keys.
+
+    Implemented: the plain RoPE, ``linear`` scaling and Llama 3.1's ``llama3``
+    scaling (Llama 3.x checkpoints use it). Anything else (yarn, dynamic,
+    longrope, ...) changes the frequencies in ways not implemented here, and
+    silently ignoring it would give wrong logits, so it is rejected.
     """
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ValueError(f"unsupported RoPE type {rope_type!r}; only the default RoPE is implemented")
+    if rope_type not in _SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported RoPE type {rope_type!r}; implemented: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+        )
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError("partial rotary embeddings are not implemented")
-    return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not implemented")
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return theta, None
+    params["rope_type"] = rope_type
+    params.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+    return theta, params
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """RoPE's ``head_dim / 2`` angular frequencies ``theta ** (-2i / head_dim)``, maybe rescaled.
+
+    ``linear`` divides every frequency by ``factor`` (positions look ``factor``
+    times closer). ``llama3`` divides only the slow frequencies -- wavelengths
+    longer than the original context -- keeps the fast ones, and blends in
+    between (the formula of ``transformers``' ``_compute_llama3_parameters``).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    factor = scaling["factor"]
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    # llama3
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(medium, blended, scaled)
 
 
 # --------------------------------------------------------------------------- #
@@ -208,11 +247,10 @@ class RotaryEmbedding(nn.Module):
     another: same tokens at the same positions give the same rotated keys.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         # A buffer (moves with .to(device)) but not part of the checkpoint.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -247,7 +285,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
-        self.rotary = RotaryEmbedding(self.head_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(self.head_dim, config.rope_theta, config.rope_scaling)
         self.attn_backend = attn_backend
 
     def forward(
@@ -405,13 +443,12 @@ def load_model(
         checkpoint.update(load_file(str(file), device="cpu"))
     # Old Llama checkpoints carry RoPE's inv_freq; we compute it ourselves.
     checkpoint = {k: v for k, v in checkpoint.items() if not k.endswith("rotary_emb.inv_freq")}
-    if config.tie_word_embeddings:
-        # Tied: the file may omit lm_head.weight (transformers does); drop it
-        # if present, the embedding is the single source.
-        checkpoint.pop("lm_head.weight", None)
-        checkpoint["lm_head.weight"] = checkpoint["model.embed_tokens.weight"]
-
     expected = set(model.state_dict())
+    if config.tie_word_embeddings:
+        # Tied: transformers stores the matrix once, as the embedding; a copy
+        # under lm_head.weight, if a file has one, is ignored.
+        checkpoint.pop("lm_head.weight", None)
+        expected.discard("lm_head.weight")
     missing = sorted(expected - set(checkpoint))
     unexpected = sorted(set(checkpoint) - expected)
     if missing or unexpected:
@@ -428,7 +465,7 @@ def load_model(
     # Non-checkpoint buffers (RoPE's inv_freq) are still on "meta": rebuild them.
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
-            module.inv_freq = RotaryEmbedding(config.head_dim, config.rope_theta).inv_freq.to(device)
+            module.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling).to(device)
     model.eval()
     model.requires_grad_(False)
     return model
@@ -440,6 +477,7 @@ __all__ = [
     "CausalLM",
     "RMSNorm",
     "RotaryEmbedding",
+    "rope_inv_freq",
     "load_model",
     "default_model_path",
 ]

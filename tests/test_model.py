@@ -203,13 +203,18 @@ def _tiny_config(family: str):
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=True)
 
 
+def _randomize(hf_model) -> None:
+    """Random everything (std 0.2), so biases and norm weights are not 0 / 1 and logits not ~0."""
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name else 0.0))
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_random_checkpoint_matches_transformers(family, tmp_path):
     torch.manual_seed(0)
     hf_model = transformers.AutoModelForCausalLM.from_config(_tiny_config(family)).eval()
-    with torch.no_grad():  # random everything, so biases and norm weights are not 0 / 1
-        for name, p in hf_model.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.2 + (1.0 if "norm" in name else 0.0))
+    _randomize(hf_model)
     # Small shards: the loader must gather weights from several files.
     hf_model.save_pretrained(tmp_path, max_shard_size="100KB")
     assert len(list(tmp_path.glob("*.safetensors"))) > 1
@@ -233,15 +238,34 @@ def test_unsupported_architecture_is_rejected(tmp_path):
 
 
 @pytest.mark.parametrize("rope", [
-    {"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
-    {"rope_theta": 1e4, "rope_scaling": {"type": "yarn", "factor": 4.0}},
+    {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
+    {"rope_theta": 1e4, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
 ])
-def test_scaled_rope_is_rejected_not_ignored(rope):
+def test_unimplemented_rope_scaling_is_rejected_not_ignored(rope):
     config = _tiny_config("llama").to_dict()
     config.pop("rope_parameters")
     config.update(rope)
     with pytest.raises(ValueError, match="RoPE"):
         ModelConfig.from_dict(config)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "linear", "factor": 2.0},
+])
+def test_scaled_rope_matches_transformers(scaling, tmp_path):
+    """Llama 3.x checkpoints use "llama3" RoPE scaling: same logits as transformers, past 64 tokens."""
+    torch.manual_seed(0)
+    config = _tiny_config("llama")
+    config.rope_parameters = {**scaling, "rope_theta": 5000.0}
+    hf_model = transformers.LlamaForCausalLM(config).eval()
+    _randomize(hf_model)
+    hf_model.save_pretrained(tmp_path)
+    ours = load_model(tmp_path, attn_backend=TorchAttentionBackend())
+    assert ours.config.rope_scaling["rope_type"] == scaling["rope_type"]
+    ids = torch.randint(0, 97, (90,), generator=torch.Generator().manual_seed(2)).tolist()
+    assert_close(run(ours, PagedCache(ours.config), [("a", ids)]), hf_logits(hf_model, ids))
 
 
 def test_legacy_rope_theta_is_read():

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import transformers
 
-from mini_vllm.attention import TorchAttentionBackend
+from mini_vllm.attention import AttentionMetadata, TorchAttentionBackend
 from mini_vllm.model import load_model
 from training import corpus
 from training.train_default_model import (
@@ -102,6 +102,16 @@ def test_quick_training_run_writes_a_loadable_model(tmp_path):
     ours = load_model(tmp_path, attn_backend=TorchAttentionBackend())
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert ours.config.vocab_size == len(tokenizer)
+    # One sequence in contiguous blocks 0, 1, ... (tests/test_model.py does the paged cases).
+    n, block_size, config = len(ids), 16, ours.config
+    num_blocks = (n + block_size - 1) // block_size
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(n), block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32), cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+        max_query_len=n, max_seq_len=n)
     with torch.no_grad():
-        expected = theirs(torch.tensor([ids])).logits[0, -1]
-    assert expected.shape == (len(tokenizer),)
+        logits = ours.compute_logits(ours(torch.tensor(ids), torch.arange(n), caches, metadata))
+        expected = theirs(torch.tensor([ids])).logits[0]
+    assert (logits - expected).abs().max().item() < 1e-4

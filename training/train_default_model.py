@@ -77,6 +77,7 @@ class TrainConfig:
     warmup_steps: int = 40
     weight_decay: float = 0.01
     num_eval_requests: int = 24
+    num_two_turn_evals: int = 6
     max_new_tokens: int = 160
 
     @classmethod
@@ -85,7 +86,7 @@ class TrainConfig:
         return cls(num_train=300, num_val=20, vocab_size=400, hidden_size=64, num_layers=2,
                    num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128,
                    max_steps=8, tokens_per_batch=4096, warmup_steps=2,
-                   num_eval_requests=2, max_new_tokens=8)
+                   num_eval_requests=2, num_two_turn_evals=1, max_new_tokens=8)
 
 
 # --------------------------------------------------------------------------- #
@@ -330,9 +331,26 @@ def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
             "adjective_ok": req["adjective"] is None or req["adjective"] in text,
             "place_ok": req["place"] is None or req["place"] in text,
         })
+    # Two-turn chats: the model's own first story stays in the context, and the
+    # second request must be answered about the *second* character.
+    two_turn = []
+    specs = sample_requests(2 * cfg.num_two_turn_evals, seed=cfg.seed + 4321)
+    for k in range(cfg.num_two_turn_evals):
+        first, second = specs[2 * k], specs[2 * k + 1]
+        messages = [{"role": "system", "content": SYSTEM_PROMPTS[k % len(SYSTEM_PROMPTS)]},
+                    {"role": "user", "content": first["request"]}]
+        messages.append({"role": "assistant",
+                         "content": greedy_story(model, tokenizer, messages, cfg.max_new_tokens)})
+        messages.append({"role": "user", "content": "Another one, please! " + second["request"]})
+        text = greedy_story(model, tokenizer, messages, cfg.max_new_tokens)
+        two_turn.append({"messages": messages, "story": text,
+                         "ok": second["name"] in text and second["animal"] in text})
     n = len(results)
     model.train()
     return {
+        "two_turn_requests": len(two_turn),
+        "two_turn_name_and_animal_correct": sum(t["ok"] for t in two_turn),
+        "two_turn_samples": two_turn[:2],
         "num_requests": n,
         "name_correct": sum(r["name_ok"] for r in results),
         "animal_correct": sum(r["animal_ok"] for r in results),
@@ -433,9 +451,10 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.time() - t_start, 1),
         "loss_note": "mean cross-entropy per assistant token (the loss is on assistant tokens only)",
-        "greedy_quality": {k: v for k, v in quality.items() if k != "samples"},
+        "greedy_quality": {k: v for k, v in quality.items() if not k.endswith("samples")},
         "greedy_sample": quality["samples"][0] if quality["samples"] else None,
         "greedy_samples": quality["samples"],
+        "two_turn_samples": quality["two_turn_samples"],
     }
     (out_dir / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     prompts = {
