@@ -93,3 +93,69 @@ def _salt_in_every_block(token_ids, block_size, cache_salt=None, lora_name=None)
 def test_check_hash_request_tokens_rejects_typical_mistakes(wrong, expected_message):
     with pytest.raises(AssertionError, match=expected_message):
         check_hash_request_tokens(wrong)
+
+
+def _hexdigest_instead_of_digest(parent, token_ids, extra_keys=None):
+    return hashing.hash_block_tokens(parent, token_ids, extra_keys).hex()
+
+
+def _python_builtin_hash(parent, token_ids, extra_keys=None):
+    return hash((parent or hashing.NONE_HASH, tuple(token_ids), extra_keys))
+
+
+def _pickles_the_list(parent, token_ids, extra_keys=None):
+    parent = parent or hashing.NONE_HASH
+    return hashlib.sha256(pickle.dumps((parent, list(token_ids), extra_keys), protocol=5)).digest()
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_hexdigest_instead_of_digest, "digest"),
+        (_python_builtin_hash, "bytes"),
+        (_pickles_the_list, "tuple"),
+    ],
+)
+def test_check_hash_block_tokens_rejects_the_wrong_output_type_and_serialization(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_hash_block_tokens(wrong)
+
+
+def _lora_only_in_block_zero(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        keys = hashing.block_extra_keys(i, cache_salt, lora_name if i == 0 else None)
+        parent = hashing.hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys)
+        hashes.append(parent)
+    return hashes
+
+
+def _untagged_extra_keys(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        keys = [k for k in (lora_name, cache_salt if i == 0 else None) if k is not None]
+        parent = hashing.hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], tuple(keys) or None)
+        hashes.append(parent)
+    return hashes
+
+
+def _salt_ignored(token_ids, block_size, cache_salt=None, lora_name=None):
+    return hashing.hash_request_tokens(token_ids, block_size, None, lora_name)
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_lora_only_in_block_zero, "LoRA name goes into every block"),
+        (_untagged_extra_keys, "tag each key"),
+        (_salt_ignored, "salt"),
+    ],
+)
+def test_check_hash_request_tokens_rejects_extra_key_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_hash_request_tokens(wrong)
+
+
+def test_check_hash_request_tokens_names_the_first_differing_block():
+    with pytest.raises(AssertionError, match=r"block 1 \(tokens 16\.\.31\) is the first whose hash differs"):
+        check_hash_request_tokens(_lora_only_in_block_zero)

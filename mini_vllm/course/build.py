@@ -85,7 +85,8 @@ def drifted() -> list[str]:
     problems = []
     for path in solution_notebooks():
         target = exercise_path(path)
-        expected = nbformat.writes(make_exercise(nbformat.read(path, as_version=4)))
+        # nbformat.write ends the file with a newline; writes() does not.
+        expected = nbformat.writes(make_exercise(nbformat.read(path, as_version=4))) + "\n"
         if not target.exists():
             problems.append(f"{target.relative_to(ROOT)} is missing")
         elif target.read_text() != expected:

@@ -1,3 +1,419 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 06: freeing blocks and popping new ones (with lazy eviction).
 
-__all__: list[str] = []
+The learner writes three functions over a ``BlockPool``:
+
+* ``free_blocks(pool, ordered_blocks)`` — drop one reference per block; a block
+  reaching ref_cnt 0 goes back to the free queue: with a hash to the tail, in
+  the order given; without one to the head (``BlockPool.free_blocks``).
+* ``free_request_blocks(pool, req_blocks)`` — release one request's block
+  table, last block first (what ``KVCacheManager.free`` does with it).
+* ``get_new_blocks(pool, num_blocks)`` — pop blocks from the head; a popped
+  block that still holds a cached prefix is evicted: its hash is cleared and it
+  leaves the map (``BlockPool.get_new_blocks``).
+
+Each check builds the same pool twice (deterministically), runs the learner's
+function on one and the reference on the other, and compares the whole state:
+the free queue head to tail, every ref_cnt and hash, and the map.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+from ..block_pool import BlockPool, KVCacheBlock
+from ..hashing import BlockHash, hash_request_tokens
+from ..kv_cache_manager import KVCacheManager
+from ..request import Request
+from ._harness import Checker
+
+BLOCK_SIZE = 4
+
+
+# -- building pools -------------------------------------------------------------
+def _hash(tag: int) -> BlockHash:
+    return hash_request_tokens([tag] * BLOCK_SIZE, BLOCK_SIZE)[0]
+
+
+def _take(pool: BlockPool, block_ids: Sequence[int], ref_cnt: int = 1, hashed: Sequence[int] = ()) -> list[KVCacheBlock]:
+    """Give ``block_ids`` ``ref_cnt`` references (out of the free queue); cache the ``hashed`` ones."""
+    blocks = [pool.blocks[i] for i in block_ids]
+    for _ in range(ref_cnt):
+        pool.touch(blocks)
+    for block in blocks:
+        if block.block_id in hashed:
+            block.block_hash = _hash(block.block_id)
+            pool.cached_block_hash_to_block.insert(block.block_hash, block)
+    return blocks
+
+
+def _cache_free(pool: BlockPool, block_ids: Sequence[int], block_hash: Optional[BlockHash] = None) -> None:
+    """Make free blocks cached-but-free (as after their request finished), in place in the queue."""
+    for block_id in block_ids:
+        block = pool.blocks[block_id]
+        block.block_hash = block_hash if block_hash is not None else _hash(block_id)
+        pool.cached_block_hash_to_block.insert(block.block_hash, block)
+
+
+def _state(pool: BlockPool) -> dict:
+    return {
+        "free queue (head -> tail)": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+        "num_free_blocks": pool.free_block_queue.num_free_blocks,
+        "ref_cnt": [b.ref_cnt for b in pool.blocks],
+        "hashed blocks": [b.block_id for b in pool.blocks if b.block_hash is not None],
+        "map": sorted((h.hex()[:8], b.block_id) for h, b in pool.cached_block_hash_to_block.items()),
+    }
+
+
+def _compare_states(check: Checker, got: BlockPool, expected: BlockPool, case: str, hint: str = "", random_case=False):
+    got_state, expected_state = _state(got), _state(expected)
+    for key in expected_state:
+        check.expect_equal(got_state[key], expected_state[key], f"{case}: {key}", hint, random_case=random_case)
+
+
+def _queue(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
+
+def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:
+    return any(b is block for _, b in pool.cached_block_hash_to_block.items())
+
+
+def _reference_free_blocks(pool: BlockPool, ordered_blocks) -> None:
+    BlockPool.free_blocks(pool, ordered_blocks)
+
+
+def _reference_get_new_blocks(pool: BlockPool, num_blocks: int) -> list[KVCacheBlock]:
+    return BlockPool.get_new_blocks(pool, num_blocks)
+
+
+def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
+    """A pool after a few requests (sharing prefixes) ran and some finished: the same for one seed."""
+    rng = random.Random(seed)
+    manager = KVCacheManager(num_blocks=rng.randint(8, 14), block_size=BLOCK_SIZE)
+    prefixes = [[rng.randrange(30) for _ in range(rng.choice([4, 8]))] for _ in range(2)]
+    running: dict[str, Request] = {}
+    for index in range(rng.randint(3, 6)):
+        tokens = rng.choice(prefixes) + [rng.randrange(30) for _ in range(rng.randint(1, 9))]
+        request = Request(f"r{index}", tokens, block_size=BLOCK_SIZE)
+        hits, num_hit_tokens = manager.get_computed_blocks(request)
+        if manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits) is None:
+            continue
+        request.num_computed_tokens = request.num_tokens
+        running[request.request_id] = request
+        if rng.random() < 0.5:  # some finish at once
+            finished = running.pop(rng.choice(list(running)))
+            manager.free(finished)
+    return manager, running
+
+
+# -- free_blocks ------------------------------------------------------------------
+def check_free_blocks(free_blocks: Callable) -> None:
+    """The learner's ``free_blocks(pool, ordered_blocks)``."""
+    check = Checker("free_blocks")
+
+    # 1. One request's table, passed last block first (as the manager does):
+    #    blocks 0-2 full and cached, block 3 partial (no hash).
+    def one_request() -> tuple[BlockPool, list[KVCacheBlock]]:
+        pool = BlockPool(8)
+        return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
+
+    pool, table = one_request()
+    free_blocks(pool, list(reversed(table)))
+    queue = _queue(pool)
+    check.expect(
+        all(b.ref_cnt == 0 for b in table),
+        f"one request freed: ref_cnt of blocks 0-3 should be 0, got {[b.ref_cnt for b in table]}",
+        "decrement block.ref_cnt once for every block you are given",
+    )
+    missing = [b.block_id for b in table if b.block_id not in queue]
+    check.expect(
+        not missing,
+        f"one request freed: blocks {missing} reached ref_cnt 0 but were not returned to the free queue "
+        f"(queue: {queue})",
+        "a block whose ref_cnt reaches 0 goes back into pool.free_block_queue: the pool has no other way to "
+        "find it again",
+    )
+    check.expect(
+        [b.block_hash is not None for b in table] == [True, True, True, False] and all(_in_map(pool, b) for b in table[:3]),
+        "one request freed: blocks 0-2 lost their hash or left the map",
+        "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
+        "eviction), so a later request can still hit it",
+    )
+    check.expect(
+        queue[0] == 3,
+        f"one request freed: block 3 has no hash and should be at the head of the free queue; queue: {queue}",
+        "a block without a hash (a partial block) can never be hit, so it goes to the HEAD "
+        "(free_block_queue.appendleft): reused first, it costs no cached prefix",
+    )
+    check.expect(
+        queue[-3:] == [2, 1, 0],
+        f"one request freed with ordered_blocks = [3, 2, 1, 0]: the queue should end with 2, 1, 0; queue: {queue}",
+        "append the hashed blocks to the TAIL in the order given (do not reverse or sort them yourself: "
+        "the caller already passes them in eviction order)",
+    )
+    expected_pool, expected_table = one_request()
+    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
+    _compare_states(check, pool, expected_pool, "one request freed")
+
+    # 2. Blocks still held by another request (ref_cnt 2) must stay out of the queue.
+    def shared() -> tuple[BlockPool, list[KVCacheBlock]]:
+        pool = BlockPool(8)
+        both = _take(pool, [0, 1], ref_cnt=2, hashed=[0, 1])
+        return pool, both + _take(pool, [4], hashed=[])
+
+    pool, blocks = shared()
+    free_blocks(pool, list(reversed(blocks)))
+    queue = _queue(pool)
+    check.expect(
+        [b.ref_cnt for b in blocks] == [1, 1, 0],
+        f"blocks 0, 1 shared (ref_cnt 2) and 4 (ref_cnt 1) freed once: ref_cnt should be [1, 1, 0], "
+        f"got {[b.ref_cnt for b in blocks]}",
+        "subtract exactly one reference per block",
+    )
+    check.expect(
+        0 not in queue and 1 not in queue,
+        f"blocks 0 and 1 still have ref_cnt 1 (another request holds them) but are in the free queue: {queue}",
+        "only a block whose ref_cnt reaches 0 goes back to the free queue",
+    )
+    expected_pool, expected_blocks = shared()
+    _reference_free_blocks(expected_pool, list(reversed(expected_blocks)))
+    _compare_states(check, pool, expected_pool, "a shared prefix freed by one of its two requests")
+
+    # 3. An iterator, as KVCacheManager.free passes it (reversed(...)).
+    pool, table = one_request()
+    try:
+        free_blocks(pool, reversed(table))
+    except TypeError as err:
+        raise AssertionError(
+            f"free_blocks: calling it with reversed(table) raised TypeError: {err}\n"
+            "    hint: ordered_blocks may be any iterable (KVCacheManager.free passes reversed(blocks)): "
+            "loop over it with a for loop, do not index it or take its len()"
+        ) from None
+    expected_pool, expected_table = one_request()
+    _reference_free_blocks(expected_pool, reversed(expected_table))
+    _compare_states(check, pool, expected_pool, "ordered_blocks given as an iterator")
+
+    # 4. Freed blocks join the tail after the blocks already free, oldest first (LRU).
+    def two_requests() -> tuple[BlockPool, list[KVCacheBlock], list[KVCacheBlock]]:
+        pool = BlockPool(10)
+        first = _take(pool, [0, 1, 2], hashed=[0, 1, 2])
+        second = _take(pool, [3, 4, 5], hashed=[3, 4])
+        return pool, first, second
+
+    pool, first, second = two_requests()
+    free_blocks(pool, list(reversed(first)))
+    free_blocks(pool, list(reversed(second)))
+    expected_pool, e_first, e_second = two_requests()
+    _reference_free_blocks(expected_pool, list(reversed(e_first)))
+    _reference_free_blocks(expected_pool, list(reversed(e_second)))
+    _compare_states(
+        check, pool, expected_pool, "two requests freed one after the other",
+        "the request freed last has its blocks at the very tail: they are the most recently used",
+    )
+
+    # 5. Random pools: free the running requests one by one, as the engine does.
+    for seed in range(60):
+        manager, running = _random_pool(seed)
+        expected_manager, _ = _random_pool(seed)
+        for request_id in running:
+            free_blocks(manager.block_pool, list(reversed(manager.req_to_blocks.pop(request_id))))
+            _reference_free_blocks(
+                expected_manager.block_pool, list(reversed(expected_manager.req_to_blocks.pop(request_id)))
+            )
+            _compare_states(
+                check, manager.block_pool, expected_manager.block_pool,
+                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
+            )
+    check.passed()
+
+
+# -- free_request_blocks ------------------------------------------------------------
+def check_free_request_blocks(free_request_blocks: Callable) -> None:
+    """The learner's ``free_request_blocks(pool, req_blocks)`` (it calls their ``free_blocks``)."""
+    check = Checker("free_request_blocks")
+
+    # 1. The chapter's example: pool of 10, A = 48 shared tokens + 7, B = the same 48 + 5.
+    def issue_example() -> tuple[KVCacheManager, Request, Request]:
+        manager = KVCacheManager(num_blocks=10, block_size=16)
+        shared = list(range(1000, 1048))
+        a = Request("A", shared + list(range(7)))
+        b = Request("B", shared + list(range(100, 105)))
+        for request in (a, b):
+            hits, num_hit_tokens = manager.get_computed_blocks(request)
+            manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
+            request.num_computed_tokens = request.num_tokens
+        return manager, a, b
+
+    manager, a, b = issue_example()
+    table_a = list(manager.req_to_blocks["A"])
+    free_request_blocks(manager.block_pool, manager.req_to_blocks.pop("A"))
+    queue = _queue(manager.block_pool)
+    check.expect(
+        [blk.ref_cnt for blk in table_a] == [1, 1, 1, 0],
+        f"A freed (blocks [0, 1, 2, 3], the first three shared with B): ref_cnt should be [1, 1, 1, 0], "
+        f"got {[blk.ref_cnt for blk in table_a]}",
+        "free every block of the table exactly once",
+    )
+    free_request_blocks(manager.block_pool, manager.req_to_blocks.pop("B"))
+    queue = _queue(manager.block_pool)
+    check.expect(
+        queue[-3:] != [0, 1, 2],
+        f"A then B freed: the free queue is {queue}; it ends with 0, 1, 2, so block 2 would be kept longest and "
+        "block 0 evicted first: you freed the table in table order",
+        "free a request's blocks LAST block first (reversed(req_blocks)): the tail of a prefix is evicted before "
+        "its head, which every request with the same start needs",
+    )
+    check.expect_equal(
+        queue, [4, 3, 5, 6, 7, 8, 9, 2, 1, 0], "A then B freed: the free queue (head -> tail)",
+        "pass reversed(req_blocks) to your free_blocks",
+    )
+
+    # 2. Random pools.
+    for seed in range(60):
+        manager, running = _random_pool(seed)
+        expected_manager, _ = _random_pool(seed)
+        for request_id in running:
+            free_request_blocks(manager.block_pool, manager.req_to_blocks.pop(request_id))
+            expected_manager.block_pool.free_blocks(reversed(expected_manager.req_to_blocks.pop(request_id)))
+            _compare_states(
+                check, manager.block_pool, expected_manager.block_pool,
+                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
+            )
+    check.passed()
+
+
+# -- get_new_blocks ----------------------------------------------------------------
+def check_get_new_blocks(get_new_blocks: Callable) -> None:
+    """The learner's ``get_new_blocks(pool, num_blocks)``."""
+    check = Checker("get_new_blocks")
+
+    def run_both(build: Callable[[], BlockPool], num_blocks: int, case: str, hint: str = "", random_case=False):
+        pool, expected_pool = build(), build()
+        got = get_new_blocks(pool, num_blocks)
+        expected = _reference_get_new_blocks(expected_pool, num_blocks)
+        check.expect(
+            isinstance(got, list) and all(isinstance(b, KVCacheBlock) for b in got),
+            f"{case}: returned {got!r}",
+            "return the list of popped KVCacheBlock objects",
+            random_case=random_case,
+        )
+        check.expect(
+            all(b.ref_cnt == 1 for b in got),
+            f"{case}: the returned blocks have ref_cnt {[b.ref_cnt for b in got]}",
+            "a new block has one user, the request that asked for it: set ref_cnt = 1",
+            random_case=random_case,
+        )
+        check.expect_equal(
+            [b.block_id for b in got], [b.block_id for b in expected], f"{case}: the blocks returned",
+            hint or "pop from the HEAD of the free queue (free_block_queue.popleft()), in order",
+            random_case=random_case,
+        )
+        _compare_states(check, pool, expected_pool, case, hint, random_case=random_case)
+        return pool, got
+
+    # 1. A fresh pool: blocks come from the head, with one reference each.
+    run_both(lambda: BlockPool(6), 3, "3 blocks from a fresh pool of 6")
+
+    # 2. The head block holds a cached prefix: popping it evicts it.
+    def cached_head() -> BlockPool:
+        pool = BlockPool(6)
+        _cache_free(pool, [0, 1])  # blocks 0 and 1: free, but still holding K/V some request may hit
+        return pool
+
+    old_hash = _hash(0)
+    pool = cached_head()
+    got = get_new_blocks(pool, 1)
+    block = pool.blocks[0]
+    check.expect(
+        [b.block_id for b in got] == [0],
+        f"blocks 0 and 1 are cached and free at the head: get_new_blocks(pool, 1) returned "
+        f"{[b.block_id for b in got] if isinstance(got, list) else got!r}",
+        "pop from the head even when the head block is cached: the queue order already is the eviction order",
+    )
+    stale = pool.get_cached_block(old_hash)
+    check.expect(
+        stale is None,
+        f"block 0 was popped for reuse, but pool.get_cached_block(its old hash) still returns block "
+        f"{stale.block_id if stale is not None else None}: a stale map entry",
+        "evict the popped block: pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id). "
+        "Otherwise the next request with that prefix 'hits' a block whose K/V are being overwritten",
+    )
+    check.expect(
+        block.block_hash is None,
+        "block 0 was popped for reuse and left the map, but it still carries its old block_hash",
+        "clear it (block.block_hash = None): the block will hold other tokens now, and cache_full_blocks "
+        "refuses a block that already has a hash",
+    )
+    check.expect(
+        _in_map(pool, pool.blocks[1]) and pool.blocks[1].block_hash is not None,
+        "popping block 0 also evicted block 1, which stays in the free queue",
+        "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
+    )
+    run_both(cached_head, 1, "a cached block at the head is popped")
+
+    # 3. Two blocks hold the same contents: evicting one must leave the other findable.
+    def twins() -> BlockPool:
+        pool = BlockPool(6)
+        shared_hash = _hash(99)
+        _cache_free(pool, [0], shared_hash)
+        _take(pool, [3])
+        pool.blocks[3].block_hash = shared_hash
+        pool.cached_block_hash_to_block.insert(shared_hash, pool.blocks[3])
+        return pool
+
+    pool = twins()
+    get_new_blocks(pool, 1)
+    survivor = pool.get_cached_block(_hash(99))
+    check.expect(
+        survivor is pool.blocks[3],
+        "blocks 0 and 3 both hold one prefix; popping block 0 should leave block 3 in the map, but "
+        f"pool.get_cached_block(hash) returns {survivor.block_id if survivor is not None else None}",
+        "remove only the popped block from the map: pool.cached_block_hash_to_block.pop(hash, block.block_id)",
+    )
+    run_both(twins, 1, "one of two blocks with the same hash is popped")
+
+    # 4. Several blocks, cached and empty mixed.
+    def mixed() -> BlockPool:
+        pool = BlockPool(8)
+        _take(pool, [0, 1, 2])
+        BlockPool.free_blocks(pool, [pool.blocks[2]])  # an empty block at the head
+        _cache_free(pool, [5, 6])
+        return pool
+
+    run_both(mixed, 4, "4 blocks from a queue mixing empty and cached blocks")
+
+    # 5. Asking for nothing, and asking for too much.
+    run_both(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing")
+    pool = cached_head()
+    before = _state(pool)
+    try:
+        get_new_blocks(pool, 7)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(
+            "get_new_blocks: asked for 7 blocks from a pool with 6 free, and no ValueError was raised\n"
+            "    hint: check pool.get_num_free_blocks() first and raise ValueError when it is too small"
+        )
+    check.expect(
+        _state(pool) == before,
+        "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
+        "check the count BEFORE popping anything: a failed request must leave the pool untouched "
+        "(the scheduler tries again next step)",
+    )
+
+    # 6. Random pools.
+    for seed in range(80):
+        rng = random.Random(1000 + seed)
+        num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
+        num_blocks = rng.randint(0, num_free)
+        run_both(
+            lambda seed=seed: _random_pool(seed)[0].block_pool, num_blocks,
+            f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped", random_case=True,
+        )
+    check.passed()
+
+
+__all__ = ["check_free_blocks", "check_free_request_blocks", "check_get_new_blocks"]

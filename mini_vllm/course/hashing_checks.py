@@ -1,13 +1,26 @@
-"""Checks for chapter 04: ``hash_block_tokens`` and ``hash_request_tokens``."""
+"""Checks for chapter 04: ``hash_block_tokens`` and ``hash_request_tokens``.
+
+Properties come first: whatever bytes a learner's hash produces, a property
+that fails names the mistake (the parent is ignored, the result is a hex
+string, a partial block got a hash...). Then the exact bytes are compared with
+the reference, because the learner's hashes must meet the engine's in one
+cache (chapter 04 looks them up in a running engine's map).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Optional
 
-from ..hashing import NONE_HASH, block_extra_keys
+from ..hashing import NONE_HASH
 from ..hashing import hash_block_tokens as reference_hash_block_tokens
 from ..hashing import hash_request_tokens as reference_hash_request_tokens
 from ._harness import Checker
+
+EXACT_HINT = (
+    "hash hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest(), "
+    "with NONE_HASH as the parent of a first block"
+)
 
 
 def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
@@ -18,6 +31,18 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
     salt = (("cache_salt", "alice"),)
 
     # Properties first: they name the mistake whatever bytes your hash produces.
+    first = hash_block_tokens(None, block)
+    check.expect(
+        isinstance(first, bytes) and len(first) == 32,
+        f"hash_block_tokens(None, range(16)) returned {first!r} ({type(first).__name__}), not 32 bytes",
+        "return the raw digest: hashlib.sha256(...).digest() (bytes), not .hexdigest() (a str) "
+        "and not Python's hash() (an int)",
+    )
+    check.expect(
+        hash_block_tokens(None, list(block)) == first,
+        "hashing the same block twice gave two different hashes",
+        "the hash must depend only on its inputs (no random salt, no id(), no time)",
+    )
     check.expect(
         hash_block_tokens(None, [1, 23]) != hash_block_tokens(None, [12, 3]),
         "tokens (1, 23) and (12, 3) hash the same",
@@ -38,18 +63,18 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
         "parent None and parent NONE_HASH hash differently",
         "a first block (parent None) must use NONE_HASH as its parent",
     )
+    check.expect(
+        hash_block_tokens(None, tuple(block)) == first,
+        "a tuple and a list of the same token ids hash differently",
+        "convert token_ids with tuple(token_ids) before serializing: callers pass lists and slices",
+    )
     # Then the exact bytes, so your hashes can meet the engine's in one cache.
     for case, args in [
         ("a first block", (None, block, None)),
         ("a block under a parent", (other_parent, block, None)),
         ("a block with extra keys", (None, block, salt)),
     ]:
-        check.expect_equal(
-            hash_block_tokens(*args),
-            reference_hash_block_tokens(*args),
-            case,
-            "hash sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest()",
-        )
+        check.expect_equal(hash_block_tokens(*args), reference_hash_block_tokens(*args), case, EXACT_HINT)
     for _ in range(100):
         parent = check.rng.choice([None, other_parent, reference_hash_block_tokens(None, [check.rng.randrange(50)])])
         tokens = [check.rng.randrange(5000) for _ in range(check.rng.randint(1, 16))]
@@ -58,33 +83,92 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
             hash_block_tokens(parent, tokens, extra),
             reference_hash_block_tokens(parent, tokens, extra),
             f"random block {tokens} with extra_keys={extra}",
+            EXACT_HINT,
             random_case=True,
         )
     check.passed()
 
 
+def _first_difference(got: Sequence[bytes], expected: Sequence[bytes]) -> Optional[int]:
+    for index, (a, b) in enumerate(zip(got, expected)):
+        if a != b:
+            return index
+    return None
+
+
+def _compare_chains(
+    check: Checker, got: list, expected: list, case: str, block_size: int, hint: str, random_case: bool = False
+) -> None:
+    """Equal lists, or a message naming the first block whose hash differs."""
+    index = _first_difference(got, expected) if len(got) == len(expected) else None
+    if index is not None:
+        start = index * block_size
+        case = f"{case}: block {index} (tokens {start}..{start + block_size - 1}) is the first whose hash differs"
+    check.expect_equal(got, expected, case, hint, random_case=random_case)
+
+
 def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     """The learner's ``hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None)``."""
     check = Checker("hash_request_tokens")
+    tokens = list(range(48))
+
+    # Properties first.
+    for num_tokens in (0, 15, 16, 47, 48, 49):
+        got = hash_request_tokens(list(range(num_tokens)), 16, None, None)
+        check.expect(
+            isinstance(got, list) and len(got) == num_tokens // 16,
+            f"{num_tokens} tokens with block_size 16 make {num_tokens // 16} FULL blocks, but you returned "
+            f"{len(got) if isinstance(got, list) else repr(got)} hashes",
+            "only FULL blocks get a hash (len(token_ids) // block_size of them); a partial tail may still "
+            "change, so it gets none",
+        )
+    repeated = hash_request_tokens([5] * 32, 16, None, None)
+    check.expect(
+        repeated[0] != repeated[1],
+        "the same 16 tokens in block 0 and in block 1 got the same hash",
+        "chain each block to the previous block's hash: equal tokens at another position (after another "
+        "prefix) have other K/V, so they must have another hash",
+    )
+    first = reference_hash_block_tokens(None, tokens[:16])
+    check.expect_equal(
+        hash_request_tokens(tokens, 16, None, None)[0], first, "block 0 of a prompt without extra keys",
+        "block 0 is hash_block_tokens(None, token_ids[0:16], None)",
+    )
+    salted = hash_request_tokens(tokens, 16, "tenant-a", None)
+    unsalted = hash_request_tokens(tokens, 16, None, None)
+    check.expect(
+        all(a != b for a, b in zip(salted, unsalted)),
+        "a cache_salt leaves some block hashes unchanged",
+        "put the salt in block 0's extra keys: every later hash inherits it through the chain",
+    )
+    check.expect(
+        hash_request_tokens(tokens, 16, "x", None)[0] != hash_request_tokens(tokens, 16, None, "x")[0],
+        "a cache_salt 'x' and a LoRA adapter named 'x' give block 0 the same hash",
+        "tag each key with its kind: use block_extra_keys(index, cache_salt, lora_name)",
+    )
+    # Then the exact bytes, block by block.
     cases = [
-        ("15 tokens: no full block", (list(range(15)), 16, None, None), "only FULL blocks get a hash"),
-        ("48 tokens: three blocks", (list(range(48)), 16, None, None), "chain each block to the previous block's hash"),
-        ("47 tokens: the partial tail is not hashed", (list(range(47)), 16, None, None), "len(token_ids) // block_size blocks"),
-        ("the same block twice", ([5] * 32, 16, None, None), "equal blocks at different positions must hash differently"),
-        ("a cache salt", (list(range(48)), 16, "tenant-a", None), "the salt goes into block 0's extra keys only"),
-        ("a LoRA name", (list(range(48)), 16, None, "pirate"), "the LoRA name goes into every block's extra keys"),
+        ("48 tokens: three blocks", (tokens, 16, None, None), "chain each block to the previous block's hash"),
+        ("47 tokens: the partial tail is not hashed", (tokens[:47], 16, None, None), "len(token_ids) // block_size blocks"),
+        ("a cache salt", (tokens, 16, "tenant-a", None), "the salt goes into block 0's extra keys only"),
+        ("a LoRA name", (tokens, 16, None, "pirate"), "the LoRA name goes into every block's extra keys"),
         ("salt and LoRA", (list(range(32)), 4, "s", "l"), "use block_extra_keys(index, cache_salt, lora_name)"),
     ]
     for case, args, hint in cases:
-        check.expect_equal(hash_request_tokens(*args), reference_hash_request_tokens(*args), case, hint)
+        _compare_chains(check, hash_request_tokens(*args), reference_hash_request_tokens(*args), case, args[1], hint)
     for _ in range(60):
-        tokens = [check.rng.randrange(3) for _ in range(check.rng.randint(1, 70))]
+        random_tokens = [check.rng.randrange(3) for _ in range(check.rng.randint(1, 70))]
         block_size = check.rng.choice([2, 4, 16])
         salt = check.rng.choice([None, "a"])
-        check.expect_equal(
-            hash_request_tokens(tokens, block_size, salt, None),
-            reference_hash_request_tokens(tokens, block_size, salt, None),
-            f"random prompt of {len(tokens)} tokens, block_size={block_size}, cache_salt={salt!r}",
+        lora = check.rng.choice([None, None, "b"])
+        _compare_chains(
+            check,
+            hash_request_tokens(random_tokens, block_size, salt, lora),
+            reference_hash_request_tokens(random_tokens, block_size, salt, lora),
+            f"random prompt of {len(random_tokens)} tokens, block_size={block_size}, "
+            f"cache_salt={salt!r}, lora_name={lora!r}",
+            block_size,
+            "compare with block_extra_keys(index, cache_salt, lora_name) and the chain",
             random_case=True,
         )
     check.passed()

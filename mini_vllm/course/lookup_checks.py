@@ -1,3 +1,213 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 05: ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``.
 
-__all__: list[str] = []
+The learner's function looks a request's block hashes up in a ``BlockPool``
+and returns the cached blocks of the longest prefix, at most
+``max_num_blocks`` of them. The check builds small pools by hand (which block
+holds which hash, which blocks are in use), runs the learner's function and
+the reference on them, and names the mistake when they disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..block_pool import BlockPool, KVCacheBlock
+from ..hashing import BlockHash, hash_request_tokens
+from ..kv_cache_manager import KVCacheManager
+from ._harness import Checker
+
+BLOCK_SIZE = 4
+
+
+def reference_find_longest_cache_hit(
+    block_pool: BlockPool, block_hashes: Sequence[BlockHash], max_num_blocks: int
+) -> list[KVCacheBlock]:
+    """The reference: ``KVCacheManager.find_longest_cache_hit`` on a given pool."""
+    manager = KVCacheManager.__new__(KVCacheManager)  # only the pool is needed for a lookup
+    manager.block_pool = block_pool
+    return KVCacheManager.find_longest_cache_hit(manager, block_hashes, max_num_blocks)
+
+
+def _hashes(tokens: Sequence[int]) -> list[BlockHash]:
+    return hash_request_tokens(list(tokens), BLOCK_SIZE)
+
+
+def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[int] = ()) -> BlockPool:
+    """A pool whose blocks 0, 1, ... hold ``cached[0]``, ``cached[1]``, ...
+
+    Blocks listed in ``in_use`` get ref_cnt 1 (taken out of the free queue);
+    the others are cached but free (ref_cnt 0), as after their request finished.
+    """
+    pool = BlockPool(num_blocks)
+    for block_id, block_hash in enumerate(cached):
+        block = pool.blocks[block_id]
+        block.block_hash = block_hash
+        pool.cached_block_hash_to_block.insert(block_hash, block)
+    pool.touch([pool.blocks[i] for i in in_use])
+    return pool
+
+
+def _pool_state(pool: BlockPool) -> tuple:
+    """Everything a lookup must leave unchanged."""
+    return (
+        tuple(block.ref_cnt for block in pool.blocks),
+        tuple(block.block_hash for block in pool.blocks),
+        tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks()),
+        tuple((h, block.block_id) for h, block in pool.cached_block_hash_to_block.items()),
+    )
+
+
+def _describe(result) -> str:
+    """Block ids for a list of blocks; the raw value otherwise."""
+    if isinstance(result, list) and all(isinstance(b, KVCacheBlock) for b in result):
+        return f"blocks {[b.block_id for b in result]}"
+    return repr(result)
+
+
+def _run(
+    check: Checker, fn: Callable, pool: BlockPool, hashes: list, max_num_blocks: int, case: str, random_case: bool = False
+):
+    """Call the learner's function and check what any correct answer must satisfy."""
+    before = _pool_state(pool)
+    result = fn(pool, hashes, max_num_blocks)
+    check.expect(
+        isinstance(result, list),
+        f"{case}: returned a {type(result).__name__}, not a list",
+        "build a list and return it (the scheduler appends it to the request's block table)",
+        random_case=random_case,
+    )
+    wrong = [item for item in result if not isinstance(item, KVCacheBlock)]
+    check.expect(
+        not wrong,
+        f"{case}: returned {result!r}, which holds {type(wrong[0]).__name__ if wrong else ''} items",
+        "return the KVCacheBlock objects themselves (block_pool.get_cached_block(block_hash)), "
+        "not block ids or hashes: allocate_slots must touch them and put them in the block table",
+        random_case=random_case,
+    )
+    check.expect(
+        _pool_state(pool) == before,
+        f"{case}: the pool changed during the lookup (a ref_cnt, the free queue or the map)",
+        "a lookup only looks: get_computed_blocks takes no references; allocate_slots touches the "
+        "blocks later, once the scheduler has decided to admit the request",
+        random_case=random_case,
+    )
+    return result
+
+
+def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
+    """The learner's ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``."""
+    check = Checker("find_longest_cache_hit")
+    fn = find_longest_cache_hit
+    prompt = list(range(100, 116))  # 16 tokens = 4 blocks of 4
+    hashes = _hashes(prompt)
+
+    # 1. Nothing cached: no hit.
+    pool = _make_pool(8, [])
+    result = _run(check, fn, pool, hashes, 3, "an empty cache")
+    check.expect_equal(_describe(result), "blocks []", "an empty cache", "no block is cached, so the hit is empty")
+
+    # 2. Everything cached, no cap: every block, the pool's own objects.
+    pool = _make_pool(8, hashes)
+    result = _run(check, fn, pool, hashes, 4, "4 cached blocks, max_num_blocks=4")
+    check.expect_equal(
+        _describe(result), "blocks [0, 1, 2, 3]", "4 cached blocks, max_num_blocks=4",
+        "all four hashes are in the map: return their blocks, in order" + (
+            "; off by one? you stopped one block early (range(max_num_blocks - 1)?)" if len(result) == 3 else ""
+        ),
+    )
+    check.expect(
+        all(got is pool.blocks[i] for i, got in enumerate(result)),
+        "4 cached blocks: the returned blocks are not the pool's block objects",
+        "return what block_pool.get_cached_block(hash) gives you, not a new KVCacheBlock",
+    )
+
+    # 3. A miss in the middle: block 2 was evicted, block 3 is still cached.
+    pool = _make_pool(8, [hashes[0], hashes[1], _hashes([7] * 12)[2], hashes[3]])
+    result = _run(check, fn, pool, hashes, 4, "a miss at block 2")
+    check.expect(
+        len(result) <= 2,
+        f"a miss at block 2: block 2 is not cached, but your function returned {_describe(result)}",
+        "stop at the first miss (break, not continue): a hit must be a prefix. The model computes every token "
+        "from the first missing block on, so a cached block after the hole cannot be used",
+    )
+    check.expect_equal(
+        _describe(result), "blocks [0, 1]", "a miss at block 2", "blocks 0 and 1 are cached and come before the miss"
+    )
+
+    # 4. A miss at block 0: nothing after it counts, however much is cached.
+    pool = _make_pool(8, [_hashes([9] * 4)[0]] + hashes[1:])
+    result = _run(check, fn, pool, hashes, 4, "a miss at block 0")
+    check.expect(
+        result == [],
+        f"a miss at block 0: block 0 is not cached, but your function returned {_describe(result)}",
+        "stop at the first miss, even when it is the very first block",
+    )
+
+    # 5. The cap: the last-block rule gives max_num_blocks < len(block_hashes).
+    for cap in (0, 1, 2, 3):
+        pool = _make_pool(8, hashes)
+        case = f"4 cached blocks, max_num_blocks={cap}"
+        result = _run(check, fn, pool, hashes, cap, case)
+        if len(result) > cap:
+            hint = (
+                f"return at most max_num_blocks blocks: the caller passes (num_tokens - 1) // block_size so the "
+                f"last prompt token is always computed; you returned {len(result)}"
+                + (" (off by one: stop when len(hits) == max_num_blocks)" if len(result) == cap + 1 else "")
+            )
+        elif len(result) < cap:
+            hint = f"off by one? {cap} blocks are allowed and cached, you returned {len(result)}"
+        else:
+            hint = ""
+        check.expect_equal(_describe(result), f"blocks {list(range(cap))}", case, hint)
+
+    # 6. A 12-token prompt (3 full blocks of 4), fully cached: the rule (12 - 1) // 4 = 2.
+    full = list(range(200, 212))
+    full_hashes = _hashes(full)
+    pool = _make_pool(6, full_hashes)
+    max_blocks = (len(full) - 1) // BLOCK_SIZE
+    result = _run(check, fn, pool, full_hashes, max_blocks, "a fully cached 12-token prompt")
+    check.expect_equal(
+        _describe(result), "blocks [0, 1]", "a fully cached 12-token prompt (max_num_blocks = (12 - 1) // 4 = 2)",
+        "block 2 is cached too, but the cap leaves it to be recomputed: the last token's logits are needed",
+    )
+
+    # 7. Blocks in use (ref_cnt > 0) are hits too; the lookup takes no reference.
+    pool = _make_pool(8, hashes, in_use=[0, 1])
+    result = _run(check, fn, pool, hashes, 4, "blocks 0 and 1 in use by another request")
+    check.expect_equal(
+        _describe(result), "blocks [0, 1, 2, 3]", "blocks 0 and 1 in use by another request",
+        "a cached block is a hit whether another request holds it (ref_cnt > 0) or it sits in the free queue",
+    )
+
+    # 8. The same contents computed twice: lookup returns the block inserted first.
+    pool = _make_pool(8, hashes[:2])
+    twin = pool.blocks[5]
+    twin.block_hash = hashes[0]
+    pool.cached_block_hash_to_block.insert(hashes[0], twin)
+    result = _run(check, fn, pool, hashes, 4, "two blocks hold block 0's contents")
+    check.expect_equal(
+        _describe(result), "blocks [0, 1]", "two blocks (0 and 5) hold block 0's contents",
+        "use block_pool.get_cached_block(hash): with duplicates it returns the first block inserted",
+    )
+
+    # 9. Random pools: prompts sharing prefixes, some blocks evicted.
+    for _ in range(120):
+        rng = check.rng
+        shared = [rng.randrange(50) for _ in range(rng.choice([0, 4, 8, 12]))]
+        prompts = [shared + [rng.randrange(50) for _ in range(rng.randint(0, 12))] for _ in range(3)]
+        cached = []
+        for tokens in prompts[:2]:
+            for block_hash in _hashes(tokens):
+                if block_hash not in cached and rng.random() < 0.85:
+                    cached.append(block_hash)
+        pool = _make_pool(len(cached) + 2, cached)
+        query = _hashes(prompts[2])
+        max_blocks = rng.randint(0, len(query))
+        case = f"random pool ({len(cached)} cached blocks), {len(query)} hashes, max_num_blocks={max_blocks}"
+        result = _run(check, fn, pool, query, max_blocks, case, random_case=True)
+        expected = reference_find_longest_cache_hit(pool, query, max_blocks)
+        check.expect_equal(_describe(result), _describe(expected), case, random_case=True)
+    check.passed()
+
+
+__all__ = ["check_find_longest_cache_hit"]

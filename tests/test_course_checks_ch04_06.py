@@ -1,0 +1,342 @@
+"""The checks of chapters 05 and 06 accept the reference and reject the typical mistakes.
+
+(Chapter 04's hashing checks are proved in test_course_checks.py.) Each wrong
+implementation below is a mistake a learner makes; the check must raise
+AssertionError on it, with a message that names the mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from mini_vllm.block_pool import BlockPool, KVCacheBlock
+from mini_vllm.course import (
+    check_find_longest_cache_hit,
+    check_free_blocks,
+    check_free_request_blocks,
+    check_get_new_blocks,
+)
+
+# -- chapter 05: find_longest_cache_hit -------------------------------------------------
+
+
+def reference_lookup(block_pool, block_hashes, max_num_blocks):
+    hits = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash)
+        if block is None:
+            break
+        hits.append(block)
+    return hits
+
+
+def test_check_find_longest_cache_hit_accepts_the_reference(capsys):
+    check_find_longest_cache_hit(reference_lookup)
+    assert "✓ find_longest_cache_hit" in capsys.readouterr().out
+
+
+def _skips_a_miss(block_pool, block_hashes, max_num_blocks):
+    hits = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash)
+        if block is None:
+            continue
+        hits.append(block)
+    return hits
+
+
+def _ignores_max_num_blocks(block_pool, block_hashes, max_num_blocks):
+    return reference_lookup(block_pool, block_hashes, len(block_hashes))
+
+
+def _returns_block_ids(block_pool, block_hashes, max_num_blocks):
+    return [block.block_id for block in reference_lookup(block_pool, block_hashes, max_num_blocks)]
+
+
+def _returns_hashes(block_pool, block_hashes, max_num_blocks):
+    return list(block_hashes[: len(reference_lookup(block_pool, block_hashes, max_num_blocks))])
+
+
+def _one_too_many(block_pool, block_hashes, max_num_blocks):
+    return reference_lookup(block_pool, block_hashes, max_num_blocks + 1)
+
+
+def _one_too_few(block_pool, block_hashes, max_num_blocks):
+    return reference_lookup(block_pool, block_hashes, max(0, max_num_blocks - 1))
+
+
+def _touches_the_hits(block_pool, block_hashes, max_num_blocks):
+    hits = reference_lookup(block_pool, block_hashes, max_num_blocks)
+    block_pool.touch(hits)
+    return hits
+
+
+def _returns_a_generator(block_pool, block_hashes, max_num_blocks):
+    return (block for block in reference_lookup(block_pool, block_hashes, max_num_blocks))
+
+
+def _newest_duplicate(block_pool, block_hashes, max_num_blocks):
+    hits = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        matches = [b for h, b in block_pool.cached_block_hash_to_block.items() if h == block_hash]
+        if not matches:
+            break
+        hits.append(matches[-1])
+    return hits
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_skips_a_miss, "stop at the first miss"),
+        (_ignores_max_num_blocks, "at most max_num_blocks"),
+        (_returns_block_ids, "not block ids or hashes"),
+        (_returns_hashes, "not block ids or hashes"),
+        (_one_too_many, "off by one"),
+        (_one_too_few, "off by one"),
+        (_touches_the_hits, "takes no references"),
+        (_returns_a_generator, "not a list"),
+        (_newest_duplicate, "first block inserted"),
+    ],
+)
+def test_check_find_longest_cache_hit_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_find_longest_cache_hit(wrong)
+
+
+def test_check_find_longest_cache_hit_reports_the_blocks_returned():
+    with pytest.raises(AssertionError, match=r"returned blocks \[0, 1, 3\]"):
+        check_find_longest_cache_hit(_skips_a_miss)
+
+
+def test_check_find_longest_cache_hit_lets_the_stub_error_through():
+    def stub(block_pool, block_hashes, max_num_blocks):
+        raise NotImplementedError("your code here")
+
+    with pytest.raises(NotImplementedError):
+        check_find_longest_cache_hit(stub)
+
+
+# -- chapter 06: free_blocks, free_request_blocks, get_new_blocks ----------------------------
+
+
+def reference_free_blocks(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.block_hash is None:
+                pool.free_block_queue.appendleft(block)
+            else:
+                pool.free_block_queue.append(block)
+
+
+def reference_free_request_blocks(pool, req_blocks):
+    reference_free_blocks(pool, reversed(req_blocks))
+
+
+def reference_get_new_blocks(pool, num_blocks):
+    if num_blocks > pool.get_num_free_blocks():
+        raise ValueError(f"only {pool.get_num_free_blocks()} free blocks")
+    blocks = []
+    for _ in range(num_blocks):
+        block = pool.free_block_queue.popleft()
+        if block.block_hash is not None:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            block.block_hash = None
+        block.ref_cnt = 1
+        blocks.append(block)
+    return blocks
+
+
+def test_eviction_checks_accept_the_reference(capsys):
+    check_free_blocks(reference_free_blocks)
+    check_free_request_blocks(reference_free_request_blocks)
+    check_get_new_blocks(reference_get_new_blocks)
+    out = capsys.readouterr().out
+    assert "✓ free_blocks" in out and "✓ free_request_blocks" in out and "✓ get_new_blocks" in out
+
+
+def test_eviction_checks_accept_the_packages_block_pool_methods():
+    check_free_blocks(BlockPool.free_blocks)
+    check_get_new_blocks(BlockPool.get_new_blocks)
+
+
+def _unhashed_to_the_tail(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            pool.free_block_queue.append(block)
+
+
+def _never_returned(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+
+
+def _reverses_again(pool, ordered_blocks):
+    reference_free_blocks(pool, list(ordered_blocks)[::-1])
+
+
+def _returns_shared_blocks_too(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt <= 1 and block.prev_free_block is None:
+            if block.block_hash is None:
+                pool.free_block_queue.appendleft(block)
+            else:
+                pool.free_block_queue.append(block)
+
+
+def _evicts_on_free(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.block_hash is not None:
+                pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+                block.block_hash = None
+            pool.free_block_queue.appendleft(block)
+
+
+def _indexes_its_argument(pool, ordered_blocks):
+    for i in range(len(ordered_blocks)):
+        reference_free_blocks(pool, [ordered_blocks[i]])
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_unhashed_to_the_tail, "HEAD"),
+        (_never_returned, "not returned to the free queue"),
+        (_reverses_again, "in the order given"),
+        (_returns_shared_blocks_too, "only a block whose ref_cnt reaches 0"),
+        (_evicts_on_free, "lazy eviction"),
+        (_indexes_its_argument, "any iterable"),
+    ],
+)
+def test_check_free_blocks_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_free_blocks(wrong)
+
+
+def _table_order(pool, req_blocks):
+    reference_free_blocks(pool, req_blocks)
+
+
+def _only_the_last_block(pool, req_blocks):
+    reference_free_blocks(pool, req_blocks[-1:])
+
+
+def _sorted_by_id(pool, req_blocks):
+    reference_free_blocks(pool, sorted(req_blocks, key=lambda block: block.block_id))
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_table_order, "you freed the table in table order"),
+        (_only_the_last_block, "free every block of the table"),
+        (_sorted_by_id, "LAST block first"),
+    ],
+)
+def test_check_free_request_blocks_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_free_request_blocks(wrong)
+
+
+def _keeps_the_stale_map_entry(pool, num_blocks):
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        block.ref_cnt = 1
+    return blocks
+
+
+def _clears_the_hash_but_leaves_the_map(pool, num_blocks):
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        block.block_hash = None
+        block.ref_cnt = 1
+    return blocks
+
+
+def _leaves_the_hash_on_the_block(pool, num_blocks):
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        if block.block_hash is not None:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+        block.ref_cnt = 1
+    return blocks
+
+
+def _forgets_ref_cnt(pool, num_blocks):
+    blocks = reference_get_new_blocks(pool, num_blocks)
+    for block in blocks:
+        block.ref_cnt = 0
+    return blocks
+
+
+def _pops_from_the_tail(pool, num_blocks):
+    blocks = []
+    for _ in range(num_blocks):
+        block = pool.free_block_queue.fake_tail.prev_free_block
+        pool.free_block_queue.remove(block)
+        if block.block_hash is not None:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            block.block_hash = None
+        block.ref_cnt = 1
+        blocks.append(block)
+    return blocks
+
+
+def _raises_too_late(pool, num_blocks):
+    blocks = []
+    for _ in range(num_blocks):
+        blocks += reference_get_new_blocks(pool, 1)
+    return blocks
+
+
+def _no_error_when_short(pool, num_blocks):
+    return reference_get_new_blocks(pool, min(num_blocks, pool.get_num_free_blocks()))
+
+
+def _evicts_every_twin(pool, num_blocks):
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        if block.block_hash is not None:
+            block_hash = block.block_hash
+            for _, other in list(pool.cached_block_hash_to_block.items()):
+                if other.block_hash == block_hash:
+                    pool.cached_block_hash_to_block.pop(block_hash, other.block_id)
+            block.block_hash = None
+        block.ref_cnt = 1
+    return blocks
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_keeps_the_stale_map_entry, "stale map entry"),
+        (_clears_the_hash_but_leaves_the_map, "stale map entry"),
+        (_leaves_the_hash_on_the_block, "still carries its old block_hash"),
+        (_forgets_ref_cnt, "ref_cnt = 1"),
+        (_pops_from_the_tail, "HEAD"),
+        (_raises_too_late, "BEFORE popping"),
+        (_no_error_when_short, "ValueError"),
+        (_evicts_every_twin, "remove only the popped block"),
+    ],
+)
+def test_check_get_new_blocks_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_get_new_blocks(wrong)
+
+
+def test_eviction_checks_let_the_stub_error_through():
+    def stub(*args):
+        raise NotImplementedError("your code here")
+
+    for check in (check_free_blocks, check_free_request_blocks, check_get_new_blocks):
+        with pytest.raises(NotImplementedError):
+            check(stub)
+
+
+def test_checks_return_blocks_as_kv_cache_blocks():
+    pool = BlockPool(4)
+    assert all(isinstance(block, KVCacheBlock) for block in reference_get_new_blocks(pool, 2))
