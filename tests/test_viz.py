@@ -528,3 +528,21 @@ def test_shared_blocks_show_one_k_norm_read_from_the_cache_tensor(llm):
         found = {m.group(1): (m.group(2), m.group(3)) for m in entry.finditer(html)}
         assert found["a"] == found["b"]  # B's table points at A's physical block: one tensor, one norm
         dashboard.run()
+
+
+def test_cached_block_text_does_not_depend_on_when_the_widget_redrew(llm):
+    """Token text of a cached, free block is recorded when the block is cached, not at
+    render time, so the committed static HTML is the same however the throttle fell."""
+    from mini_vllm import SamplingParams
+
+    llm.llm_engine.reset_prefix_cache()
+    prompt = list(range(200, 236))  # two full blocks + 4 tokens
+    view = PoolView(llm, live=True, min_interval=3600.0)  # no render while the request is alive
+    try:
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=2))
+        _, titles = texts_by(view.to_html(), "mv-block")
+    finally:
+        view.close()
+    texts = list(titles.values())
+    assert any("token ids: " + " ".join(map(str, prompt[:16])) in t for t in texts)
+    assert any("token ids: " + " ".join(map(str, prompt[16:32])) in t for t in texts)

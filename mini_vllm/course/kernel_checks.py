@@ -1,3 +1,551 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 07: a Triton ``store_kv`` kernel and a paged decode loop.
 
-__all__: list[str] = []
+* :func:`check_store_kv` runs your ``store_kv(key, value, k_cache, v_cache,
+  slot_mapping)`` (the launcher of your Triton kernel) on small caches and
+  compares every element of both caches with :func:`kernels.reference.store_kv`.
+  It also stores one token whose cache offset is past ``2**31`` elements, in a
+  cache that only *reserves* 8 GiB of address space (only the pages written
+  are ever backed by memory), to catch offsets computed in 32 bits.
+* :func:`check_paged_decode` compares your PyTorch
+  ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
+  with :func:`kernels.reference.paged_attention` for one sequence.
+* :func:`use_attention_backend` puts an attention backend of your own into a
+  running ``LLM`` (every layer), so your code can serve a real ``generate``.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import sys
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from ._harness import Checker
+
+GUARD_ROWS = 2
+"""Rows of sentinel values before and after each cache in the store_kv check."""
+SENTINEL = -7.0
+"""What every slot nobody writes holds: a store that lands anywhere else shows up."""
+
+
+# -- shared helpers ----------------------------------------------------------------
+def _device() -> torch.device:
+    """Where the kernels run: CPU tensors in Triton's interpreter, GPU tensors when compiled."""
+    import kernels
+
+    if kernels.TRITON_INTERPRETED or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def _is_stub(error: BaseException) -> bool:
+    """True when ``error`` comes from an exercise stub (``raise NotImplementedError``).
+
+    Triton's interpreter wraps an exception raised inside a kernel in its own
+    ``InterpreterError`` (the original is its ``__cause__``); a compiled kernel
+    fails to compile, with the stub's source line in the message.
+    """
+    seen = 0
+    while error is not None and seen < 10:
+        if isinstance(error, NotImplementedError) or "NotImplementedError" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+        seen += 1
+    return False
+
+
+def _call_kernel_launcher(fn: Callable, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as error:  # noqa: BLE001 - we re-raise everything that is not the stub
+        if _is_stub(error):
+            raise NotImplementedError("your code here: the kernel body is still the exercise stub") from None
+        raise
+
+
+def use_attention_backend(llm: Any, backend: Any) -> Any:
+    """Make every attention layer of ``llm`` use ``backend``; returns the backend it replaces.
+
+    The model's layers share one backend object (``LLM(attention_backend=...)``
+    chooses it by name); this swaps it for yours, e.g. a subclass of
+    ``TorchAttentionBackend`` whose ``store_kv`` calls your kernel.
+    """
+    layers = llm.llm_engine.model_runner.model.model.layers
+    previous = layers[0].self_attn.attn_backend
+    for layer in layers:
+        layer.self_attn.attn_backend = backend
+    return previous
+
+
+# -- store_kv -------------------------------------------------------------------
+class _GuardedCache:
+    """A cache tensor with rows of sentinel values before and after it.
+
+    The cache is a view into the middle of a bigger buffer, so a store at slot
+    -1 (one row before the cache) or past the last slot lands in a guard row
+    instead of someone else's memory, and the check can say so.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype, device) -> None:
+        self.row = num_kv_heads * head_dim  # elements per slot
+        self.shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.num_slots = num_blocks * block_size
+        # Rows after the cache: enough that even a slot multiplied by the block stride
+        # (a typical mistake) lands inside the buffer instead of corrupting memory.
+        self.rows_after = self.num_slots * block_size + GUARD_ROWS
+        total_rows = GUARD_ROWS + self.num_slots + self.rows_after
+        self.buffer = torch.full((total_rows * self.row,), SENTINEL, dtype=dtype, device=device)
+        start = GUARD_ROWS * self.row
+        self.cache = self.buffer[start : start + self.num_slots * self.row].view(self.shape)
+
+    def guards_untouched(self) -> bool:
+        before = self.buffer[: GUARD_ROWS * self.row]
+        after = self.buffer[(GUARD_ROWS + self.num_slots) * self.row :]
+        return bool((before == SENTINEL).all() and (after == SENTINEL).all())
+
+    def stray_rows(self, valid_slots: set[int]) -> list[int]:
+        """Slots outside ``valid_slots`` whose row no longer holds the sentinel."""
+        rows = self.cache.reshape(self.num_slots, self.row)
+        changed = (rows != SENTINEL).any(dim=1).nonzero().flatten().tolist()
+        return [slot for slot in changed if slot not in valid_slots]
+
+    def find_row(self, row: torch.Tensor) -> Optional[int]:
+        """Element offset (relative to the cache's start) where ``row`` was written, if anywhere."""
+        flat = self.buffer
+        wanted = row.reshape(-1).to(flat.dtype)
+        n = wanted.numel()
+        for start in range(0, flat.numel() - n + 1):
+            if torch.equal(flat[start : start + n], wanted):
+                return start - GUARD_ROWS * self.row
+        return None
+
+
+def _store_case(
+    store_kv: Callable,
+    check: Checker,
+    case: str,
+    *,
+    slots: list[int],
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    cache_dtype=torch.float32,
+    key_dtype=torch.float32,
+    slot_dtype=torch.int64,
+    fused_qkv: bool = False,
+    seed: int = 0,
+    random_case: bool = False,
+) -> None:
+    from kernels import reference
+
+    device = _device()
+    generator = torch.Generator().manual_seed(seed)
+    num_tokens = len(slots)
+    shape = (num_tokens, num_kv_heads, head_dim)
+    if fused_qkv:
+        # The model computes q, k and v in one matmul: key and value are views with a longer token stride.
+        qkv = torch.randn(num_tokens, 3 * num_kv_heads, head_dim, generator=generator).to(key_dtype).to(device)
+        key = qkv[:, num_kv_heads : 2 * num_kv_heads]
+        value = qkv[:, 2 * num_kv_heads :]
+    else:
+        key = torch.randn(shape, generator=generator).to(key_dtype).to(device)
+        value = torch.randn(shape, generator=generator).to(key_dtype).to(device)
+    k = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
+    v = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
+    slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=device)
+
+    _call_kernel_launcher(store_kv, key, value, k.cache, v.cache, slot_mapping)
+
+    expected_k = torch.full(k.shape, SENTINEL, dtype=cache_dtype, device=device)
+    expected_v = torch.full(v.shape, SENTINEL, dtype=cache_dtype, device=device)
+    reference.store_kv(key, value, expected_k, expected_v, slot_mapping)
+    where = f"{case} (block_size={block_size}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, slots={slots})"
+
+    def fail(problem: str, hint: str) -> None:
+        check.expect(False, f"{where}: {problem}", hint, random_case=random_case)
+
+    # Properties first: each names one mistake. Where did each token's row go?
+    for token, slot in enumerate(slots):
+        if slot < 0:
+            continue
+        block, offset = divmod(slot, block_size)
+        got_k = k.cache[block, offset]
+        got_v = v.cache[block, offset]
+        want_k = key[token].to(cache_dtype)
+        want_v = value[token].to(cache_dtype)
+        if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
+            continue
+        if torch.equal(got_k, want_v) or torch.equal(got_v, want_k):
+            hint = "K goes into k_cache and V into v_cache: one of them got the other's row"
+        elif torch.equal(got_k[0], want_k[0]) and not torch.equal(got_k, want_k):
+            hint = (
+                "head 0 is right but another head is not: offset each head by stride_key_head "
+                "(stride_value_head) in key/value and by the cache's head stride"
+            )
+        else:
+            found = k.find_row(want_k[0])
+            row = k.row
+            if found is None:
+                hint = "token %d's key is nowhere in k_cache" % token
+                if fused_qkv:
+                    hint += (
+                        ": key is a view into a fused qkv tensor here, so token t starts at "
+                        "t * stride_key_token, not t * num_kv_heads * head_dim"
+                    )
+            elif found == slot * head_dim or found == slot:
+                hint = (
+                    f"token {token}'s key landed at element {found}, i.e. you used the slot as an element "
+                    f"offset; a slot is a whole row of num_kv_heads * head_dim = {row} elements: "
+                    "split it into (block, offset) and multiply each by its stride"
+                )
+            elif found == slot * block_size * row:
+                hint = (
+                    f"token {token}'s key landed at block {slot}, i.e. you multiplied the slot by the "
+                    "block stride: block = slot // BLOCK_SIZE, offset = slot % BLOCK_SIZE"
+                )
+            else:
+                hint = (
+                    f"token {token}'s key landed at element {found} instead of {slot * row} "
+                    f"(block {block} * {block_size * row} + offset {offset} * {row})"
+                )
+        fail(f"token {token} (slot {slot} = block {block}, offset {offset}) is not in its slot", hint)
+    valid = {slot for slot in slots if slot >= 0}
+    stray_k, stray_v = k.stray_rows(valid), v.stray_rows(valid)
+    in_bounds = k.guards_untouched() and v.guards_untouched()
+    if -1 in slots and not (in_bounds and not stray_k and not stray_v):
+        fail(
+            "a token with slot -1 was written somewhere",
+            "slot -1 means 'no slot' (a padding token): that program must store nothing "
+            "(return early when slot < 0, or make the store's mask false everywhere)",
+        )
+    if not in_bounds:
+        fail(
+            "your kernel wrote outside the cache",
+            "a slot is block_id * block_size + offset: write k_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE]",
+        )
+    if stray_k or stray_v:
+        fail(
+            f"slots {sorted(set(stray_k + stray_v))} changed, but no token has them",
+            "only the slots in slot_mapping may change",
+        )
+    # Then the whole caches, element by element.
+    check.expect(
+        torch.equal(k.cache, expected_k) and torch.equal(v.cache, expected_v),
+        f"{where}: the caches differ from kernels.reference.store_kv",
+        "only the slots in slot_mapping may change, each to its token's K (V) row",
+        random_case=random_case,
+    )
+
+
+def _reserve(num_elements: int, dtype: torch.dtype, device: torch.device) -> Optional[torch.Tensor]:
+    """A 1-D tensor of ``num_elements`` that costs memory only where it is written (None if impossible).
+
+    On the CPU: an anonymous ``MAP_NORESERVE`` mapping (Linux), wrapped by
+    ``torch.frombuffer`` without a copy. On a GPU: a plain allocation, if the
+    GPU has room for it.
+    """
+    num_bytes = num_elements * torch.empty((), dtype=dtype).element_size()
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if free < num_bytes + 2**30:
+            return None
+        return torch.empty(num_elements, dtype=dtype, device=device)
+    if not sys.platform.startswith("linux"):
+        return None
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
+    try:
+        region = mmap.mmap(-1, num_bytes, flags=flags)
+    except (OSError, ValueError):
+        return None
+    return torch.frombuffer(region, dtype=dtype)
+
+
+def _store_past_two_to_the_31(store_kv: Callable, check: Checker) -> bool:
+    """Store one token at an element offset past 2**31 with an int32 slot_mapping.
+
+    Returns False (and checks nothing) when the memory for it cannot be reserved.
+    """
+    block_size, num_kv_heads, head_dim = 16, 1, 8
+    row = num_kv_heads * head_dim
+    far_block = 2**31 // (block_size * row) + 1  # its first element is past 2**31
+    cache_elements = (far_block + 1) * block_size * row
+    # A 32-bit offset wraps around by 2**32 elements, to about 2**31 before the
+    # cache: reserve that much in front of it, so a wrapped store lands in
+    # memory we own, where we can see it, instead of crashing the process.
+    before = 2**31 + 2**20
+    device = _device()
+    whole = _reserve(before + cache_elements, torch.float16, device)
+    if whole is None:
+        print("  (skipped the 2**31 case: cannot reserve 8 GiB of address space here)")
+        return False
+    cache = whole[before : before + cache_elements].view(far_block + 1, block_size, num_kv_heads, head_dim)
+    offset_in_block = 3
+    slot = far_block * block_size + offset_in_block
+    element = slot * row
+    assert element > 2**31
+    rows = (torch.arange(row, dtype=torch.float16) + 1).view(1, num_kv_heads, head_dim).to(device)
+    cache[far_block, offset_in_block].zero_()
+    wrapped = before + element - 2**32
+    whole[wrapped : wrapped + row].zero_()
+    # K and V share the cache here (8 GiB, not 16): the same row is stored twice.
+    _call_kernel_launcher(store_kv, rows, rows, cache, cache, torch.tensor([slot], dtype=torch.int32, device=device))
+    landed = torch.equal(cache[far_block, offset_in_block].reshape(-1), rows.reshape(-1))
+    if not landed and torch.equal(whole[wrapped : wrapped + row], rows.reshape(-1)):
+        hint = (
+            "the row landed 2**32 elements before its slot: the offset was computed in int32 and "
+            "wrapped around. Convert the slot to int64 right after loading it "
+            "(tl.load(...).to(tl.int64)), before multiplying by any stride"
+        )
+    else:
+        hint = "convert the slot to tl.int64 before computing block * stride"
+    del cache, whole
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # give the 8 GiB back to the GPU, not to PyTorch's cache
+    check.expect(
+        landed,
+        f"slot {slot} (element offset {element:,} > 2**31 = {2**31:,}, slot_mapping int32): "
+        "the row is not in its slot",
+        hint,
+    )
+    return True
+
+
+def check_store_kv(store_kv: Callable) -> None:
+    """Your ``store_kv(key, value, k_cache, v_cache, slot_mapping)`` (it launches your Triton kernel)."""
+    check = Checker("store_kv")
+    base = dict(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
+    # The first call also finds out whether the kernel is still the stub.
+    _store_case(store_kv, check, "one token", slots=[6], **base)
+    _store_case(store_kv, check, "five tokens in scattered slots", slots=[5, 0, 13, 10, 7], **base)
+    _store_case(store_kv, check, "slot -1 (a padding token)", slots=[2, -1, 9], **base)
+    _store_case(store_kv, check, "slots -1 only", slots=[-1, -1], **base)
+    _store_case(store_kv, check, "the last slot of the last block", slots=[15, 0], **base)
+    _store_case(store_kv, check, "one KV head, head_dim 12 (not a power of two)", slots=[1, 11, 4],
+                num_blocks=3, block_size=4, num_kv_heads=1, head_dim=12)
+    _store_case(store_kv, check, "three KV heads", slots=[3, 8], num_blocks=3, block_size=4, num_kv_heads=3, head_dim=4)
+    _store_case(store_kv, check, "key and value are views into a fused qkv tensor", slots=[7, 1, 12],
+                fused_qkv=True, **base)
+    _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9],
+                cache_dtype=torch.float16, **base)
+    _store_case(store_kv, check, "an int32 slot_mapping", slots=[14, 3], slot_dtype=torch.int32, **base)
+    _store_past_two_to_the_31(store_kv, check)
+    rng = check.rng
+    for index in range(25):
+        num_blocks = rng.randint(1, 5)
+        block_size = rng.choice([1, 2, 4, 16])
+        num_slots = num_blocks * block_size
+        num_tokens = rng.randint(1, min(num_slots, 9))
+        slots = rng.sample(range(num_slots), num_tokens)
+        for position in range(num_tokens):
+            if rng.random() < 0.15:
+                slots[position] = -1
+        _store_case(
+            store_kv,
+            check,
+            f"random case {index}",
+            slots=slots,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            num_kv_heads=rng.choice([1, 2, 3, 4]),
+            head_dim=rng.choice([4, 6, 8, 16]),
+            cache_dtype=rng.choice([torch.float32, torch.float16]),
+            slot_dtype=rng.choice([torch.int64, torch.int32]),
+            fused_qkv=rng.random() < 0.3,
+            seed=index + 1,
+            random_case=True,
+        )
+    check.passed()
+
+
+# -- paged decode -----------------------------------------------------------------
+def _dense_decode(query, keys, values, scale, kv_head_of) -> torch.Tensor:
+    """Decode attention over dense ``keys``/``values`` ([n, Hkv, D]); query head h reads KV head kv_head_of(h)."""
+    num_q_heads = query.shape[0]
+    index = torch.tensor([kv_head_of(h) for h in range(num_q_heads)])
+    k = keys.float()[:, index]  # [n, Hq, D]
+    v = values.float()[:, index]
+    scores = torch.einsum("hd,nhd->hn", query.float(), k) * scale
+    return torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
+
+
+class _DecodeCase:
+    """One sequence's decode step over a paged cache whose unused slots hold ``fill``."""
+
+    def __init__(self, *, seq_len, block_size, num_q_heads, num_kv_heads, head_dim, table, num_blocks,
+                 fill=float("nan"), pad_table=0, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        self.seq_len, self.block_size = seq_len, block_size
+        self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_cache = torch.full(shape, fill)
+        self.v_cache = torch.full(shape, fill)
+        self.keys = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
+        self.values = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
+        self.query = torch.randn(num_q_heads, head_dim, generator=generator)
+        for position in range(seq_len):
+            block = table[position // block_size]
+            self.k_cache[block, position % block_size] = self.keys[position]
+            self.v_cache[block, position % block_size] = self.values[position]
+        # Padding after the sequence's blocks, as in the engine's block tables (block 0).
+        self.block_table = torch.tensor(list(table) + [0] * pad_table, dtype=torch.int32)
+
+    def describe(self) -> str:
+        return (
+            f"seq_len={self.seq_len}, block_size={self.block_size}, block_table={self.block_table.tolist()}, "
+            f"num_q_heads={self.num_q_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+        )
+
+    def expected(self, scale=None) -> torch.Tensor:
+        from kernels import reference
+
+        out = reference.paged_attention(
+            self.query[None], self.k_cache, self.v_cache, self.block_table[None],
+            torch.tensor([self.seq_len], dtype=torch.int32), scale,
+        )
+        return out[0]
+
+    def dense(self, scale, kv_head_of=None, keys=None, values=None) -> torch.Tensor:
+        group = self.num_q_heads // self.num_kv_heads
+        kv_head_of = kv_head_of or (lambda h: h // group)
+        keys = self.keys if keys is None else keys
+        values = self.values if values is None else values
+        return _dense_decode(self.query, keys, values, scale, kv_head_of)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-5))
+
+
+def _decode_case(paged_decode: Callable, check: Checker, case: _DecodeCase, name: str, scale=None,
+                 random_case: bool = False) -> None:
+    kwargs = {} if scale is None else {"scale": scale}
+    got = paged_decode(case.query.clone(), case.k_cache.clone(), case.v_cache.clone(), case.block_table.clone(),
+                       case.seq_len, **kwargs)
+    want = case.expected(scale)
+    where = f"{name} ({case.describe()}{'' if scale is None else f', scale={scale}'})"
+    if not (isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape)):
+        check.expect(
+            False,
+            f"{where}: the output should be a tensor of shape {tuple(want.shape)} "
+            f"(num_q_heads, head_dim); got {getattr(got, 'shape', type(got).__name__)}",
+            random_case=random_case,
+        )
+    if _close(got, want):
+        check.expect(True, where, random_case=random_case)
+        return
+    used_scale = case.head_dim**-0.5 if scale is None else scale
+    hint = "compare your loop with kernels.reference.paged_attention on this case"
+    if torch.isnan(got).any():
+        hint = (
+            "NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
+            "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
+            "V by a weight of 0, because 0 * NaN = NaN: drop those rows (slice to the valid length) "
+            "or select with torch.where"
+        )
+    elif _close(got, case.dense(1.0)):
+        hint = "your scores are not scaled: multiply q @ k by 1/sqrt(head_dim) (or by `scale` when it is given)"
+    elif scale is not None and _close(got, case.dense(case.head_dim**-0.5)):
+        hint = "you ignored the `scale` argument: use it when it is given, 1/sqrt(head_dim) only when it is None"
+    elif case.num_q_heads != case.num_kv_heads and _close(got, case.dense(used_scale, lambda h: h % case.num_kv_heads)):
+        group = case.num_q_heads // case.num_kv_heads
+        hint = (
+            f"grouped-query attention: query head h reads KV head h // {group} (num_q_heads // num_kv_heads), "
+            "consecutive query heads share a KV head; you used h % num_kv_heads"
+        )
+    elif case.seq_len % case.block_size and _close(got, _unmasked_output(case, used_scale)):
+        valid = case.seq_len % case.block_size
+        hint = (
+            f"the last block holds only {valid} of the sequence's tokens (seq_len % block_size); you also "
+            f"attended to its {case.block_size - valid} unused slots: mask them (or slice them off)"
+        )
+    else:
+        logical = _logical_block_output(case, used_scale)
+        if logical is not None and _close(got, logical):
+            hint = (
+                "you read the blocks in logical order (block i of the sequence = k_cache[i]); "
+                "the sequence's i-th block lives in physical block block_table[i]"
+            )
+    check.expect(False, f"{where}: your output differs from the reference by up to "
+                        f"{(got.float() - want.float()).abs().max().item():.3g}", hint, random_case=random_case)
+
+
+def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:
+    """What a loop that reads every slot of the last block (past seq_len) computes."""
+    num_blocks_used = math.ceil(case.seq_len / case.block_size)
+    blocks = case.block_table[:num_blocks_used].long()
+    keys = case.k_cache[blocks].flatten(0, 1)
+    values = case.v_cache[blocks].flatten(0, 1)
+    return case.dense(scale, keys=keys, values=values)
+
+
+def _logical_block_output(case: _DecodeCase, scale) -> Optional[torch.Tensor]:
+    """What a loop reading k_cache[i] instead of k_cache[block_table[i]] computes (None if it would fail)."""
+    num_blocks_used = math.ceil(case.seq_len / case.block_size)
+    if num_blocks_used > case.k_cache.shape[0]:
+        return None
+    keys = case.k_cache[:num_blocks_used].flatten(0, 1)[: case.seq_len]
+    values = case.v_cache[:num_blocks_used].flatten(0, 1)[: case.seq_len]
+    if torch.isnan(keys).any() or torch.isnan(values).any():
+        return torch.full((case.num_q_heads, case.head_dim), float("nan"))
+    return case.dense(scale, keys=keys, values=values)
+
+
+def check_paged_decode(paged_decode: Callable) -> None:
+    """Your ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``, one sequence."""
+    check = Checker("paged_decode")
+    fixed = [
+        ("one full block, block_table [0]",
+         dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1), None),
+        ("an explicit scale",
+         dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1), 0.3),
+        ("three full blocks in shuffled physical blocks",
+         dict(seq_len=12, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[3, 0, 5], num_blocks=6,
+              fill=0.0), None),
+        ("a partial last block (unused slots hold 100.0)",
+         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3,
+              fill=100.0), None),
+        ("a partial last block (unused slots hold NaN)",
+         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3), None),
+        ("grouped-query attention: 4 query heads share 2 KV heads",
+         dict(seq_len=8, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[2, 1], num_blocks=4,
+              fill=0.0), None),
+        ("grouped-query attention: 6 query heads share 2 KV heads, partial block",
+         dict(seq_len=7, block_size=4, num_q_heads=6, num_kv_heads=2, head_dim=4, table=[1, 3], num_blocks=4), None),
+        ("a block table padded past the sequence's blocks (block 0 holds NaN)",
+         dict(seq_len=5, block_size=4, num_q_heads=2, num_kv_heads=1, head_dim=8, table=[2, 1], num_blocks=3,
+              pad_table=2), None),
+        ("seq_len 1 (the first decode step of a 1-token prompt)",
+         dict(seq_len=1, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[2], num_blocks=3), None),
+        ("block_size 1",
+         dict(seq_len=5, block_size=1, num_q_heads=2, num_kv_heads=1, head_dim=4, table=[4, 0, 3, 1, 2],
+              num_blocks=6), None),
+        ("large scores (softmax must subtract the running max)",
+         dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3),
+         40.0),
+    ]
+    for seed, (name, kwargs, scale) in enumerate(fixed):
+        _decode_case(paged_decode, check, _DecodeCase(seed=seed, **kwargs), name, scale)
+    rng = check.rng
+    for index in range(40):
+        block_size = rng.choice([1, 2, 4, 8, 16])
+        seq_len = rng.randint(1, 40)
+        num_used = math.ceil(seq_len / block_size)
+        num_blocks = num_used + rng.randint(0, 3)
+        num_kv_heads = rng.choice([1, 2, 3])
+        group = rng.choice([1, 2, 4])
+        table = rng.sample(range(num_blocks), num_used)
+        case = _DecodeCase(
+            seq_len=seq_len, block_size=block_size, num_q_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
+            head_dim=rng.choice([4, 8, 16]), table=table, num_blocks=num_blocks, pad_table=rng.randint(0, 2),
+            seed=100 + index,
+        )
+        _decode_case(paged_decode, check, case, f"random case {index}",
+                     rng.choice([None, None, 0.25]), random_case=True)
+    check.passed()
+
+
+__all__ = ["check_paged_decode", "check_store_kv", "use_attention_backend"]

@@ -1,3 +1,330 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 08: admitting waiting requests with a prefix lookup.
 
-__all__: list[str] = []
+:func:`check_schedule_waiting` plugs your
+``schedule_waiting(scheduler, token_budget, output) -> int`` into a real
+:class:`~mini_vllm.scheduler.Scheduler` (with a real ``KVCacheManager``) and
+runs scenarios step by step next to an untouched scheduler. No model is
+needed: a fake "model" appends one token to every request that completed its
+prefill, and finishes a request after its ``max_tokens``. After every step the
+two schedulers must agree on everything: which requests ran with how many
+tokens, their block tables, the queues, each request's ``num_cached_tokens``,
+every block's ref count, the free queue, the prefix-cache counters and the
+budget your function returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..kv_cache_manager import KVCacheManager
+from ..request import Request, RequestStatus
+from ..scheduler import Scheduler
+from ._harness import Checker, _short
+
+
+@dataclass
+class Arrival:
+    step: int  # the request is added before this step's schedule() (steps count from 0)
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class Scenario:
+    name: str
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    arrivals: list[Arrival] = field(default_factory=list)
+    enable_caching: bool = True
+
+
+class _Run:
+    """One scheduler (the reference, or one with the learner's admission) driven by a fake model."""
+
+    def __init__(self, scenario: Scenario, schedule_waiting: Optional[Callable]) -> None:
+        self.scenario = scenario
+        manager = KVCacheManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
+        self.scheduler = scheduler = Scheduler(manager, scenario.max_num_seqs, scenario.max_num_batched_tokens)
+        admit = schedule_waiting if schedule_waiting is not None else Scheduler._schedule_waiting
+        self.budget_returned: Optional[int] = None
+
+        def admission(token_budget: int, output) -> int:
+            # Plugged in exactly as the exercise does; also records the budget it returns.
+            self.budget_returned = admit(scheduler, token_budget, output)
+            return self.budget_returned
+
+        scheduler._schedule_waiting = admission
+        self.requests: dict[str, Request] = {}
+        self.max_tokens: dict[str, int] = {}
+        self.step_index = 0
+
+    def done(self) -> bool:
+        pending = any(a.step >= self.step_index for a in self.scenario.arrivals)
+        return not pending and not self.scheduler.has_unfinished_requests()
+
+    def step(self) -> dict[str, Any]:
+        for arrival in self.scenario.arrivals:
+            if arrival.step == self.step_index:
+                request = Request(arrival.request_id, arrival.prompt_token_ids, block_size=self.scenario.block_size)
+                self.requests[arrival.request_id] = request
+                self.max_tokens[arrival.request_id] = arrival.max_tokens
+                self.scheduler.add_request(request)
+        waiting_before = [r.request_id for r in self.scheduler.waiting]
+        self.budget_returned = None
+        output = self.scheduler.schedule()
+        snapshot = self.snapshot(output, waiting_before)
+        # The fake model: every request whose prompt is fully computed gets one new token.
+        for scheduled in output.scheduled:
+            request = scheduled.request
+            if scheduled.completes_prefill:
+                request.append_output_token_ids(1000 + (request.num_tokens * 7 + len(request.request_id)) % 89)
+                if request.num_output_tokens >= self.max_tokens[request.request_id]:
+                    self.scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH_CAPPED)
+        self.step_index += 1
+        return snapshot
+
+    def snapshot(self, output, waiting_before: list[str]) -> dict[str, Any]:
+        manager = self.scheduler.kv_cache_manager
+        pool = manager.block_pool
+        stats = manager.prefix_cache_stats
+        return {
+            "scheduled": [
+                (s.request.request_id, s.num_computed_tokens, s.num_new_tokens, tuple(s.block_ids))
+                for s in output.scheduled
+            ],
+            "preempted": [r.request_id for r in output.preempted],
+            "waiting_before": waiting_before,
+            "waiting": [r.request_id for r in self.scheduler.waiting],
+            "running": [r.request_id for r in self.scheduler.running],
+            "status": {rid: r.status.name for rid, r in self.requests.items()},
+            "num_computed_tokens": {rid: r.num_computed_tokens for rid, r in self.requests.items()},
+            "num_cached_tokens": {rid: r.num_cached_tokens for rid, r in self.requests.items()},
+            "num_preemptions": {rid: r.num_preemptions for rid, r in self.requests.items()},
+            "ref_cnt": [block.ref_cnt for block in pool.blocks],
+            "free_queue": [block.block_id for block in pool.free_block_queue.get_all_free_blocks()],
+            "prefix_cache_stats": (stats.requests, stats.queries, stats.hits),
+            "budget_returned": self.budget_returned,
+        }
+
+
+def _admitted(snapshot: dict[str, Any]) -> list[str]:
+    """Requests that were waiting before the step and ran in it."""
+    waiting_before = set(snapshot["waiting_before"])
+    return [rid for rid, *_ in snapshot["scheduled"] if rid in waiting_before]
+
+
+def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str, Any]) -> tuple[str, str]:
+    """(what differs, hint) for the first difference between two snapshots of the same step."""
+    where = f"scenario '{scenario.name}', step {step}"
+    got_admitted, want_admitted = _admitted(got), _admitted(want)
+    if got_admitted != want_admitted:
+        problem = f"{where}: the requests admitted from the waiting queue should be {want_admitted}; yours: {got_admitted}"
+        extra = [rid for rid in got_admitted if rid not in want_admitted]
+        if len(got["running"]) > scenario.max_num_seqs:
+            return problem, (
+                f"max_num_seqs = {scenario.max_num_seqs}: stop admitting once that many requests are running"
+            )
+        got_tokens = sum(n for _, _, n, _ in got["scheduled"])
+        if got_tokens > scenario.max_num_batched_tokens:
+            return problem, (
+                f"the token budget is {scenario.max_num_batched_tokens} tokens per step and you scheduled "
+                f"{got_tokens}: stop when the budget is spent and return what is left"
+            )
+        if extra:
+            order = want["waiting_before"]
+            blocked = [rid for rid in order if rid not in want_admitted and rid in got["waiting_before"]]
+            if blocked and order.index(blocked[0]) < order.index(extra[0]):
+                return problem, (
+                    f"'{blocked[0]}' did not fit in the free blocks (allocate_slots returned None), so admission "
+                    f"stops there for this step: a request behind it ('{extra[0]}') may not overtake it (FIFO). "
+                    "Break out of the loop; do not skip to the next request"
+                )
+            return problem, "admit waiting requests in order, while the budget, max_num_seqs and the free blocks allow"
+        missing = [rid for rid in want_admitted if rid not in got_admitted]
+        return problem, (
+            f"'{missing[0]}' fits (budget, max_num_seqs and free blocks all allow it) but you did not admit it; "
+            "keep admitting until the first request that does not fit"
+        )
+    want_by_id = {rid: (c, n, b) for rid, c, n, b in want["scheduled"]}
+    for rid, computed, new, blocks in got["scheduled"]:
+        want_computed, want_new, want_blocks = want_by_id[rid]
+        if (computed, new) != (want_computed, want_new):
+            problem = (
+                f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) "
+                f"({want_new} new tokens after {want_computed} cached); yours: [{computed}, {computed + new})"
+            )
+            if computed == 0 and want_computed > 0:
+                return problem, (
+                    f"get_computed_blocks found {want_computed} cached tokens: start from there "
+                    "(pass num_computed_tokens to _schedule) and compute only the rest"
+                )
+            if new > want_new and want_computed + want_new < computed + new:
+                return problem, (
+                    "chunked prefill: a prompt longer than the token budget left gets only "
+                    "min(remaining tokens, token_budget) tokens now, the rest in later steps"
+                )
+            return problem, "num_new_tokens = min(num_tokens - num_computed_tokens, token_budget)"
+        if blocks != want_blocks:
+            problem = f"{where}: '{rid}' should have the block table {list(want_blocks)}; yours: {list(blocks)}"
+            if want_computed and tuple(blocks[: len(want_blocks)]) != tuple(want_blocks[: want_computed // scenario.block_size]):
+                return problem, (
+                    f"its first {want_computed // scenario.block_size} blocks are cache hits shared with another "
+                    "request: pass the hit blocks and their token count to allocate_slots "
+                    "(allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)), "
+                    "or they are allocated a second time and not shared"
+                )
+            return problem, "allocate the slots with kv_cache_manager.allocate_slots, once per admitted request"
+    for rid, want_cached in want["num_cached_tokens"].items():
+        got_cached = got["num_cached_tokens"][rid]
+        if got_cached != want_cached:
+            problem = f"{where}: '{rid}'.num_cached_tokens should be {want_cached}; yours: {got_cached}"
+            if want["num_preemptions"][rid] > 0 and want_cached >= 0:
+                return problem, (
+                    f"'{rid}' was preempted and re-admitted: num_cached_tokens reports the hit of its FIRST "
+                    "admission (what the user's prompt got from the cache); set it only while it is still -1"
+                )
+            return problem, "on first admission, set request.num_cached_tokens to the cached tokens found"
+    if got["status"] != want["status"]:
+        rid = next(r for r in want["status"] if got["status"][r] != want["status"][r])
+        return (
+            f"{where}: '{rid}'.status should be {want['status'][rid]}; yours: {got['status'][rid]}",
+            "an admitted request's status becomes RequestStatus.RUNNING",
+        )
+    if got["waiting"] != want["waiting"] or got["running"] != want["running"]:
+        return (
+            f"{where}: queues should be waiting={want['waiting']}, running={want['running']}; "
+            f"yours: waiting={got['waiting']}, running={got['running']}",
+            "an admitted request leaves the front of scheduler.waiting (popleft) and joins the end of scheduler.running",
+        )
+    if got["budget_returned"] != want["budget_returned"]:
+        return (
+            f"{where}: your function should return {want['budget_returned']} (the token budget left); "
+            f"it returned {got['budget_returned']}",
+            "return token_budget minus the tokens you scheduled",
+        )
+    if got["prefix_cache_stats"] != want["prefix_cache_stats"]:
+        return (
+            f"{where}: prefix-cache counters (requests, queries, hits) should be {want['prefix_cache_stats']}; "
+            f"yours: {got['prefix_cache_stats']}",
+            "call get_computed_blocks once per request you try to admit (it counts every lookup)",
+        )
+    if got["ref_cnt"] != want["ref_cnt"] or got["free_queue"] != want["free_queue"]:
+        return (
+            f"{where}: block ref counts / free queue differ: expected ref_cnt {want['ref_cnt']}, "
+            f"free queue {want['free_queue']}; yours: {got['ref_cnt']}, {got['free_queue']}",
+            "let allocate_slots take the references (it touches the hit blocks); do not touch blocks yourself",
+        )
+    for key in want:
+        if got[key] != want[key]:
+            return f"{where}: {key} should be {_short(want[key])}; yours: {_short(got[key])}", ""
+    return f"{where}: differs", ""
+
+
+def _run_scenario(schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False) -> None:
+    reference, learner = _Run(scenario, None), _Run(scenario, schedule_waiting)
+    for step in range(500):
+        if reference.done():
+            break
+        want = reference.step()
+        got = learner.step()
+        if got != want:
+            problem, hint = _diagnose(scenario, step, got, want)
+            check.expect(False, problem, hint, random_case=random_case)
+    else:
+        raise AssertionError(f"scenario '{scenario.name}' did not finish in 500 steps (with the reference)")
+    check.expect(learner.done(), f"scenario '{scenario.name}': requests are left unfinished",
+                 random_case=random_case)
+
+
+def _tokens(start: int, n: int) -> list[int]:
+    return list(range(start, start + n))
+
+
+def fixed_scenarios() -> list[Scenario]:
+    """The edge cases, each built to expose one mistake."""
+    system = _tokens(1, 8)  # two full blocks of 4 tokens
+    return [
+        Scenario(
+            "a later request hits the blocks of a running one", num_blocks=12, block_size=4, max_num_seqs=8,
+            max_num_batched_tokens=64,
+            arrivals=[Arrival(0, "A", system + [20, 21], 4), Arrival(1, "B", system + [30, 31, 32], 3)],
+        ),
+        Scenario(
+            "two requests with one prefix in the same step", num_blocks=12, block_size=4, max_num_seqs=8,
+            max_num_batched_tokens=64,
+            arrivals=[Arrival(0, "A", system + [20], 3), Arrival(0, "B", system + [30, 31], 3)],
+        ),
+        Scenario(
+            "FIFO: a request that does not fit blocks the ones behind it", num_blocks=8, block_size=4,
+            max_num_seqs=8, max_num_batched_tokens=64,
+            arrivals=[
+                Arrival(0, "R", _tokens(100, 18), 3),
+                Arrival(1, "big", _tokens(200, 16), 2),
+                Arrival(1, "small", _tokens(300, 3), 2),
+            ],
+        ),
+        Scenario(
+            "max_num_seqs = 2", num_blocks=16, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
+            arrivals=[Arrival(0, name, _tokens(10 * i + 100, 5), 2) for i, name in enumerate("XYZ")],
+        ),
+        Scenario(
+            "a 20-token prompt with a budget of 8 tokens (chunked prefill)", num_blocks=12, block_size=4,
+            max_num_seqs=8, max_num_batched_tokens=8, arrivals=[Arrival(0, "long", _tokens(1, 20), 2)],
+        ),
+        Scenario(
+            "two 6-token prompts with a budget of 8 tokens", num_blocks=12, block_size=4, max_num_seqs=8,
+            max_num_batched_tokens=8, arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
+        ),
+        Scenario(
+            "preemption and re-admission", num_blocks=7, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+            arrivals=[
+                Arrival(0, "A", system + [40], 12),
+                Arrival(1, "B", system + [50, 51, 52, 53], 12),
+            ],
+        ),
+        Scenario(
+            "prefix caching disabled", num_blocks=12, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+            arrivals=[Arrival(0, "A", system + [20], 2), Arrival(1, "B", system + [30], 2)], enable_caching=False,
+        ),
+    ]
+
+
+def random_scenario(rng, index: int) -> Scenario:
+    block_size = rng.choice([2, 4])
+    num_blocks = rng.randint(6, 16)
+    prefixes = [_tokens(1000 * (p + 1), rng.randint(0, 3 * block_size)) for p in range(3)]
+    arrivals = []
+    for r in range(rng.randint(2, 6)):
+        prompt = rng.choice(prefixes) + _tokens(100 * (r + 1) + 10 * index, rng.randint(1, 2 * block_size))
+        capacity = num_blocks * block_size
+        prompt = prompt[: capacity - 2]
+        max_tokens = rng.randint(1, max(1, min(8, capacity - len(prompt))))
+        arrivals.append(Arrival(rng.randint(0, 4), f"r{r}", prompt, max_tokens))
+    arrivals.sort(key=lambda a: a.step)
+    return Scenario(
+        f"random {index}",
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=rng.randint(1, 4),
+        max_num_batched_tokens=rng.choice([3, 5, 8, 16, 64]),
+        arrivals=arrivals,
+        enable_caching=rng.random() < 0.85,
+    )
+
+
+def check_schedule_waiting(schedule_waiting: Callable) -> None:
+    """Your ``schedule_waiting(scheduler, token_budget, output) -> int`` (Scheduler._schedule_waiting)."""
+    check = Checker("schedule_waiting")
+    for scenario in fixed_scenarios():
+        _run_scenario(schedule_waiting, check, scenario)
+    for index in range(40):
+        _run_scenario(schedule_waiting, check, random_scenario(check.rng, index), random_case=True)
+    check.passed()
+
+
+__all__ = ["check_schedule_waiting"]

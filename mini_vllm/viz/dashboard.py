@@ -106,6 +106,7 @@ class EngineDashboard:
     # -- events -------------------------------------------------------------------
     def _on_event(self, event: Any) -> None:
         engine = self.engine
+        self.source.observe(event)
         if isinstance(event, RequestAdded):
             request = engine.requests.get(event.request_id)
             if request is not None and not self._chain_pinned:

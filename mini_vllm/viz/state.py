@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..events import BlockCached
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 
@@ -163,6 +164,27 @@ class StateSource:
     @property
     def block_size(self) -> int:
         return self.manager.block_size
+
+    def observe(self, event: Any) -> None:
+        """Remember what a block holds the moment it is cached (live views call this per event).
+
+        Recording at ``BlockCached`` time, not at render time, keeps the
+        rendering independent of when the throttled widget happened to redraw:
+        a cached block keeps its token text after its request has finished.
+        """
+        if not isinstance(event, BlockCached) or event.block_hash in self._tokens_by_hash:
+            return
+        known = self.known_requests()
+        block_size = self.block_size
+        for request_id, table in self.manager.req_to_blocks.items():
+            request = known.get(request_id)
+            if request is None:
+                continue
+            for index, block in enumerate(table):
+                if block.block_id == event.block_id:
+                    start = index * block_size
+                    self._tokens_by_hash[event.block_hash] = tuple(request.all_token_ids[start : start + block_size])
+                    return
 
     def add_requests(self, requests: Any) -> None:
         """Make more scenario requests known (a dict by id, or an iterable of ``Request``)."""

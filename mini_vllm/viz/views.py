@@ -92,7 +92,7 @@ class View:
                 raise ValueError("live=True needs an LLM or LLMEngine (a bare KVCacheManager sends no events)")
             from .live import LiveBinding
 
-            self._live = LiveBinding(self.source.engine, self.to_html, min_interval)
+            self._live = LiveBinding(self.source.engine, self.to_html, min_interval, on_event=self.source.observe)
 
     # -- renderings -------------------------------------------------------------
     def snapshot(self) -> CacheSnapshot:

@@ -1,0 +1,391 @@
+"""The checks of chapters 07 and 08 accept the reference and reject the typical mistakes.
+
+Each wrong implementation below is a mistake a learner makes; the check must
+raise AssertionError on it and name the mistake (matched on a word of the hint).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernels
+from mini_vllm.course import check_paged_decode, check_schedule_waiting, check_store_kv
+from mini_vllm.request import RequestStatus
+
+needs_triton = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)
+
+
+# -- chapter 07: store_kv ------------------------------------------------------------
+if kernels.TRITON_AVAILABLE:
+    import triton
+    import triton.language as tl
+
+    def _launch(kernel, key, value, k_cache, v_cache, slot_mapping):
+        """The launcher the exercise gives the learner."""
+        num_tokens = key.shape[0]
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        kernel[(num_tokens,)](
+            key, value, k_cache, v_cache, slot_mapping,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            num_kv_heads, head_dim,
+            BLOCK_SIZE=block_size,
+            HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+            HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+        )
+
+    @triton.jit
+    def _good_kernel(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:
+            return
+        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+        row = row + heads * stride_cache_head + dims
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _kernel_without_skip(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # -1 is not skipped
+        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+        row = row + heads * stride_cache_head + dims
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _kernel_with_int32_offsets(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
+        if slot < 0:
+            return
+        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+        row = row + heads * stride_cache_head + dims
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _kernel_writing_k_into_v(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:
+            return
+        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+        row = row + heads * stride_cache_head + dims
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, key, mask=in_tile)  # K where V belongs
+
+    @triton.jit
+    def _kernel_using_slot_as_element_offset(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:
+            return
+        row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _kernel_multiplying_slot_by_block_stride(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:
+            return
+        row = slot * stride_cache_block + heads * stride_cache_head + dims  # the slot treated as a block id
+        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _kernel_assuming_contiguous_key(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
+        in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if slot < 0:
+            return
+        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+        row = row + heads * stride_cache_head + dims
+        source = token * num_kv_heads * head_dim + heads * head_dim + dims  # ignores the strides
+        key = tl.load(key_ptr + source, mask=in_tile)
+        value = tl.load(value_ptr + source, mask=in_tile)
+        tl.store(k_cache_ptr + row, key, mask=in_tile)
+        tl.store(v_cache_ptr + row, value, mask=in_tile)
+
+    @triton.jit
+    def _stub_kernel(
+        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
+        stride_cache_block, stride_cache_offset, stride_cache_head,
+        num_kv_heads, head_dim,
+        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    ):
+        token = tl.program_id(0)
+        raise NotImplementedError("your code here: see the instructions above")
+
+
+def _store_kv_with(kernel):
+    def store_kv(key, value, k_cache, v_cache, slot_mapping):
+        _launch(kernel, key, value, k_cache, v_cache, slot_mapping)
+
+    return store_kv
+
+
+@needs_triton
+def test_check_store_kv_accepts_a_correct_kernel(capsys):
+    check_store_kv(_store_kv_with(_good_kernel))
+    assert "✓ store_kv" in capsys.readouterr().out
+
+
+@needs_triton
+def test_check_store_kv_accepts_the_packaged_kernel(capsys):
+    check_store_kv(kernels.store_kv)
+    assert "✓ store_kv" in capsys.readouterr().out
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "kernel_name, expected_message",
+    [
+        ("_kernel_without_skip", "slot -1"),
+        ("_kernel_with_int32_offsets", "int64"),
+        ("_kernel_writing_k_into_v", "v_cache"),
+        ("_kernel_using_slot_as_element_offset", "element offset"),
+        ("_kernel_multiplying_slot_by_block_stride", "block stride"),
+        ("_kernel_assuming_contiguous_key", "stride_key_token"),
+    ],
+)
+def test_check_store_kv_rejects_typical_mistakes(kernel_name, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_store_kv(_store_kv_with(globals()[kernel_name]))
+
+
+@needs_triton
+def test_check_store_kv_reports_the_stub_as_not_implemented():
+    with pytest.raises(NotImplementedError):
+        check_store_kv(_store_kv_with(_stub_kernel))
+
+
+# -- chapter 07: paged decode ----------------------------------------------------------
+def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, mistake=None):
+    """The exercise's solution, with one optional mistake switched on."""
+    num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if scale is None or mistake == "ignores scale":
+        scale = head_dim**-0.5
+    if mistake == "no scale":
+        scale = 1.0
+    if mistake == "gqa modulo":
+        kv_head_of = torch.arange(num_q_heads) % num_kv_heads
+    else:
+        kv_head_of = torch.arange(num_q_heads) // group
+    running_max = torch.full((num_q_heads,), float("-inf"))
+    running_sum = torch.zeros(num_q_heads)
+    acc = torch.zeros(num_q_heads, head_dim)
+    num_blocks = math.ceil(seq_len / block_size)
+    for i in range(num_blocks):
+        block = i if mistake == "logical ids" else int(block_table[i])
+        valid = min(block_size, seq_len - i * block_size)
+        if mistake in ("no mask", "masks scores only"):
+            valid_rows = block_size
+        else:
+            valid_rows = valid
+        k = k_cache[block, :valid_rows, kv_head_of].float()  # [n, Hq, D]
+        v = v_cache[block, :valid_rows, kv_head_of].float()
+        scores = torch.einsum("hd,nhd->hn", query.float(), k) * scale
+        if mistake == "masks scores only":
+            scores[:, valid:] = float("-inf")
+        new_max = torch.maximum(running_max, scores.max(dim=1).values)
+        weights = torch.exp(scores - new_max[:, None])
+        rescale = torch.exp(running_max - new_max)
+        running_sum = running_sum * rescale + weights.sum(dim=1)
+        acc = acc * rescale[:, None] + torch.einsum("hn,nhd->hd", weights, v)
+        running_max = new_max
+    return (acc / running_sum[:, None]).to(query.dtype)
+
+
+def test_check_paged_decode_accepts_the_solution(capsys):
+    check_paged_decode(_paged_decode)
+    assert "✓ paged_decode" in capsys.readouterr().out
+
+
+def test_check_paged_decode_accepts_a_gather_then_softmax_version(capsys):
+    from kernels import reference
+
+    def gather_then_softmax(query, k_cache, v_cache, block_table, seq_len, scale=None):
+        out = reference.paged_attention(
+            query[None], k_cache, v_cache, block_table[None].to(torch.int32),
+            torch.tensor([seq_len], dtype=torch.int32), scale,
+        )
+        return out[0]
+
+    check_paged_decode(gather_then_softmax)
+    assert "✓ paged_decode" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        ("no mask", "mask|past seq_len"),
+        ("masks scores only", "0 \\* NaN"),
+        ("logical ids", "physical block"),
+        ("no scale", "sqrt"),
+        ("ignores scale", "`scale` argument"),
+        ("gqa modulo", "h // 2"),
+    ],
+)
+def test_check_paged_decode_rejects_typical_mistakes(mistake, expected_message):
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    with pytest.raises(AssertionError, match=expected_message):
+        check_paged_decode(wrong)
+
+
+# -- chapter 08: schedule_waiting ------------------------------------------------------
+def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
+    """The exercise's solution, with one optional mistake switched on."""
+    manager = scheduler.kv_cache_manager
+    skipped = []
+    while scheduler.waiting and token_budget > 0:
+        if len(scheduler.running) >= scheduler.max_num_seqs and mistake != "ignores max_num_seqs":
+            break
+        request = scheduler.waiting[0]
+        computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
+        if mistake == "ignores hits":
+            computed_blocks, num_computed_tokens = [], 0
+        num_new_tokens = request.num_tokens - num_computed_tokens
+        if mistake != "no chunking":
+            num_new_tokens = min(num_new_tokens, token_budget)
+        if mistake == "hits not passed to allocate_slots":
+            new_blocks = manager.allocate_slots(request, num_new_tokens)
+        else:
+            new_blocks = manager.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
+        if new_blocks is None:
+            if mistake == "skips what does not fit":
+                skipped.append(scheduler.waiting.popleft())
+                continue
+            break
+        scheduler.waiting.popleft()
+        scheduler.running.append(request)
+        request.status = RequestStatus.RUNNING
+        if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
+            request.num_cached_tokens = num_computed_tokens
+        scheduler._schedule(request, num_computed_tokens, num_new_tokens, output)
+        token_budget -= num_new_tokens
+    scheduler.waiting.extendleft(reversed(skipped))
+    return token_budget
+
+
+def test_check_schedule_waiting_accepts_the_solution(capsys):
+    check_schedule_waiting(_schedule_waiting)
+    assert "✓ schedule_waiting" in capsys.readouterr().out
+
+
+def test_check_schedule_waiting_accepts_the_scheduler_method(capsys):
+    check_schedule_waiting(lambda scheduler, budget, output: type(scheduler)._schedule_waiting(scheduler, budget, output))
+    assert "✓ schedule_waiting" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        ("ignores hits", "cached tokens"),
+        ("hits not passed to allocate_slots", "pass the hit blocks"),
+        ("skips what does not fit", "FIFO"),
+        ("ignores max_num_seqs", "max_num_seqs"),
+        ("no chunking", "budget"),
+        ("overwrites num_cached_tokens", "FIRST admission"),
+    ],
+)
+def test_check_schedule_waiting_rejects_typical_mistakes(mistake, expected_message):
+    def wrong(scheduler, token_budget, output):
+        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
+
+    with pytest.raises(AssertionError, match=expected_message):
+        check_schedule_waiting(wrong)
+
+
+def test_check_schedule_waiting_rejects_a_wrong_return_value():
+    def returns_the_budget_it_got(scheduler, token_budget, output):
+        _schedule_waiting(scheduler, token_budget, output)
+        return token_budget
+
+    with pytest.raises(AssertionError, match="budget left"):
+        check_schedule_waiting(returns_the_budget_it_got)
