@@ -130,9 +130,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--temperature", type=float, default=0.0)
         p.add_argument("--max-tokens", type=int, default=60 if p is not demo else 40)
         p.add_argument("--seed", type=int, default=None)
-    bench = sub.add_parser("bench", help="the benchmarks (see benchmarks/)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("bench", help="the benchmarks: python -m mini_vllm bench --help")
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # the benchmark has its own options
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "generate":
         cmd_generate(args)
@@ -140,10 +144,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         cmd_chat(args)
     elif args.command == "demo":
         run_demo(args)
-    elif args.command == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(args.rest)
     return 0
 
 

@@ -20,7 +20,11 @@ def test_triton_backend_gives_the_same_greedy_outputs_as_torch():
     triton_llm = LLM(device=device, dtype="float32", num_blocks=64, attention_backend="triton")
     assert triton_llm.llm_engine.model_runner.attn_backend.name == "triton"
     tokenizer = torch_llm.get_tokenizer()
-    shared = tokenizer.encode("Once upon a time there was a little fox who lived near the river.")
+    shared = tokenizer.encode(
+        "Once upon a time there was a little fox who lived near the river. Every morning the fox "
+        "ran along the water, said hello to the ducks and looked for shiny stones in the sand."
+    )
+    assert len(shared) > 2 * 16  # at least two full blocks to share
     prompts = [
         {"prompt_token_ids": shared + tokenizer.encode(" One day the fox")},
         {"prompt_token_ids": shared + tokenizer.encode(" The fox had a friend")},
