@@ -9,6 +9,11 @@ ratio; absolute times are printed with the device they were measured on.
                    that injects a timestamp at the top
 4. vs_transformers the same model, prompts and device through transformers' generate
 5. block_manager   the KV-cache manager's own cost per request and per decode step
+
+From Python (chapter 10 runs a tiny version live)::
+
+    from mini_vllm.bench import BenchSettings, run_benchmarks, format_table
+    results = run_benchmarks(BenchSettings.tiny(), ["shared_prefix", "block_manager"])
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import platform
 import random
 import statistics
 import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -29,6 +36,69 @@ from .model import default_model_path
 from .sampling_params import SamplingParams
 
 RESULTS_DIR = Path("benchmarks/results")
+BENCHMARKS = ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager")
+
+
+@dataclass
+class BenchSettings:
+    """The size of every benchmark. ``full()`` is ``make bench``; ``quick()`` is ``--quick``;
+    ``tiny()`` is what chapter 10 runs live (well under a minute on a laptop CPU)."""
+
+    device: str = "auto"
+    num_requests: int = 24
+    max_tokens: int = 16
+    num_turns: int = 8
+    hf_batch_size: int = 8
+    block_manager_requests: int = 400
+    no_sharing_prompt_len: tuple[int, int] = (200, 400)
+    no_sharing_rounds: int = 2  # on/off pairs, interleaved; the best of each is kept
+    num_blocks: Optional[int] = None  # None: sized from the memory budget
+
+    @classmethod
+    def full(cls, device: str = "auto") -> "BenchSettings":
+        return cls(device=device)
+
+    @classmethod
+    def quick(cls, device: str = "auto") -> "BenchSettings":
+        return cls(device=device, num_requests=8, max_tokens=8, num_turns=4, block_manager_requests=100)
+
+    @classmethod
+    def tiny(cls, device: str = "auto") -> "BenchSettings":
+        return cls(
+            device=device,
+            num_requests=4,
+            max_tokens=4,
+            num_turns=3,
+            hf_batch_size=4,
+            block_manager_requests=40,
+            no_sharing_prompt_len=(100, 150),
+            num_blocks=256,
+        )
+
+
+Progress = Callable[[Iterable, str], Iterable]
+
+
+def no_progress(iterable: Iterable, desc: str) -> Iterable:
+    return iterable
+
+
+def _llm(args, **kwargs) -> LLM:
+    return LLM(device=args.device, num_blocks=getattr(args, "num_blocks", None), **kwargs)
+
+
+def _warm_up(llm: LLM, num_tokens: int = 256) -> None:
+    """One throw-away request of realistic length before measuring.
+
+    The first forward passes of a fresh engine pay one-time costs (allocations,
+    lazy initialization) that must not be charged to the first measured
+    request. The warm-up's tokens are random and never start with a chat
+    header, so it shares no block with the prompts measured after it.
+    """
+    rng = random.Random(12345)
+    vocab = llm.llm_engine.model_config.vocab_size
+    tokens = [rng.randrange(3, vocab) for _ in range(num_tokens)]
+    llm.generate([{"prompt_token_ids": tokens}], SamplingParams(max_tokens=2))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -54,16 +124,16 @@ def _device_name(llm: LLM) -> str:
 
 
 # -- 1. shared prefix ------------------------------------------------------------
-def bench_shared_prefix(args, progress) -> dict:
+def bench_shared_prefix(args, progress: Progress = no_progress) -> dict:
     data = _prompt_data()
     system = data["system_prompts"][0]
     users = [data["user_requests"][i % len(data["user_requests"])] for i in range(args.num_requests)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     result: dict = {}
     for caching in (True, False):
-        llm = LLM(device=args.device, enable_prefix_caching=caching)
+        llm = _llm(args, enable_prefix_caching=caching)
         prompts = [{"prompt_token_ids": _chat_ids(llm, system, u)} for u in users]
-        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))  # warm-up
+        _warm_up(llm)
         # Requests arrive one after another, so TTFT is each prompt's own prefill.
         start = time.perf_counter()
         outputs = [llm.generate([p], params)[0] for p in progress(prompts, f"shared prefix, caching {'on' if caching else 'off'}")]
@@ -76,7 +146,8 @@ def bench_shared_prefix(args, progress) -> dict:
             "ttfts": ttfts,
             "total_s": total,
             "prefill_tokens": sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs),
-            "hit_rate": llm.llm_engine.get_stats().hit_rate,
+            # From the outputs, not the engine's counters: those include the warm-up request.
+            "hit_rate": sum(o.num_cached_tokens for o in outputs) / sum(len(o.prompt_token_ids) for o in outputs),
             "outputs": [o.outputs[0].token_ids for o in outputs],
         }
     on, off = result["on"], result["off"]
@@ -100,15 +171,15 @@ def bench_shared_prefix(args, progress) -> dict:
 
 
 # -- 2. no sharing ------------------------------------------------------------------
-def bench_no_sharing(args, progress) -> dict:
+def bench_no_sharing(args, progress: Progress = no_progress) -> dict:
     rng = random.Random(0)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     times = {}
-    for caching in progress([True, False, True, False], "no sharing"):  # interleaved: drift hits both
-        llm = LLM(device=args.device, enable_prefix_caching=caching)
+    for caching in progress([True, False] * args.no_sharing_rounds, "no sharing"):  # interleaved: drift hits both
+        llm = _llm(args, enable_prefix_caching=caching)
         vocab = llm.llm_engine.model_config.vocab_size
-        prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(rng.randint(200, 400))]} for _ in range(args.num_requests)]
-        llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
+        prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(rng.randint(*args.no_sharing_prompt_len))]} for _ in range(args.num_requests)]
+        _warm_up(llm)
         start = time.perf_counter()
         llm.generate(prompts, params)
         times.setdefault(caching, []).append(time.perf_counter() - start)
@@ -116,14 +187,14 @@ def bench_no_sharing(args, progress) -> dict:
 
 
 # -- 3. multi-turn -------------------------------------------------------------------
-def bench_multi_turn(args, progress) -> dict:
+def bench_multi_turn(args, progress: Progress = no_progress) -> dict:
     data = _prompt_data()
     system = data["system_prompts"][1]
     users = data["user_requests"][: args.num_turns]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     per_turn = {}
     for variant in ("stable", "timestamped"):
-        llm = LLM(device=args.device)
+        llm = _llm(args)
         history: list[dict] = []
         rates = []
         for turn, user in enumerate(progress(users, f"multi-turn, {variant}")):
@@ -141,13 +212,13 @@ def bench_multi_turn(args, progress) -> dict:
 
 
 # -- 4. vs transformers ------------------------------------------------------------------
-def bench_vs_transformers(args, progress) -> dict:
+def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
     from transformers import AutoModelForCausalLM
 
     data = _prompt_data()
     system = data["system_prompts"][0]
     users = [data["user_requests"][i % len(data["user_requests"])] for i in range(args.num_requests)]
-    llm = LLM(device=args.device)
+    llm = _llm(args)
     device = llm.llm_engine.device
     prompts = [_chat_ids(llm, system, u) for u in users]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -172,7 +243,7 @@ def bench_vs_transformers(args, progress) -> dict:
         return time.perf_counter() - start, outputs
 
     run_hf(len(prompts[:2]))  # warm-up
-    llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2))
+    _warm_up(llm)
     results = {}
     for _ in progress(range(1), "vs transformers"):
         hf_time, hf_outputs = run_hf(args.hf_batch_size)
@@ -193,7 +264,7 @@ def bench_vs_transformers(args, progress) -> dict:
 
 
 # -- 5. block manager ---------------------------------------------------------------------
-def bench_block_manager(args, progress) -> dict:
+def bench_block_manager(args, progress: Progress = no_progress) -> dict:
     """The issue's workload: 4096 blocks of 16, requests of 64 blocks, 48 of them a shared prefix."""
     from .kv_cache_manager import KVCacheManager
     from .request import Request
@@ -247,6 +318,32 @@ def bench_block_manager(args, progress) -> dict:
 
 
 # -- report ----------------------------------------------------------------------------------
+def plot_ttft(shared: dict, ax) -> None:
+    """Box plot of each request's TTFT, caching on vs off (``shared`` = results["shared_prefix"])."""
+    ax.boxplot([[1000 * t for t in shared["_ttfts_on"]], [1000 * t for t in shared["_ttfts_off"]]])
+    ax.set_xticks([1, 2], ["caching on", "caching off"])
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_title("Shared system prompt: TTFT per request")
+
+
+def plot_hit_rate_per_turn(multi_turn: dict, ax) -> None:
+    """Hit rate per turn of a conversation, stable vs timestamped template."""
+    for variant, rates in multi_turn["_per_turn"].items():
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=variant)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("prompt tokens from cache")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.set_title("Multi-turn chat: hit rate per turn")
+
+
+def plot_vs_transformers(vs: dict, ax) -> None:
+    """Seconds for the same requests: transformers' generate vs mini-vLLM."""
+    ax.bar(["transformers generate", "mini-vLLM"], [vs["time_transformers_s"], vs["time_ours_s"]])
+    ax.set_ylabel("seconds for the same requests")
+    ax.set_title(f"vs transformers: {vs['throughput_ratio']:.1f}x throughput")
+
+
 def _plots(results: dict, out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -254,40 +351,17 @@ def _plots(results: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    shared = results["shared_prefix"]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.boxplot([[1000 * t for t in shared["_ttfts_on"]], [1000 * t for t in shared["_ttfts_off"]]])
-    ax.set_xticks([1, 2], ["caching on", "caching off"])
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("Shared system prompt: TTFT per request")
-    paths.append(out_dir / "ttft_on_off.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-
-    turns = results["multi_turn"]["_per_turn"]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    for variant, rates in turns.items():
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=variant)
-    ax.set_xlabel("turn")
-    ax.set_ylabel("prompt tokens from cache")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    ax.set_title("Multi-turn chat: hit rate per turn")
-    paths.append(out_dir / "hit_rate_per_turn.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-
-    vs = results["vs_transformers"]
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(["transformers generate", "mini-vLLM"], [vs["time_transformers_s"], vs["time_ours_s"]])
-    ax.set_ylabel("seconds for the same requests")
-    ax.set_title(f"vs transformers: {vs['throughput_ratio']:.1f}x throughput")
-    paths.append(out_dir / "vs_transformers.png")
-    fig.tight_layout()
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+    for name, plot, key in (
+        ("ttft_on_off.png", plot_ttft, "shared_prefix"),
+        ("hit_rate_per_turn.png", plot_hit_rate_per_turn, "multi_turn"),
+        ("vs_transformers.png", plot_vs_transformers, "vs_transformers"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 3))
+        plot(results[key], ax)
+        paths.append(out_dir / name)
+        fig.tight_layout()
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
     return paths
 
 
@@ -310,6 +384,32 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def run_benchmarks(
+    settings: BenchSettings, which: Sequence[str] = BENCHMARKS, progress: Progress = no_progress
+) -> dict:
+    """Run the benchmarks named in ``which`` (all by default); returns their results by name.
+
+    Keys starting with ``_`` hold raw per-request data (for the plots); they
+    are left out of the JSON file.
+    """
+    functions = {
+        "shared_prefix": bench_shared_prefix,
+        "no_sharing": bench_no_sharing,
+        "multi_turn": bench_multi_turn,
+        "vs_transformers": bench_vs_transformers,
+        "block_manager": bench_block_manager,
+    }
+    unknown = set(which) - set(functions)
+    if unknown:
+        raise ValueError(f"unknown benchmarks {sorted(unknown)}; choose from {list(functions)}")
+    return {name: functions[name](settings, progress) for name in which}
+
+
+def public(results: dict) -> dict:
+    """``results`` without the raw ``_`` keys: what goes into the JSON file."""
+    return {k: ({kk: vv for kk, vv in v.items() if not kk.startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small workloads (about 2 minutes on 2 CPU cores)")
@@ -317,26 +417,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    args.num_requests = 8 if args.quick else 24
-    args.max_tokens = 8 if args.quick else 16
-    args.num_turns = 4 if args.quick else 8
-    args.hf_batch_size = 8
-    args.block_manager_requests = 100 if args.quick else 400
+    settings = BenchSettings.quick(args.device) if args.quick else BenchSettings.full(args.device)
 
     from tqdm.auto import tqdm
 
-    def progress(iterable, desc):
+    def progress(iterable: Iterable, desc: str) -> Iterable:
         return tqdm(iterable, desc=desc, leave=False)
 
-    results: dict = {"versions": {"torch": torch.__version__, "python": platform.python_version()}}
+    results: dict[str, Any] = {"versions": {"torch": torch.__version__, "python": platform.python_version()}}
     import transformers
 
     results["versions"]["transformers"] = transformers.__version__
-    results["shared_prefix"] = bench_shared_prefix(args, progress)
-    results["no_sharing"] = bench_no_sharing(args, progress)
-    results["multi_turn"] = bench_multi_turn(args, progress)
-    results["vs_transformers"] = bench_vs_transformers(args, progress)
-    results["block_manager"] = bench_block_manager(args, progress)
+    results.update(run_benchmarks(settings, BENCHMARKS, progress))
     results["device"] = _device_name(LLM(device=args.device, num_blocks=8))
     results["quick"] = args.quick
     results["date"] = time.strftime("%Y-%m-%d")
@@ -344,8 +436,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     if not args.no_plots:
         results["plots"] = [str(p) for p in _plots(results, args.json.parent)]
-    public = {k: ({kk: vv for kk, vv in v.items() if not kk.startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
-    args.json.write_text(json.dumps(public, indent=2))
+    args.json.write_text(json.dumps(public(results), indent=2))
     print(format_table(results))
     print(f"\nwrote {args.json}")
     return 0

@@ -1,3 +1,306 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 09: a prompt fix that raises the prefix-cache hit rate.
 
-__all__: list[str] = []
+The learner writes ``build_messages(system_prompt, tools, user_request, now)``,
+which turns one request of a story app into chat messages. The check renders
+the messages of several requests with the bundled model's chat template,
+replays their token ids against an unbounded prefix cache
+(``mini_vllm.profiler.simulate_prefix_cache``, the engine's own hashes) and
+asks two things:
+
+* nothing was lost: the system prompt, every tool, the user's request and the
+  current time are all still in the prompt;
+* the hit rate is close to the reference fix's. When it is not, the message
+  says where two consecutive prompts first part and what sits there (the
+  timestamp, the tools, the user's request).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Optional
+
+from ..profiler import explain_miss, simulate_prefix_cache
+from ._harness import Checker, call_learner
+
+BLOCK_SIZE = 16
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+# The story app's tools. The app's tool registry hands them over in no fixed
+# order, and each dict with its keys in no fixed order: a set and a merge of
+# configs upstream decide that. The check shuffles both for every request.
+STORY_TOOLS: list[dict] = [
+    {
+        "name": "draw_picture",
+        "description": "Draw a picture of one scene of the story.",
+        "parameters": {"scene": "what the picture shows", "style": "crayon, pencil or paint"},
+    },
+    {
+        "name": "find_rhyme",
+        "description": "Find a word that rhymes with the given word.",
+        "parameters": {"word": "the word to rhyme with"},
+    },
+    {
+        "name": "play_sound",
+        "description": "Play the sound an animal makes while the story is read aloud.",
+        "parameters": {"animal": "the animal that makes the sound"},
+    },
+    {
+        "name": "save_story",
+        "description": "Save the finished story in the family story book.",
+        "parameters": {"title": "a short title", "text": "the whole story"},
+    },
+]
+
+
+def starter_build_messages(system_prompt: str, tools: list[dict], user_request: str, now: datetime) -> list[dict]:
+    """The app as it was written: the time first, the tools as they come, in one system turn."""
+    lines = [f"Current time: {now.strftime(TIME_FORMAT)}", system_prompt, "Tools you can call:"]
+    lines += [json.dumps(tool) for tool in tools]
+    return [
+        {"role": "system", "content": "\n".join(lines)},
+        {"role": "user", "content": user_request},
+    ]
+
+
+def reference_build_messages(system_prompt: str, tools: list[dict], user_request: str, now: datetime) -> list[dict]:
+    """The fix: stable part first (system prompt, tools sorted and serialized with sorted keys), volatile part last."""
+    tool_lines = [json.dumps(tool, sort_keys=True) for tool in sorted(tools, key=lambda tool: tool["name"])]
+    system = "\n".join([system_prompt, "Tools you can call:", *tool_lines])
+    user = f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+# -- the scenario ----------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _default_tokenizer():
+    from transformers import AutoTokenizer
+
+    from ..model import default_model_path
+
+    return AutoTokenizer.from_pretrained(default_model_path())
+
+
+@lru_cache(maxsize=1)
+def _prompt_data() -> dict:
+    from ..model import default_model_path
+
+    return json.loads((Path(default_model_path()) / "prompts.json").read_text())
+
+
+def _shuffled_tool(tool: dict, rng: random.Random) -> dict:
+    """The same tool with its keys (and its parameters' keys) in a random order."""
+    items = list(tool.items())
+    rng.shuffle(items)
+    out = {}
+    for key, value in items:
+        if isinstance(value, dict):
+            value = _shuffled_tool(value, rng)
+        out[key] = value
+    return out
+
+
+def make_requests(num_requests: int = 8, seed: int = 0, system_index: int = 0) -> list[dict]:
+    """Requests as the app sees them: one system prompt, tools in a random order, a new time each."""
+    rng = random.Random(seed)
+    data = _prompt_data()
+    system_prompt = data["system_prompts"][system_index]
+    users = data["user_requests"]
+    start = datetime(2026, 11, 30, 9, 0, 0) + timedelta(minutes=rng.randrange(600))
+    requests = []
+    for i in range(num_requests):
+        tools = [_shuffled_tool(tool, rng) for tool in STORY_TOOLS]
+        rng.shuffle(tools)
+        requests.append(
+            {
+                "system_prompt": system_prompt,
+                "tools": tools,
+                "user_request": users[(seed * 5 + i) % len(users)],
+                "now": start + timedelta(seconds=37 * i + rng.randrange(30)),
+            }
+        )
+    return requests
+
+
+def render(messages: list[dict], tokenizer: Any) -> str:
+    """The prompt text the engine sees (chat template + the assistant's header)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def measure(build_messages: Callable, requests: list[dict], tokenizer: Any = None):
+    """Render each request and replay them against an unbounded prefix cache.
+
+    Returns ``(messages, texts, simulation)``.
+    """
+    all_messages = _build_all(build_messages, requests)
+    return (all_messages, *_replay(all_messages, tokenizer))
+
+
+def _build_all(build_messages: Callable, requests: list[dict]) -> list:
+    # A copy per call: a function that sorts the tools in place must not fix the next request's order.
+    return [call_learner(build_messages, **copy.deepcopy(request)) for request in requests]
+
+
+def _replay(all_messages: list, tokenizer: Any = None):
+    tokenizer = tokenizer or _default_tokenizer()
+    texts = [render(messages, tokenizer) for messages in all_messages]
+    token_ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    return texts, simulate_prefix_cache(token_ids, block_size=BLOCK_SIZE)
+
+
+# -- diagnostics -----------------------------------------------------------------------
+def _tool_strings(tool: dict) -> list[str]:
+    strings = [tool["name"], tool["description"]]
+    for name, description in tool["parameters"].items():
+        strings += [name, description]
+    return strings
+
+
+def _first_difference(a: str, b: str) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _span(text: str, needle: str) -> Optional[tuple[int, int]]:
+    start = text.find(needle)
+    return None if start < 0 else (start, start + len(needle))
+
+
+def _what_differs(text: str, position: int, request: dict) -> str:
+    """Name the part of the prompt at ``position``: the timestamp, the user's request, the tools, or other."""
+    timestamp = request["now"].strftime(TIME_FORMAT)
+    for label, needle in (("timestamp", timestamp), ("user", request["user_request"])):
+        span = _span(text, needle)
+        if span and span[0] - 16 <= position < span[1]:  # a little slack: "Current time: " before it
+            return label
+    tool_spans = [s for tool in request["tools"] for s in [_span(text, x) for x in _tool_strings(tool)] if s]
+    if tool_spans and min(s[0] for s in tool_spans) - 40 <= position <= max(s[1] for s in tool_spans) + 4:
+        return "tools"
+    return "other"
+
+
+HINTS = {
+    "timestamp": (
+        "the timestamp still comes before the stable part of the prompt. It changes with every "
+        "request, so the block that holds it and every block after it miss. Move it after the "
+        "system prompt and the tools (for example into the user's turn)."
+    ),
+    "user": (
+        "the user's request comes before the stable part of the prompt. Every request differs "
+        "there, so nothing after it can be reused. Put the system prompt and the tools first."
+    ),
+    "tools": (
+        "the tools are serialized differently from one request to the next (their order or the "
+        "order of their keys). Sort the tools by name and serialize each with "
+        "json.dumps(tool, sort_keys=True), so equal tools always give equal text."
+    ),
+    "other": "something early in the prompt changes from one request to the next.",
+}
+
+
+def _diagnose(texts: list[str], sim, requests: list[dict], tokenizer: Any) -> str:
+    """Find the first request that reuses less than it could and say why."""
+    for i in range(1, len(texts)):
+        position = _first_difference(texts[i - 1], texts[i])
+        if position is None:
+            continue
+        report = explain_miss(sim.token_ids[i - 1], sim.token_ids[i], block_size=BLOCK_SIZE, tokenizer=tokenizer)
+        where = _what_differs(texts[i], position, requests[i])
+        context = texts[i][max(0, position - 30) : position + 30]
+        return (
+            f"requests {i - 1} and {i} first differ at character {position} "
+            f"(token {report.first_diff_token}, block {report.first_broken_block}), here: …{context!r}…; "
+            f"request {i} reuses only {report.num_reusable_tokens} of its {report.num_tokens_new} tokens. "
+            f"Likely cause: {HINTS[where]}"
+        )
+    return HINTS["other"]
+
+
+# -- the check -------------------------------------------------------------------------
+def _is_message_list(messages: Any) -> bool:
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    )
+
+
+def _check_scenario(
+    check: Checker, build_messages: Callable, requests: list[dict], tokenizer: Any, label: str, random_case: bool
+) -> float:
+    """Information first (per request), then the hit rate against the reference fix's; returns the hit rate."""
+    messages_list = _build_all(build_messages, requests)
+    for i, (messages, request) in enumerate(zip(messages_list, requests)):
+        check.expect(
+            _is_message_list(messages),
+            f"{label}, request {i}: build_messages must return a list of {{'role': ..., 'content': ...}} dicts, "
+            f"got {messages!r:.200}",
+            random_case=random_case,
+        )
+        content = "\n".join(m["content"] for m in messages)
+        timestamp = request["now"].strftime(TIME_FORMAT)
+        check.expect(
+            timestamp in content,
+            f"{label}, request {i}: the current time {timestamp!r} is missing from the prompt",
+            "the model still needs the current time: keep it, written with now.strftime('%Y-%m-%d %H:%M:%S'); "
+            "move it, do not drop it (nor round it)",
+            random_case=random_case,
+        )
+        check.expect(
+            request["user_request"] in content,
+            f"{label}, request {i}: the user's request {request['user_request']!r} is missing from the prompt",
+            random_case=random_case,
+        )
+        check.expect(
+            request["system_prompt"] in content,
+            f"{label}, request {i}: the system prompt is missing (or was changed)",
+            "keep the system prompt word for word",
+            random_case=random_case,
+        )
+        for tool in request["tools"]:
+            missing = [s for s in _tool_strings(tool) if s not in content]
+            check.expect(
+                not missing,
+                f"{label}, request {i}: tool {tool['name']!r} lost some of its definition: {missing}",
+                "every tool must stay in the prompt with its name, description and parameters",
+                random_case=random_case,
+            )
+    texts, sim = _replay(messages_list, tokenizer)
+    _, _, reference = measure(reference_build_messages, requests, tokenizer)
+    needed = reference.hit_rate - 0.05
+    check.expect(
+        sim.hit_rate >= needed,
+        f"{label}: hit rate {sim.hit_rate:.1%} across {len(requests)} requests; the reference fix reaches "
+        f"{reference.hit_rate:.1%} (needed: at least {needed:.1%}).\n    "
+        + _diagnose(texts, sim, requests, tokenizer),
+        random_case=random_case,
+    )
+    return sim.hit_rate
+
+
+def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
+    """The learner's ``build_messages(system_prompt, tools, user_request, now) -> list[dict]``."""
+    check = Checker("build_messages")
+    tokenizer = tokenizer or _default_tokenizer()
+    rate = _check_scenario(check, build_messages, make_requests(8, seed=0), tokenizer, "8 requests", False)
+    # Requests one second apart, and the same request twice: the prompt must still carry each time.
+    close = make_requests(3, seed=1)
+    close[1]["now"] = close[0]["now"] + timedelta(seconds=1)
+    close[2]["user_request"] = close[1]["user_request"]
+    _check_scenario(check, build_messages, close, tokenizer, "requests one second apart", False)
+    num_systems = len(_prompt_data()["system_prompts"])
+    for seed in range(2, 6):
+        requests = make_requests(check.rng.randint(3, 8), seed=seed, system_index=check.rng.randrange(num_systems))
+        _check_scenario(check, build_messages, requests, tokenizer, f"random scenario {seed}", True)
+    check.passed()
+    print(f"  hit rate on the 8 requests: {rate:.1%}")
+
+
+__all__ = ["check_prompt_fix"]

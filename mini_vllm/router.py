@@ -1,0 +1,300 @@
+"""Routing requests across engine replicas: round-robin vs prefix-aware (chapter 09).
+
+Each replica (a separate engine process, usually on its own GPU) has its own
+prefix cache: a prompt cached on replica 0 does nothing for a request sent to
+replica 1. How requests are spread over replicas therefore decides the hit
+rate as much as how the prompts are written.
+
+* ``RoundRobinRouter`` ignores the prompt: every system prompt ends up cached
+  on every replica, which costs each replica memory and, under pressure,
+  evictions.
+* ``PrefixHashRouter`` sends requests whose first block(s) are equal to the
+  same replica (a consistent hash of the prefix, like a "prompt cache key").
+* ``CacheAwareRouter`` keeps an index of which block hashes each replica
+  holds, fed by the replicas' KV-cache events (block stored / block removed,
+  like vLLM's ``BlockStored`` / ``BlockRemoved``), and picks the replica with
+  the longest cached prefix; ties go to the least-loaded replica.
+
+Replicas are either ``CacheReplica`` (the KV-cache bookkeeping of an engine
+and nothing else: fast, deterministic) or ``LLMReplica`` (a real ``LLM``).
+With ``max_tokens=1`` and requests served one after another, both report the
+same cached-token counts.
+
+vLLM itself routes nothing: this is the job of a router in front of it
+(vLLM's production stack, llm-d, NVIDIA Dynamo), which subscribes to the
+engines' KV events (``--kv-events-config``, ``vllm/distributed/kv_events.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import pickle
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol, Union
+
+from .block_pool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from .events import BlockCached, BlockEvicted
+from .hashing import BlockHash, hash_request_tokens
+from .kv_cache_manager import KVCacheManager
+from .request import Request
+
+WorkItem = Union[Sequence[int], tuple[Sequence[int], Optional[str]]]
+
+
+# -- replicas ------------------------------------------------------------------------
+class Replica(Protocol):
+    name: str
+
+    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        """Run one request to completion; return its number of cached prompt tokens."""
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV-cache events since the last call (blocks stored and removed)."""
+
+
+class CacheReplica:
+    """A replica reduced to its KV-cache bookkeeping: one ``KVCacheManager``, no model.
+
+    ``serve`` does what the scheduler does for a request that runs alone:
+    look up the cached prefix, allocate blocks for the rest, mark the prompt
+    computed, free the request. The model's work is skipped, the cache's
+    state afterwards is the engine's.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, name: str = "replica") -> None:
+        self.name = name
+        self.block_size = block_size
+        self.manager = KVCacheManager(num_blocks, block_size, enable_kv_cache_events=True)
+        self.num_requests = 0
+
+    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        request = Request(f"{self.name}-{self.num_requests}", list(token_ids), self.block_size, cache_salt)
+        self.num_requests += 1
+        hit_blocks, num_hit_tokens = self.manager.get_computed_blocks(request)
+        new_blocks = self.manager.allocate_slots(
+            request, request.num_tokens - num_hit_tokens, num_hit_tokens, hit_blocks
+        )
+        if new_blocks is None:
+            raise ValueError(
+                f"{self.name}: a prompt of {request.num_tokens} tokens does not fit in "
+                f"{self.manager.num_blocks} blocks of {self.block_size}"
+            )
+        request.num_computed_tokens = request.num_tokens
+        self.manager.free(request)
+        return num_hit_tokens
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self.manager.take_events()
+
+    @property
+    def hit_rate(self) -> float:
+        return self.manager.prefix_cache_stats.hit_rate
+
+
+class LLMReplica:
+    """A real engine as a replica: each request generates one token, greedily."""
+
+    def __init__(self, llm: Any, name: str = "replica") -> None:
+        from .sampling_params import SamplingParams
+
+        self.name = name
+        self.llm = llm
+        self.params = SamplingParams(temperature=0.0, max_tokens=1)
+        self.num_requests = 0
+        self._events: list[KVCacheEvent] = []
+        llm.llm_engine.add_listener(self._listen)
+
+    def _listen(self, event: Any) -> None:
+        # The engine reports the block pool's events as BlockCached / BlockEvicted.
+        if isinstance(event, BlockCached):
+            self._events.append(BlockStored(event.block_id, event.block_hash))
+        elif isinstance(event, BlockEvicted):
+            self._events.append(BlockRemoved(event.block_id, event.block_hash))
+
+    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        prompt: dict = {"prompt_token_ids": list(token_ids)}
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        self.num_requests += 1
+        return self.llm.generate([prompt], self.params)[0].num_cached_tokens
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    @property
+    def hit_rate(self) -> float:
+        return self.llm.llm_engine.get_stats().hit_rate
+
+
+# -- routers -------------------------------------------------------------------------
+class Router(Protocol):
+    name: str
+
+    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        """The index of the replica that serves this request."""
+
+    def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        """KV-cache events a replica emitted (routers that do not care ignore them)."""
+
+
+class RoundRobinRouter:
+    """Replica 0, 1, 2, ..., 0, 1, ...: balanced load, blind to the prompt."""
+
+    name = "round-robin"
+
+    def __init__(self, num_replicas: int) -> None:
+        self._next = itertools.cycle(range(num_replicas))
+
+    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        return next(self._next)
+
+    def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        pass
+
+
+class PrefixHashRouter:
+    """Replica = hash(first ``num_prefix_blocks`` blocks of tokens, salt) mod ``num_replicas``.
+
+    Requests that share their first block(s) (a system prompt) always land on
+    the same replica, so that replica's cache serves them all. Stateless and
+    cheap; blind to load and to what each replica really holds.
+    """
+
+    name = "prefix-hash"
+
+    def __init__(self, num_replicas: int, block_size: int = 16, num_prefix_blocks: int = 1) -> None:
+        self.num_replicas = num_replicas
+        self.num_prefix_tokens = block_size * num_prefix_blocks
+
+    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        key = (tuple(token_ids[: self.num_prefix_tokens]), cache_salt)
+        digest = hashlib.sha256(pickle.dumps(key, protocol=5)).digest()
+        return int.from_bytes(digest[:8], "big") % self.num_replicas
+
+    def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        pass
+
+
+class CacheAwareRouter:
+    """Longest cached prefix wins; ties go to the replica that served the fewest requests.
+
+    Owns a mirror of each replica's prefix cache (block hash -> how many
+    blocks hold it there: two requests admitted in one step may compute the
+    same block twice) kept current from the replicas' KV events. It hashes each incoming prompt the
+    way the engines do (same block size, same hash function, same
+    ``NONE_HASH``) and counts, per replica, how many leading blocks it holds.
+    """
+
+    name = "cache-aware"
+
+    def __init__(self, num_replicas: int, block_size: int = 16) -> None:
+        self.block_size = block_size
+        self.cached: list[Counter[BlockHash]] = [Counter() for _ in range(num_replicas)]
+        self.num_routed = [0] * num_replicas
+
+    def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[int]:
+        """For each replica: how many leading blocks of the prompt it holds (as far as the router knows)."""
+        hashes = hash_request_tokens(list(token_ids), self.block_size, cache_salt=cache_salt)
+        counts = []
+        for held in self.cached:
+            count = 0
+            for block_hash in hashes:
+                if block_hash not in held:
+                    break
+                count += 1
+            counts.append(count)
+        return counts
+
+    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+        counts = self.cached_prefix_blocks(token_ids, cache_salt)
+        best = min(range(len(counts)), key=lambda i: (-counts[i], self.num_routed[i], i))
+        self.num_routed[best] += 1
+        return best
+
+    def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        held = self.cached[replica]
+        for event in events:
+            if isinstance(event, BlockStored):
+                held[event.block_hash] += 1
+            elif isinstance(event, BlockRemoved):
+                held[event.block_hash] -= 1
+                if held[event.block_hash] <= 0:
+                    del held[event.block_hash]
+            elif isinstance(event, AllBlocksCleared):
+                held.clear()
+
+
+# -- running a workload ----------------------------------------------------------------
+@dataclass
+class RoutingResult:
+    """What happened to each request: where it went and how many prompt tokens it found cached."""
+
+    router: str
+    num_replicas: int
+    replica: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    num_cached_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        total = sum(self.num_tokens)
+        return sum(self.num_cached_tokens) / total if total else 0.0
+
+    @property
+    def cumulative_hit_rate(self) -> list[float]:
+        """The hit rate over the first 1, 2, ... requests."""
+        rates, hits, total = [], 0, 0
+        for n, h in zip(self.num_tokens, self.num_cached_tokens):
+            hits, total = hits + h, total + n
+            rates.append(hits / total)
+        return rates
+
+    @property
+    def requests_per_replica(self) -> list[int]:
+        return [self.replica.count(i) for i in range(self.num_replicas)]
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Prompt tokens computed across all replicas."""
+        return sum(self.num_tokens) - sum(self.num_cached_tokens)
+
+    def summary(self) -> str:
+        return (
+            f"{self.router:<12} hit rate {self.hit_rate:6.1%}   prefill tokens {self.prefill_tokens:>6}   "
+            f"requests per replica {self.requests_per_replica}"
+        )
+
+
+def _split(item: WorkItem) -> tuple[list[int], Optional[str]]:
+    if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[1], int):
+        return list(item[0]), item[1]
+    return list(item), None
+
+
+def run_workload(router: Router, replicas: Sequence[Replica], workload: Sequence[WorkItem]) -> RoutingResult:
+    """Send each request (token ids, or ``(token_ids, cache_salt)``) where ``router`` says, in order."""
+    result = RoutingResult(getattr(router, "name", type(router).__name__), len(replicas))
+    for item in workload:
+        token_ids, salt = _split(item)
+        index = router.route(token_ids, salt)
+        replica = replicas[index]
+        result.replica.append(index)
+        result.num_tokens.append(len(token_ids))
+        result.num_cached_tokens.append(replica.serve(token_ids, salt))
+        router.observe(index, replica.take_events())
+    return result
+
+
+__all__ = [
+    "CacheReplica",
+    "LLMReplica",
+    "RoundRobinRouter",
+    "PrefixHashRouter",
+    "CacheAwareRouter",
+    "RoutingResult",
+    "run_workload",
+]

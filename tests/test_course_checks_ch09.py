@@ -1,0 +1,114 @@
+"""Chapter 09's check accepts prompt fixes that keep every piece of information and a high hit
+rate, and rejects the typical mistakes with a message that names them.
+(mini_vllm/course/prompt_checks.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mini_vllm.course import check_prompt_fix
+from mini_vllm.course.prompt_checks import (
+    TIME_FORMAT,
+    make_requests,
+    measure,
+    reference_build_messages,
+    starter_build_messages,
+)
+
+
+def _tool_lines(tools, sort_tools=True, sort_keys=True):
+    ordered = sorted(tools, key=lambda tool: tool["name"]) if sort_tools else tools
+    return [json.dumps(tool, sort_keys=sort_keys) for tool in ordered]
+
+
+def _messages(system, user):
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def test_the_check_accepts_the_reference(capsys):
+    check_prompt_fix(reference_build_messages)
+    out = capsys.readouterr().out
+    assert "✓ build_messages" in out and "hit rate" in out
+
+
+def test_the_check_accepts_another_valid_fix():
+    """The time at the end of the system turn (after the tools) is fine too."""
+
+    def time_after_the_tools(system_prompt, tools, user_request, now):
+        lines = [system_prompt, "Tools:", *_tool_lines(tools), f"Now: {now.strftime(TIME_FORMAT)}"]
+        return _messages("\n".join(lines), user_request)
+
+    check_prompt_fix(time_after_the_tools)
+
+
+def test_the_reference_fix_raises_the_hit_rate_far_above_the_starter():
+    requests = make_requests(8)
+    _, _, before = measure(starter_build_messages, requests)
+    _, _, after = measure(reference_build_messages, requests)
+    assert before.hit_rate < 0.1 < 0.8 < after.hit_rate
+
+
+def _drops_the_timestamp(system_prompt, tools, user_request, now):
+    return _messages("\n".join([system_prompt, "Tools:", *_tool_lines(tools)]), user_request)
+
+
+def _rounds_the_timestamp_to_the_day(system_prompt, tools, user_request, now):
+    return _messages("\n".join([system_prompt, "Tools:", *_tool_lines(tools)]), f"Date: {now:%Y-%m-%d}\n{user_request}")
+
+
+def _leaves_the_timestamp_at_the_top(system_prompt, tools, user_request, now):
+    lines = [f"Current time: {now.strftime(TIME_FORMAT)}", system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), user_request)
+
+
+def _keeps_the_tools_key_order(system_prompt, tools, user_request, now):
+    lines = [system_prompt, "Tools:", *_tool_lines(tools, sort_keys=False)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def _keeps_the_tools_order(system_prompt, tools, user_request, now):
+    lines = [system_prompt, "Tools:", *_tool_lines(tools, sort_tools=False)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def _puts_the_user_request_first(system_prompt, tools, user_request, now):
+    lines = [user_request, system_prompt, "Tools:", *_tool_lines(tools), now.strftime(TIME_FORMAT)]
+    return [{"role": "user", "content": "\n".join(lines)}]
+
+
+def _drops_a_tool(system_prompt, tools, user_request, now):
+    lines = [system_prompt, "Tools:", *_tool_lines(tools)[:-1]]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def _returns_a_string(system_prompt, tools, user_request, now):
+    return f"{system_prompt}\n{user_request}\n{now}"
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_drops_the_timestamp, "current time .* is missing"),
+        (_rounds_the_timestamp_to_the_day, "current time .* is missing"),
+        (_leaves_the_timestamp_at_the_top, "timestamp still comes before the stable part"),
+        (_keeps_the_tools_key_order, "tools are serialized differently"),
+        (_keeps_the_tools_order, "tools are serialized differently"),
+        (_puts_the_user_request_first, "user's request comes before the stable part"),
+        (_drops_a_tool, "lost some of its definition"),
+        (_returns_a_string, "list of"),
+        (starter_build_messages, "timestamp still comes before"),
+    ],
+)
+def test_the_check_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_prompt_fix(wrong)
+
+
+def test_the_stub_raises_not_implemented():
+    def stub(system_prompt, tools, user_request, now):
+        raise NotImplementedError("your code here")
+
+    with pytest.raises(NotImplementedError):
+        check_prompt_fix(stub)

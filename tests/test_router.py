@@ -1,0 +1,68 @@
+"""Routing across replicas: each router does what it says, the cache-aware router's mirror of
+the replicas' caches stays exact, and prefix-aware routing beats round-robin under memory pressure.
+(mini_vllm/router.py, chapter 09.)"""
+
+from __future__ import annotations
+
+import random
+
+from mini_vllm.router import CacheAwareRouter, CacheReplica, PrefixHashRouter, RoundRobinRouter, run_workload
+
+
+def workload(num_systems=5, num_requests=60, system_len=200, seed=0):
+    rng = random.Random(seed)
+    systems = [[rng.randrange(1000) for _ in range(system_len)] for _ in range(num_systems)]
+    return [systems[rng.randrange(num_systems)] + [rng.randrange(1000) for _ in range(30)] for _ in range(num_requests)]
+
+
+def replicas(n=4, num_blocks=40):
+    return [CacheReplica(num_blocks, 16, name=f"r{i}") for i in range(n)]
+
+
+def test_round_robin_cycles_through_the_replicas():
+    result = run_workload(RoundRobinRouter(3), replicas(3), workload(num_requests=7))
+    assert result.replica == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_prefix_hash_sends_equal_first_blocks_to_the_same_replica():
+    router = PrefixHashRouter(4, block_size=16)
+    base = list(range(16))
+    assert len({router.route(base + [i] * 20) for i in range(10)}) == 1
+    assert router.route(base, "tenant-a") == router.route(base + [1, 2], "tenant-a")
+
+
+def test_the_cache_aware_router_mirrors_exactly_what_each_replica_caches():
+    reps = replicas(num_blocks=30)  # small pools: plenty of evictions
+    router = CacheAwareRouter(4)
+    run_workload(router, reps, workload())
+    assert sum(r.manager.block_pool.num_evictions for r in reps) > 0
+    for mirror, replica in zip(router.cached, reps):
+        assert set(mirror) == {h for h, _ in replica.manager.block_pool.cached_block_hash_to_block.items()}
+
+
+def test_the_cache_aware_router_picks_the_replica_holding_the_longest_prefix():
+    reps = replicas(2)
+    router = CacheAwareRouter(2)
+    prompt = list(range(64))
+    first = run_workload(router, reps, [prompt]).replica[0]
+    again = run_workload(router, reps, [prompt[:48] + [7] * 16]).replica[0]
+    assert again == first
+    assert router.cached_prefix_blocks(prompt)[first] == 4
+
+
+def test_prefix_aware_routing_beats_round_robin_under_memory_pressure():
+    work = workload()
+    rr = run_workload(RoundRobinRouter(4), replicas(), work)
+    hashed = run_workload(PrefixHashRouter(4), replicas(), work)
+    aware = run_workload(CacheAwareRouter(4), replicas(), work)
+    assert hashed.hit_rate > rr.hit_rate + 0.2
+    assert aware.hit_rate > rr.hit_rate + 0.2
+    assert sum(rr.requests_per_replica) == sum(aware.requests_per_replica) == len(work)
+    assert aware.cumulative_hit_rate[-1] == aware.hit_rate
+
+
+def test_salted_requests_are_routed_and_cached_per_tenant():
+    prompt = list(range(64))
+    reps = replicas(1)
+    result = run_workload(RoundRobinRouter(1), reps, [(prompt, "a"), (prompt, "b"), (prompt, "a")])
+    assert result.num_cached_tokens == [0, 0, 48]
