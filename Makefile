@@ -10,6 +10,10 @@ PIP           := $(PY) -m pip
 TORCH_SPEC    ?= torch==2.13.0
 TRITON_SPEC   ?= triton==3.9.0
 PYTEST_ARGS   ?=
+# One intra-op thread per process for tests and notebook runs: the tiny model
+# gains nothing from more, and a notebook kernel next to pytest on 2 cores
+# would otherwise oversubscribe them (up to 45x slower). Benchmarks keep the default.
+TEST_ENV      := OMP_NUM_THREADS=1
 
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
@@ -55,7 +59,7 @@ test: test-unit test-notebooks
 # The unit suite includes the real-browser widget test (tests/browser), which
 # needs Debian's chromium: installed here with apt when missing.
 test-unit: $(VENV)/.test chromium
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-browser: $(VENV)/.test chromium
 	$(PY) -m pytest tests/browser -v
@@ -67,7 +71,7 @@ chromium:
 # (tests/nbval_sanitize.cfg masks addresses and timings only).
 test-notebooks: $(VENV)/.test
 	@if [ -n "$(NOTEBOOKS)$(SOLUTIONS)" ]; then \
-	  $(PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	  $(TEST_ENV) $(PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS); \
 	else echo "no notebooks yet"; fi
 
@@ -75,7 +79,7 @@ exercises: $(VENV)/.test
 	$(PY) -m mini_vllm.course.build exercises
 
 notebooks: exercises
-	$(PY) -m mini_vllm.course.build execute $(NOTEBOOKS) $(SOLUTIONS)
+	$(TEST_ENV) $(PY) -m mini_vllm.course.build execute $(NOTEBOOKS) $(SOLUTIONS)
 
 bench: $(VENV)/.test
 	$(PY) -m mini_vllm bench $(BENCH_ARGS)

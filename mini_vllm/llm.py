@@ -65,6 +65,10 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); False while requests run."""
+        return self.llm_engine.reset_prefix_cache()
+
     # -- generate ---------------------------------------------------------------
     def _to_request_inputs(self, prompt: PromptType) -> tuple[list[int], Optional[str], Any]:
         """(prompt_token_ids, cache_salt, what to report as the prompt)."""

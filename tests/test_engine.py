@@ -281,3 +281,10 @@ def test_generate_returns_only_its_own_requests_when_others_are_queued(llm, prom
     while engine.has_unfinished_requests():  # the other request is still served
         engine.step()
     assert_all_blocks_free(llm)
+
+
+def test_llm_reset_prefix_cache_forgets_hits(prompts):
+    llm = LLM(num_blocks=64, device="cpu")
+    llm.generate([prompts[0]], GREEDY)
+    assert llm.reset_prefix_cache() is True
+    assert llm.generate([prompts[0]], GREEDY)[0].num_cached_tokens == 0

@@ -1,3 +1,220 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 01: a greedy decode loop over a contiguous KV cache.
 
-__all__: list[str] = []
+The learner writes ``greedy_decode(model, prompt_ids, max_new_tokens)``: one
+forward over the whole prompt (the prefill), then one forward per new token
+that feeds *only* that token and reuses the K/V of everything before it.
+
+The check hands the learner's function a recording stand-in for the model, so
+it can say exactly which forward went wrong (how many tokens it fed, which
+token, at which position, with which ``seq_len``), and then verifies every
+generated token against a single teacher-forced forward over the whole
+sequence: token ``i`` must be the arg-max of the logits at the position before
+it (up to float rounding, so near-ties cannot make a correct loop fail).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from ..attention import AttentionMetadata
+from ._harness import Checker
+
+# Logits computed incrementally and all at once differ by float rounding only;
+# a token counts as the arg-max when it is within this of the maximum.
+_ARGMAX_TOLERANCE = 1e-3
+
+
+class _RecordingModel:
+    """Stands in for a ``CausalLM``: records every forward, then runs the real model."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.config = model.config
+        self.calls: list[dict] = []
+
+    def __call__(self, input_ids, positions, kv_caches, attn_metadata):
+        self.calls.append(
+            {
+                "input_ids": [int(t) for t in input_ids.tolist()],
+                "positions": [int(p) for p in positions.tolist()],
+                "seq_lens": [int(s) for s in attn_metadata.seq_lens.tolist()],
+                "cache": kv_caches[0][0] if kv_caches else None,
+            }
+        )
+        return self._model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden):
+        return self._model.compute_logits(hidden)
+
+    def __getattr__(self, name: str):
+        # Anything else (model.model.layers, parameters(), ...) is the real model's.
+        return getattr(self._model, name)
+
+
+@torch.inference_mode()
+def _teacher_forced_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
+    """Logits at every position of ``token_ids``, from one forward over a fresh cache."""
+    config = model.config
+    block_size = 16
+    num_blocks = -(-len(token_ids) // block_size)
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    param = next(model.parameters())
+    kv_caches = [
+        (torch.zeros(shape, dtype=param.dtype, device=param.device),
+         torch.zeros(shape, dtype=param.dtype, device=param.device))
+        for _ in range(config.num_layers)
+    ]
+    n = len(token_ids)
+    device = param.device
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(n, dtype=torch.int64, device=device),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :],
+        seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=device),
+        max_query_len=n,
+        max_seq_len=n,
+    )
+    ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
+    hidden = model(ids, torch.arange(n, dtype=torch.int64, device=device), kv_caches, metadata)
+    return model.compute_logits(hidden).float().cpu()
+
+
+def _load_default_model():
+    from ..attention import TorchAttentionBackend
+    from ..model import default_model_path, load_model
+
+    return load_model(default_model_path(), attn_backend=TorchAttentionBackend())
+
+
+def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list[int], max_new_tokens: int,
+               case: str, random_case: bool) -> None:
+    recorder = _RecordingModel(model)
+    output = greedy_decode(recorder, list(prompt), max_new_tokens)
+    n = len(prompt)
+    check.expect(
+        isinstance(output, (list, tuple)) and all(isinstance(t, int) for t in output),
+        f"{case}: greedy_decode returned {type(output).__name__}, expected a list of int token ids",
+        "return only the NEW tokens, as Python ints (int(logits.argmax()))",
+        random_case,
+    )
+    output = list(output)
+    check.expect_equal(
+        len(output), max_new_tokens, f"{case}: number of new tokens returned",
+        "return exactly max_new_tokens new tokens (not the prompt)", random_case,
+    )
+    calls = recorder.calls
+    check.expect(
+        bool(calls), f"{case}: your function never called model(...)",
+        "run the model through run_model(model, kv_caches, token_ids, positions, seq_len)", random_case,
+    )
+
+    # The prefill: the whole prompt, at positions 0..n-1, in one forward.
+    prefill = calls[0]
+    check.expect_equal(
+        prefill["input_ids"], list(prompt), f"{case}: the first forward (the prefill) fed these tokens",
+        "the prefill feeds the whole prompt in one forward", random_case,
+    )
+    check.expect_equal(
+        prefill["positions"], list(range(n)), f"{case}: positions of the prefill",
+        "prompt token i sits at position i: positions are 0, 1, ..., n-1", random_case,
+    )
+    check.expect_equal(
+        prefill["seq_lens"], [n], f"{case}: seq_len of the prefill",
+        "seq_len counts the tokens in the cache after this forward: the n prompt tokens", random_case,
+    )
+
+    # Each decode step: exactly the newest token, at the next position.
+    for step, call in enumerate(calls[1:], start=1):
+        where = f"{case}, decode step {step}"
+        expected_len = n + step  # tokens in the sequence after this step's token is stored
+        num_fed = len(call["input_ids"])
+        if num_fed == expected_len:
+            hint = (
+                "you fed the whole sequence again: that is decoding WITHOUT a cache. The K/V of every "
+                "earlier token are already in the cache; feed only the newest token"
+            )
+        else:
+            hint = "a decode step feeds exactly one token: the one generated by the previous forward"
+        check.expect_equal(num_fed, 1, f"{where}: number of tokens fed to the model", hint, random_case)
+        check.expect(
+            call["cache"] is prefill["cache"],
+            f"{where}: the model got different KV-cache tensors than in the prefill",
+            "create the cache once, before the prefill, and pass the same kv_caches to every forward: "
+            "a fresh cache has forgotten the prompt's K/V",
+            random_case,
+        )
+        if step - 1 < len(output):
+            check.expect_equal(
+                call["input_ids"][0], output[step - 1], f"{where}: the token fed to the model",
+                "feed the token you generated in the previous step (append it to the sequence first), "
+                "not a prompt token or an older one",
+                random_case,
+            )
+        check.expect_equal(
+            call["positions"], [expected_len - 1], f"{where}: the position of the fed token",
+            "positions advance: the newest token's position is the number of tokens before it "
+            f"({n} prompt tokens + {step - 1} earlier new token(s) = {expected_len - 1})",
+            random_case,
+        )
+        check.expect_equal(
+            call["seq_lens"], [expected_len], f"{where}: seq_len",
+            "seq_len counts every token in the cache after this forward, the one just fed included "
+            f"({expected_len - 1} earlier tokens + 1 = {expected_len})",
+            random_case,
+        )
+    check.expect_equal(
+        len(calls), max_new_tokens, f"{case}: number of forwards",
+        "one prefill (its last logits give the first new token), then max_new_tokens - 1 decode steps",
+        random_case,
+    )
+
+    # Finally the tokens themselves, against one teacher-forced forward over prompt + output.
+    logits = _teacher_forced_logits(model, list(prompt) + output)
+    for i, token in enumerate(output):
+        row = logits[n - 1 + i]
+        best = int(row.argmax())
+        is_argmax = 0 <= token < row.numel() and float(row[token]) >= float(row[best]) - _ARGMAX_TOLERANCE
+        check.expect(
+            is_argmax,
+            f"{case}: new token {i} is {token}, but recomputing the whole sequence without a cache gives "
+            f"{best} (logit {float(row[best]):.3f} vs {float(row[token]):.3f} for yours)"
+            if 0 <= token < row.numel() else f"{case}: new token {i} ({token}) is not a token id",
+            "greedy decoding picks argmax of the LAST position's logits; and every forward must see the "
+            "K/V of all earlier tokens",
+            random_case,
+        )
+
+
+def check_decode_loop(greedy_decode: Callable, model: Optional[Any] = None) -> None:
+    """The learner's ``greedy_decode(model, prompt_ids, max_new_tokens) -> list[int]`` (new tokens only).
+
+    ``model``: a ``CausalLM`` (default: the bundled model, loaded here). The
+    learner's function receives a recording wrapper with the same interface.
+    """
+    check = Checker("greedy_decode")
+    if model is None:
+        model = _load_default_model()
+    vocab = model.config.vocab_size
+    rng = check.rng
+    fixed = [
+        ("a 20-token prompt, 6 new tokens", [(7 * i + 3) % vocab for i in range(20)], 6),
+        ("a 1-token prompt", [5 % vocab], 4),
+        ("a prompt of exactly one block (16 tokens): the first new token opens block 1",
+         [(11 * i + 1) % vocab for i in range(16)], 5),
+        ("a 30-token prompt whose decode crosses into block 2", [(13 * i + 2) % vocab for i in range(30)], 5),
+        ("max_new_tokens=1: the prefill alone", [(3 * i + 4) % vocab for i in range(9)], 1),
+    ]
+    for case, prompt, max_new_tokens in fixed:
+        _check_one(check, greedy_decode, model, prompt, max_new_tokens, case, random_case=False)
+    for _ in range(4):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+        max_new_tokens = rng.randint(1, 6)
+        _check_one(check, greedy_decode, model, prompt, max_new_tokens,
+                   f"a random {len(prompt)}-token prompt, {max_new_tokens} new tokens", random_case=True)
+    check.passed()
+
+
+__all__ = ["check_decode_loop"]

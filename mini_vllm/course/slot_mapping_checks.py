@@ -1,3 +1,139 @@
-"""Checks for one chapter's exercises (filled in with the chapter)."""
+"""Checks for chapter 03: ``compute_slot_mapping(block_ids, start, end, block_size)``.
 
-__all__: list[str] = []
+Token position ``p`` of a sequence lives in logical block ``p // block_size``
+at offset ``p % block_size``; the block table maps the logical block to a
+physical one, so its slot is ``block_ids[p // block_size] * block_size + p %
+block_size``. The function returns the slots of positions ``start .. end-1``
+(a prefill chunk, a prefill after a cache hit, or one decode token).
+
+The check recognises the usual mistakes by comparing the learner's answer
+with what each mistake would produce, then compares exactly with the
+reference on fixed and random cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..model_runner import compute_slot_mapping as reference_slot_mapping
+from ._harness import Checker
+
+
+# What each typical mistake computes, with the hint that names it.
+def _logical_blocks(block_ids, start, end, block_size):
+    return [(p // block_size) * block_size + p % block_size for p in range(start, end)]
+
+
+def _offset_from_start(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] * block_size + (p - start) % block_size for p in range(start, end)]
+
+
+def _block_from_start(block_ids, start, end, block_size):
+    return [block_ids[(p - start) // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def _chunk_relative(block_ids, start, end, block_size):
+    return [block_ids[(p - start) // block_size] * block_size + (p - start) % block_size for p in range(start, end)]
+
+
+def _no_multiply(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] + p % block_size for p in range(start, end)]
+
+
+def _divide_the_slot(block_ids, start, end, block_size):
+    # The table indexed with a slot-like number instead of the logical block.
+    return [block_ids[min(p // block_size, len(block_ids) - 1)] * block_size + p for p in range(start, end)]
+
+
+def _inclusive_end(block_ids, start, end, block_size):
+    return reference_slot_mapping(block_ids, start, min(end + 1, len(block_ids) * block_size), block_size)
+
+
+_MISTAKES = [
+    (
+        _logical_blocks,
+        "you used the LOGICAL block index (p // block_size) as if it were the physical block: "
+        "look it up in the block table, block_ids[p // block_size]",
+    ),
+    (
+        _offset_from_start,
+        "the offset inside a block is p % block_size, counted from the start of the BLOCK, not from "
+        "`start` (the chunk's first position): they differ when start is not a multiple of block_size",
+    ),
+    (
+        _block_from_start,
+        "the logical block is p // block_size with p the position in the SEQUENCE; you counted "
+        "from `start`, so every chunk after the first reads the wrong entry of the block table",
+    ),
+    (
+        _chunk_relative,
+        "positions are counted from the start of the sequence (0), not from `start`: a chunk's "
+        "tokens keep their sequence positions (p // block_size, p % block_size with p in range(start, end))",
+    ),
+    (
+        _no_multiply,
+        "a slot is block_id * block_size + offset: multiply the physical block id by block_size",
+    ),
+    (
+        _divide_the_slot,
+        "take the physical block from the block table (block_ids[p // block_size]) and add only the "
+        "offset p % block_size, not the whole position",
+    ),
+    (
+        _inclusive_end,
+        "`end` is exclusive: the slots of positions start, start+1, ..., end-1 (range(start, end))",
+    ),
+]
+
+
+def _diagnose(got, block_ids, start, end, block_size) -> str:
+    """The hint of the first typical mistake that reproduces ``got`` (or a generic one)."""
+    for mistake, hint in _MISTAKES:
+        try:
+            if got == mistake(block_ids, start, end, block_size):
+                return hint
+        except IndexError:
+            continue
+    if isinstance(got, list) and len(got) != end - start:
+        return f"return one slot per position in range(start, end): {end - start} slots"
+    return "slot = block_ids[p // block_size] * block_size + p % block_size, for p in range(start, end)"
+
+
+def check_slot_mapping(compute_slot_mapping: Callable) -> None:
+    """The learner's ``compute_slot_mapping(block_ids, start, end, block_size) -> list[int]``."""
+    check = Checker("compute_slot_mapping")
+    cases = [
+        ("a prefill of 10 tokens in block 7", ([7], 0, 10, 16)),
+        ("a prefill of 40 tokens over a scattered table [7, 2, 9]", ([7, 2, 9], 0, 40, 16)),
+        ("one decode token at position 37", ([7, 2, 9], 37, 38, 16)),
+        ("a decode token that opens a new block (position 32)", ([7, 2, 9], 32, 33, 16)),
+        ("a prefill after a 2-block cache hit (positions 32..49)", ([4, 0, 6, 3], 32, 50, 16)),
+        ("a chunk that starts mid-block (positions 20..45)", ([5, 1, 8, 3], 20, 45, 16)),
+        ("a second chunk, block_size 4 (positions 6..13)", ([9, 3, 0, 7, 5], 6, 14, 4)),
+        ("an identity table [0, 1, 2] with a chunk at 5..11, block_size 4", ([0, 1, 2], 5, 11, 4)),
+    ]
+    for case, args in cases:
+        block_ids, start, end, block_size = args
+        got = compute_slot_mapping(list(block_ids), start, end, block_size)
+        got = list(got) if isinstance(got, tuple) else got
+        expected = reference_slot_mapping(*args)
+        hint = "" if got == expected else _diagnose(got, *args)
+        check.expect_equal(got, expected, f"{case}: compute_slot_mapping{args}", hint)
+
+    for _ in range(200):
+        block_size = check.rng.choice([1, 2, 4, 16])
+        num_blocks = check.rng.randint(1, 6)
+        block_ids = check.rng.sample(range(64), num_blocks)
+        capacity = num_blocks * block_size
+        start = check.rng.randrange(capacity)
+        end = check.rng.randint(start + 1, capacity)
+        args = (block_ids, start, end, block_size)
+        got = compute_slot_mapping(list(block_ids), start, end, block_size)
+        got = list(got) if isinstance(got, tuple) else got
+        expected = reference_slot_mapping(*args)
+        hint = "" if got == expected else _diagnose(got, *args)
+        check.expect_equal(got, expected, f"random case compute_slot_mapping{args}", hint, random_case=True)
+    check.passed()
+
+
+__all__ = ["check_slot_mapping"]

@@ -1,0 +1,273 @@
+"""The checks of chapters 01-03 accept a correct answer and reject the typical mistakes.
+
+Each wrong implementation below is a mistake a learner makes; its check must
+raise AssertionError with a message that names the mistake."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mini_vllm.attention import AttentionMetadata
+from mini_vllm.block_pool import FreeKVCacheBlockQueue
+from mini_vllm.course import check_decode_loop, check_free_queue, check_slot_mapping
+from mini_vllm.model_runner import compute_slot_mapping
+
+# --------------------------------------------------------------------------- #
+# Chapter 01: the decode loop
+# --------------------------------------------------------------------------- #
+
+
+def contiguous_kv_cache(config, max_tokens, block_size=16):
+    num_blocks = -(-max_tokens // block_size)
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
+
+
+@torch.inference_mode()
+def run_model(model, kv_caches, token_ids, positions, seq_len):
+    """The notebook's helper: one forward of one sequence over a contiguous cache."""
+    num_blocks = kv_caches[0][0].shape[0]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(positions, dtype=torch.int64),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32)[None, :],
+        seq_lens=torch.tensor([seq_len], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, len(token_ids)], dtype=torch.int32),
+        max_query_len=len(token_ids),
+        max_seq_len=seq_len,
+    )
+    hidden = model(torch.tensor(token_ids), torch.tensor(positions), kv_caches, metadata)
+    return model.compute_logits(hidden[-1])
+
+
+def make_decode(*, position=None, feed_all=False, seq_len_shift=0, feed_token=None, fresh_cache=False):
+    """A decode loop, correct unless one of the mistakes is switched on."""
+
+    def greedy_decode(model, prompt_ids, max_new_tokens):
+        kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
+        tokens = list(prompt_ids)
+        logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), len(tokens))
+        new_tokens = [int(logits.argmax())]
+        tokens.append(new_tokens[-1])
+        while len(new_tokens) < max_new_tokens:
+            if fresh_cache:
+                kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
+            if feed_all:
+                logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), len(tokens))
+            else:
+                fed = tokens[-1] if feed_token is None else feed_token(prompt_ids, tokens)
+                pos = len(tokens) - 1 if position is None else position(prompt_ids, tokens)
+                logits = run_model(model, kv_caches, [fed], [pos], len(tokens) + seq_len_shift)
+            new_tokens.append(int(logits.argmax()))
+            tokens.append(new_tokens[-1])
+        return new_tokens
+
+    return greedy_decode
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    from mini_vllm.attention import TorchAttentionBackend
+    from mini_vllm.model import default_model_path, load_model
+
+    return load_model(default_model_path(), attn_backend=TorchAttentionBackend())
+
+
+def test_check_decode_loop_accepts_a_correct_loop(default_model, capsys):
+    check_decode_loop(make_decode(), default_model)
+    assert "✓ greedy_decode" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        # positions that never advance: every decode token at the first new position
+        (make_decode(position=lambda prompt, tokens: len(prompt)), "positions advance"),
+        # decoding without a cache: the whole sequence again every step
+        (make_decode(feed_all=True), "WITHOUT a cache"),
+        # seq_len that forgets the token just fed
+        (make_decode(seq_len_shift=-1), "seq_len counts every token"),
+        # not appending: the last prompt token is fed again and again
+        (make_decode(feed_token=lambda prompt, tokens: prompt[-1]), "feed the token you generated"),
+        # a new (empty) cache every step
+        (make_decode(fresh_cache=True), "create the cache once"),
+    ],
+    ids=["positions", "refeed", "seq_len", "append", "fresh-cache"],
+)
+def test_check_decode_loop_rejects_typical_mistakes(default_model, wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_decode_loop(wrong, default_model)
+
+
+def test_check_decode_loop_rejects_an_extra_token(default_model):
+    def one_too_many(model, prompt_ids, max_new_tokens):
+        return make_decode()(model, prompt_ids, max_new_tokens + 1)
+
+    with pytest.raises(AssertionError, match="exactly max_new_tokens"):
+        check_decode_loop(one_too_many, default_model)
+
+
+# --------------------------------------------------------------------------- #
+# Chapter 02: the free-block queue
+# --------------------------------------------------------------------------- #
+
+
+class LearnerQueue:
+    """A correct queue written independently of the reference (sentinels, links in the blocks)."""
+
+    def __init__(self, blocks):
+        from mini_vllm.block_pool import KVCacheBlock
+
+        self.head, self.tail = KVCacheBlock(-1), KVCacheBlock(-1)
+        self.head.next_free_block, self.tail.prev_free_block = self.tail, self.head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def _link_after(self, left, block):
+        right = left.next_free_block
+        left.next_free_block, block.prev_free_block = block, left
+        block.next_free_block, right.prev_free_block = right, block
+        self.num_free_blocks += 1
+
+    def popleft(self):
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        block = self.head.next_free_block
+        self.remove(block)
+        return block
+
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block):
+        self._link_after(self.tail.prev_free_block, block)
+
+    def appendleft(self, block):
+        self._link_after(self.head, block)
+
+    def get_all_free_blocks(self):
+        blocks, block = [], self.head.next_free_block
+        while block is not self.tail:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+
+class PopsTheTail(LearnerQueue):
+    def popleft(self):
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        block = self.tail.prev_free_block
+        self.remove(block)
+        return block
+
+
+class ForgetsTheNextNeighbour(LearnerQueue):
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block  # next.prev is never fixed
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+
+class ForgetsTheCount(LearnerQueue):
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None  # num_free_blocks stays
+
+
+class AppendleftAtTheTail(LearnerQueue):
+    def appendleft(self, block):
+        self.append(block)
+
+
+class NoValueErrorWhenEmpty(LearnerQueue):
+    def popleft(self):
+        block = self.head.next_free_block
+        if block is self.tail:
+            return None
+        self.remove(block)
+        return block
+
+
+class KeepsStaleLinks(LearnerQueue):
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        self.num_free_blocks -= 1
+
+
+@pytest.mark.parametrize("queue_cls", [FreeKVCacheBlockQueue, LearnerQueue], ids=["reference", "learner"])
+def test_check_free_queue_accepts_correct_queues(queue_cls, capsys):
+    check_free_queue(queue_cls)
+    assert "✓ FreeKVCacheBlockQueue" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (PopsTheTail, "popleft took the TAIL"),
+        (ForgetsTheNextNeighbour, "BOTH sides"),
+        (ForgetsTheCount, "num_free_blocks"),
+        (AppendleftAtTheTail, "appendleft put block . at the TAIL"),
+        (NoValueErrorWhenEmpty, "must raise ValueError"),
+        (KeepsStaleLinks, "clear the block's prev_free_block"),
+    ],
+)
+def test_check_free_queue_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_free_queue(wrong)
+
+
+# --------------------------------------------------------------------------- #
+# Chapter 03: slot mapping
+# --------------------------------------------------------------------------- #
+
+
+def test_check_slot_mapping_accepts_the_reference(capsys):
+    check_slot_mapping(compute_slot_mapping)
+    assert "✓ compute_slot_mapping" in capsys.readouterr().out
+
+
+def _logical_index(block_ids, start, end, block_size):
+    return [(p // block_size) * block_size + p % block_size for p in range(start, end)]
+
+
+def _offset_from_chunk_start(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] * block_size + (p - start) % block_size for p in range(start, end)]
+
+
+def _slot_without_multiplying(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] + p % block_size for p in range(start, end)]
+
+
+def _inclusive_end(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end + 1)]
+
+
+def _chunk_positions_from_zero(block_ids, start, end, block_size):
+    return [block_ids[i // block_size] * block_size + i % block_size for i in range(end - start)]
+
+
+def _adds_the_whole_position(block_ids, start, end, block_size):
+    return [block_ids[p // block_size] * block_size + p for p in range(start, end)]
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_logical_index, "LOGICAL block index"),
+        (_offset_from_chunk_start, "start of the BLOCK"),
+        (_slot_without_multiplying, "multiply the physical block id"),
+        (_inclusive_end, "exclusive"),
+        (_chunk_positions_from_zero, "counted from the start of the sequence"),
+        (_adds_the_whole_position, "not the whole position"),
+    ],
+)
+def test_check_slot_mapping_rejects_typical_mistakes(wrong, expected_message):
+    with pytest.raises(AssertionError, match=expected_message):
+        check_slot_mapping(wrong)
