@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -58,7 +59,7 @@ class LLMEngine:
 
     def __init__(self, model: Optional[str] = None, config: Optional[EngineConfig] = None) -> None:
         self.config = config = config or EngineConfig()
-        self.model_path = str(model) if model is not None else default_model_path()
+        self.model_path = os.path.expanduser(str(model)) if model is not None else default_model_path()
         self.device = torch.device(
             ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
         )
