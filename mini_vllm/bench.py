@@ -51,7 +51,7 @@ class BenchSettings:
     hf_batch_size: int = 8
     block_manager_requests: int = 400
     no_sharing_prompt_len: tuple[int, int] = (200, 400)
-    no_sharing_rounds: int = 2  # pairs of on/off runs, alternating which goes first; the best of each is kept
+    no_sharing_rounds: int = 5  # pairs of on/off runs, alternating which goes first; the best of each is kept
     num_blocks: Optional[int] = None  # None: sized from the memory budget
 
     @classmethod
@@ -273,7 +273,35 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
             "num_outputs_equal": sum(a == b for a, b in zip(ours_tokens, hf_outputs)),
             "num_prompts": len(prompts),
         }
+        results.update(_vs_transformers_continuous_batching(llm, prompts, args.max_tokens, ours_tokens, our_time))
     return results
+
+
+def _vs_transformers_continuous_batching(llm, prompts, max_tokens, ours_tokens, our_time) -> dict:
+    """transformers' own continuous batching (``generate_batch``, paged attention), where it exists."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            default_model_path(), dtype=llm.llm_engine.dtype, attn_implementation="paged|sdpa"
+        ).to(llm.llm_engine.device).eval()
+        if not hasattr(hf, "generate_batch"):
+            return {"continuous_batching": "not available in this transformers"}
+        config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        hf.generate_batch(inputs=prompts[:2], generation_config=config, progress_bar=False)  # warm-up
+        start = time.perf_counter()
+        outputs = hf.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+        elapsed = time.perf_counter() - start
+    except Exception as error:  # an optional comparison must not sink the whole benchmark
+        return {"continuous_batching": f"failed: {type(error).__name__}: {error}"[:200]}
+    # Request ids are "req_0", "req_1", ...: put them back in prompt order.
+    ordered = sorted(outputs, key=lambda request_id: int(str(request_id).rsplit("_", 1)[-1]))
+    tokens = [list(outputs[request_id].generated_tokens) for request_id in ordered]
+    return {
+        "cb_throughput_ratio": elapsed / our_time,
+        "time_transformers_cb_s": elapsed,
+        "cb_num_outputs_equal": sum(a == b for a, b in zip(ours_tokens, tokens)),
+    }
 
 
 # -- 5. block manager ---------------------------------------------------------------------
@@ -387,6 +415,11 @@ def format_table(results: dict) -> str:
         ("no sharing: throughput on/off", f"{n['throughput_ratio_on_off']:.3f}", "goal >= 0.97"),
         ("multi-turn: hit rate stable", f"{m['hit_rate_stable']:.1%}", f"timestamped template: {m['hit_rate_timestamped']:.1%}"),
         ("vs transformers: throughput", f"{v['throughput_ratio']:.2f}x", f"greedy outputs equal: {v['num_outputs_equal']}/{v['num_prompts']}"),
+        *(
+            [("vs transformers generate_batch (continuous batching)", f"{v['cb_throughput_ratio']:.2f}x", f"greedy outputs equal: {v['cb_num_outputs_equal']}/{v['num_prompts']}")]
+            if "cb_throughput_ratio" in v
+            else []
+        ),
         ("block manager: admit + free", f"{b['admit_free_us']:.1f} us", f"vLLM 0.11: {121 + 11} us"),
         ("block manager: build request (hash 64 blocks)", f"{b['build_request_us']:.1f} us", "vLLM 0.11: 183 us"),
         ("block manager: decode step", f"{b['decode_step_us']:.2f} us", f"vLLM 0.11: {1.9 + 6.8:.1f} us"),
