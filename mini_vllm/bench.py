@@ -273,18 +273,15 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
             "num_outputs_equal": sum(a == b for a, b in zip(ours_tokens, hf_outputs)),
             "num_prompts": len(prompts),
         }
-        results.update(_vs_transformers_continuous_batching(llm, prompts, args.max_tokens, ours_tokens, our_time))
+        results.update(_vs_transformers_continuous_batching(hf, prompts, args.max_tokens, ours_tokens, our_time))
     return results
 
 
-def _vs_transformers_continuous_batching(llm, prompts, max_tokens, ours_tokens, our_time) -> dict:
+def _vs_transformers_continuous_batching(hf, prompts, max_tokens, ours_tokens, our_time) -> dict:
     """transformers' own continuous batching (``generate_batch``, paged attention), where it exists."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     try:
-        hf = AutoModelForCausalLM.from_pretrained(
-            default_model_path(), dtype=llm.llm_engine.dtype, attn_implementation="paged|sdpa"
-        ).to(llm.llm_engine.device).eval()
         if not hasattr(hf, "generate_batch"):
             return {"continuous_batching": "not available in this transformers"}
         config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
