@@ -23,7 +23,7 @@ if kernels.TRITON_AVAILABLE:
     import triton
     import triton.language as tl
 
-    def _launch(kernel, key, value, k_cache, v_cache, slot_mapping):
+    def _launch(kernel, key, value, k_cache, v_cache, slot_mapping, **constexprs):
         """The launcher the exercise gives the learner."""
         num_tokens = key.shape[0]
         _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -35,157 +35,60 @@ if kernels.TRITON_AVAILABLE:
             BLOCK_SIZE=block_size,
             HEADS_PAD=triton.next_power_of_2(num_kv_heads),
             HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+            **constexprs,
         )
 
-    @triton.jit
-    def _good_kernel(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:
-            return
-        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-        row = row + heads * stride_cache_head + dims
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
+    # The learner's typical mistakes, as values of the MISTAKE constexpr below.
+    MISTAKES = {
+        "none": 0,
+        "-1 not skipped": 1,
+        "int32 offsets": 2,
+        "K written into V's cache": 3,
+        "slot used as an element offset": 4,
+        "slot treated as a block id": 5,
+        "key/value strides ignored": 6,
+    }
 
     @triton.jit
-    def _kernel_without_skip(
+    def _store_kv_kernel(
         key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
         stride_key_token, stride_key_head, stride_value_token, stride_value_head,
         stride_cache_block, stride_cache_offset, stride_cache_head,
         num_kv_heads, head_dim,
         BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+        MISTAKE: tl.constexpr,
     ):
+        """A correct store_kv (MISTAKE == 0), or one with exactly one typical mistake."""
         token = tl.program_id(0)
         heads = tl.arange(0, HEADS_PAD)[:, None]
         dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
         in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # -1 is not skipped
-        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-        row = row + heads * stride_cache_head + dims
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
+        if MISTAKE == 2:
+            slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
+        else:
+            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if MISTAKE != 1:
+            if slot < 0:
+                return
+        if MISTAKE == 4:
+            row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
+        elif MISTAKE == 5:
+            row = slot * stride_cache_block + heads * stride_cache_head + dims  # the slot as a block id
+        else:
+            row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+            row = row + heads * stride_cache_head + dims
+        if MISTAKE == 6:
+            source = token * num_kv_heads * head_dim + heads * head_dim + dims  # ignores the strides
+            key = tl.load(key_ptr + source, mask=in_tile)
+            value = tl.load(value_ptr + source, mask=in_tile)
+        else:
+            key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+            value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
         tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
-
-    @triton.jit
-    def _kernel_with_int32_offsets(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
-        if slot < 0:
-            return
-        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-        row = row + heads * stride_cache_head + dims
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
-
-    @triton.jit
-    def _kernel_writing_k_into_v(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:
-            return
-        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-        row = row + heads * stride_cache_head + dims
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, key, mask=in_tile)  # K where V belongs
-
-    @triton.jit
-    def _kernel_using_slot_as_element_offset(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:
-            return
-        row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
-
-    @triton.jit
-    def _kernel_multiplying_slot_by_block_stride(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:
-            return
-        row = slot * stride_cache_block + heads * stride_cache_head + dims  # the slot treated as a block id
-        key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
-        value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
-
-    @triton.jit
-    def _kernel_assuming_contiguous_key(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    ):
-        token = tl.program_id(0)
-        heads = tl.arange(0, HEADS_PAD)[:, None]
-        dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
-        in_tile = (heads < num_kv_heads) & (dims < head_dim)
-        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if slot < 0:
-            return
-        row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-        row = row + heads * stride_cache_head + dims
-        source = token * num_kv_heads * head_dim + heads * head_dim + dims  # ignores the strides
-        key = tl.load(key_ptr + source, mask=in_tile)
-        value = tl.load(value_ptr + source, mask=in_tile)
-        tl.store(k_cache_ptr + row, key, mask=in_tile)
-        tl.store(v_cache_ptr + row, value, mask=in_tile)
+        if MISTAKE == 3:
+            tl.store(v_cache_ptr + row, key, mask=in_tile)  # K where V belongs
+        else:
+            tl.store(v_cache_ptr + row, value, mask=in_tile)
 
     @triton.jit
     def _stub_kernel(
@@ -199,16 +102,20 @@ if kernels.TRITON_AVAILABLE:
         raise NotImplementedError("your code here: see the instructions above")
 
 
-def _store_kv_with(kernel):
+def _store_kv_with(mistake: str):
     def store_kv(key, value, k_cache, v_cache, slot_mapping):
-        _launch(kernel, key, value, k_cache, v_cache, slot_mapping)
+        _launch(_store_kv_kernel, key, value, k_cache, v_cache, slot_mapping, MISTAKE=MISTAKES[mistake])
 
     return store_kv
 
 
+def _stub_store_kv(key, value, k_cache, v_cache, slot_mapping):
+    _launch(_stub_kernel, key, value, k_cache, v_cache, slot_mapping)
+
+
 @needs_triton
 def test_check_store_kv_accepts_a_correct_kernel(capsys):
-    check_store_kv(_store_kv_with(_good_kernel))
+    check_store_kv(_store_kv_with("none"))
     assert "✓ store_kv" in capsys.readouterr().out
 
 
@@ -220,25 +127,25 @@ def test_check_store_kv_accepts_the_packaged_kernel(capsys):
 
 @needs_triton
 @pytest.mark.parametrize(
-    "kernel_name, expected_message",
+    "mistake, expected_message",
     [
-        ("_kernel_without_skip", "slot -1"),
-        ("_kernel_with_int32_offsets", "int64"),
-        ("_kernel_writing_k_into_v", "v_cache"),
-        ("_kernel_using_slot_as_element_offset", "element offset"),
-        ("_kernel_multiplying_slot_by_block_stride", "block stride"),
-        ("_kernel_assuming_contiguous_key", "stride_key_token"),
+        ("-1 not skipped", "slot -1"),
+        ("int32 offsets", "int64"),
+        ("K written into V's cache", "v_cache"),
+        ("slot used as an element offset", "element offset"),
+        ("slot treated as a block id", "block stride"),
+        ("key/value strides ignored", "stride_key_token"),
     ],
 )
-def test_check_store_kv_rejects_typical_mistakes(kernel_name, expected_message):
+def test_check_store_kv_rejects_typical_mistakes(mistake, expected_message):
     with pytest.raises(AssertionError, match=expected_message):
-        check_store_kv(_store_kv_with(globals()[kernel_name]))
+        check_store_kv(_store_kv_with(mistake))
 
 
 @needs_triton
 def test_check_store_kv_reports_the_stub_as_not_implemented():
     with pytest.raises(NotImplementedError):
-        check_store_kv(_store_kv_with(_stub_kernel))
+        check_store_kv(_stub_store_kv)
 
 
 # -- chapter 07: paged decode ----------------------------------------------------------
