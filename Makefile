@@ -51,8 +51,9 @@ $(VENV)/.test: pyproject.toml constraints.txt $(VENV)/.torch
 venv install-course: $(VENV)/.course
 install-test: $(VENV)/.test
 
+# (--allow-root only when you are root, e.g. in a container: Jupyter refuses otherwise)
 lab: $(VENV)/.course
-	$(VENV)/bin/jupyter lab notebooks/00_welcome.ipynb
+	$(VENV)/bin/jupyter lab $$([ "$$(id -u)" = 0 ] && echo --allow-root) notebooks/00_welcome.ipynb
 
 test: test-unit test-notebooks
 
