@@ -114,17 +114,20 @@ class LLM:
             raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
 
         engine = self.llm_engine
-        inputs = [self._to_request_inputs(p) for p in prompts]
-        for (token_ids, salt, _), params in zip(inputs, params_list):
-            engine.validate_request(token_ids, params, salt)
-
         call = next(self._call_counter)
-        child_ids: list[list[str]] = []
-        for index, ((token_ids, salt, shown), params) in enumerate(zip(inputs, params_list)):
-            ids = [f"{call}-{index}" if params.n == 1 else f"{call}-{index}-{k}" for k in range(params.n)]
+        child_ids = [
+            [f"{call}-{index}" if params.n == 1 else f"{call}-{index}-{k}" for k in range(params.n)]
+            for index, params in enumerate(params_list)
+        ]
+        # Validate everything before queueing anything: one bad prompt leaves the engine untouched.
+        inputs = [self._to_request_inputs(p) for p in prompts]
+        validated = [engine.validate_request(ids, params, salt) for (ids, salt, _), params in zip(inputs, params_list)]
+        for request_id in sum(child_ids, []):
+            engine.check_request_id(request_id)
+
+        for ids, token_ids, (_, salt, shown), params in zip(child_ids, validated, inputs, params_list):
             for child_id in ids:
-                engine.add_request(child_id, list(token_ids), params, cache_salt=salt, prompt=shown)
-            child_ids.append(ids)
+                engine.add_validated_request(child_id, list(token_ids), params, cache_salt=salt, prompt=shown)
 
         results = self._run_engine(sum(child_ids, []), use_tqdm)
         return [self._merge(f"{call}-{index}", ids, results) for index, ids in enumerate(child_ids)]

@@ -172,9 +172,27 @@ class LLMEngine:
     ) -> Request:
         """Queue a request (validated first: a bad one raises and leaves the engine untouched)."""
         sampling_params = sampling_params or SamplingParams()
+        self.check_request_id(request_id)
+        prompt_token_ids = self.validate_request(prompt_token_ids, sampling_params, cache_salt)
+        return self.add_validated_request(request_id, prompt_token_ids, sampling_params, cache_salt, prompt)
+
+    def check_request_id(self, request_id: str) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        prompt_token_ids = self.validate_request(prompt_token_ids, sampling_params, cache_salt)
+
+    def add_validated_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        cache_salt: Optional[str] = None,
+        prompt: Any = None,
+    ) -> Request:
+        """Queue a request that ``check_request_id`` and ``validate_request`` accepted.
+
+        ``LLM.generate`` validates a whole batch before queueing any of it, so
+        that one bad prompt leaves the engine untouched; it then comes here.
+        """
         request = Request(
             request_id,
             prompt_token_ids,

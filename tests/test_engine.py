@@ -288,3 +288,15 @@ def test_llm_reset_prefix_cache_forgets_hits(prompts):
     llm.generate([prompts[0]], GREEDY)
     assert llm.reset_prefix_cache() is True
     assert llm.generate([prompts[0]], GREEDY)[0].num_cached_tokens == 0
+
+
+def test_generate_refuses_an_id_already_queued_and_queues_nothing(prompts):
+    llm = LLM(num_blocks=64, device="cpu")
+    engine = llm.llm_engine
+    engine.add_request("0-1", prompts[0]["prompt_token_ids"], GREEDY)  # the id of the first call's second prompt
+    with pytest.raises(ValueError, match="already in use"):
+        llm.generate([prompts[1], prompts[2]], GREEDY)
+    assert list(engine.requests) == ["0-1"]  # the first prompt was not queued either
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_all_blocks_free(llm)
