@@ -116,7 +116,7 @@ LOG2_E = 1.4426950408889634
 """log2(e): exp(x) == exp2(x * LOG2_E); exp2 is the GPU's native exponential."""
 
 
-def use_tf32(query_dtype: torch.dtype, cache_dtype: torch.dtype, interpreted: bool) -> bool:
+def use_tf32(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, interpreted: bool) -> bool:
     """Whether the kernels' float32 dot products may run as tf32 on tensor cores.
 
     Only for float16/bfloat16 queries and caches on a GPU. Their values are
@@ -128,5 +128,19 @@ def use_tf32(query_dtype: torch.dtype, cache_dtype: torch.dtype, interpreted: bo
     on an H100/H200, which decode at a 16-row tile needs to stay memory-bound.
     """
     half_types = (torch.float16, torch.bfloat16)
-    return (not interpreted) and query_dtype in half_types and cache_dtype in half_types
+    dtypes = (query.dtype, k_cache.dtype, v_cache.dtype)
+    return (not interpreted) and all(dtype in half_types for dtype in dtypes)
 
+
+def resolve_launch_settings(
+    defaults: dict[str, int], block_n: int | None, num_warps: int | None, num_stages: int | None
+) -> tuple[int, int, int]:
+    """The launch settings: the caller's overrides (tests, benchmarks) or the defaults.
+
+    ``block_n`` (key positions per tile) must be a power of two >= 16: ``tl.dot``
+    needs at least 16 along each side of a tile.
+    """
+    block_n = block_n or defaults["block_n"]
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot needs it), got {block_n}")
+    return block_n, num_warps or defaults["num_warps"], num_stages or defaults["num_stages"]

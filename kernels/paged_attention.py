@@ -41,6 +41,7 @@ from ._attention_tiles import (
     finish_softmax,
     load_kv_tile,
     online_softmax_step,
+    resolve_launch_settings,
     scores_of_tile,
     use_tf32,
 )
@@ -262,12 +263,9 @@ def paged_attention(
         return out
     scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
-    config = default_launch_config(TRITON_INTERPRETED)
-    block_n = block_n or config["block_n"]
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot needs it), got {block_n}")
-    num_warps = num_warps or config["num_warps"]
-    num_stages = num_stages or config["num_stages"]
+    block_n, num_warps, num_stages = resolve_launch_settings(
+        default_launch_config(TRITON_INTERPRETED), block_n, num_warps, num_stages
+    )
     group = num_q_heads // num_kv_heads
     head_dim_pad = triton.next_power_of_2(head_dim)
 
@@ -315,8 +313,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         SPLIT=split,
-        USE_TF32=use_tf32(query.dtype, k_cache.dtype, TRITON_INTERPRETED)
-        and use_tf32(query.dtype, v_cache.dtype, TRITON_INTERPRETED),
+        USE_TF32=use_tf32(query, k_cache, v_cache, TRITON_INTERPRETED),
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -45,6 +45,7 @@ from ._attention_tiles import (
     finish_softmax,
     load_kv_tile,
     online_softmax_step,
+    resolve_launch_settings,
     scores_of_tile,
     use_tf32,
 )
@@ -221,12 +222,9 @@ def unified_attention(
     # ...but tl.dot needs a tile of at least 16 rows.
     block_q = max(block_q, triton.cdiv(16, group_pad))
 
-    config = default_launch_config(TRITON_INTERPRETED, tile_rows=block_q * group_pad)
-    block_n = block_n or config["block_n"]
-    num_warps = num_warps or config["num_warps"]
-    num_stages = num_stages or config["num_stages"]
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16 (tl.dot needs it), got {block_n}")
+    block_n, num_warps, num_stages = resolve_launch_settings(
+        default_launch_config(TRITON_INTERPRETED, tile_rows=block_q * group_pad), block_n, num_warps, num_stages
+    )
 
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
     _unified_attention_kernel[grid](
@@ -251,8 +249,7 @@ def unified_attention(
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
-        USE_TF32=use_tf32(query.dtype, k_cache.dtype, TRITON_INTERPRETED)
-        and use_tf32(query.dtype, v_cache.dtype, TRITON_INTERPRETED),
+        USE_TF32=use_tf32(query, k_cache, v_cache, TRITON_INTERPRETED),
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -54,6 +54,13 @@ class EngineStats:
     num_waiting: int
 
 
+def find_stop_string(text: str, stop_strings: list[str]) -> Optional[int]:
+    """Where the first stop string starts in ``text``, or None."""
+    positions = [text.find(stop) for stop in stop_strings]
+    positions = [p for p in positions if p >= 0]
+    return min(positions) if positions else None
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner."""
 
@@ -262,18 +269,13 @@ class LLMEngine:
         last = request.output_token_ids[-1]
         if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if params.stop_strings and self._find_stop_string(request) is not None:
-            return RequestStatus.FINISHED_STOPPED
+        if params.stop_strings:
+            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+            if find_stop_string(text, params.stop_strings) is not None:
+                return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= params.max_tokens or request.num_tokens > self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
-
-    def _find_stop_string(self, request: Request) -> Optional[int]:
-        """Where the first stop string starts in the output text, or None."""
-        text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
-        positions = [text.find(stop) for stop in request.sampling_params.stop_strings]
-        positions = [p for p in positions if p >= 0]
-        return min(positions) if positions else None
 
     def _finish(self, request: Request, status: RequestStatus) -> RequestOutput:
         self.scheduler.finish_request(request, status)
@@ -295,10 +297,9 @@ class LLMEngine:
         else:
             token_ids_for_text = token_ids
         text = self.tokenizer.decode(token_ids_for_text, skip_special_tokens=True)
-        if request.sampling_params.stop_strings:
-            cut = self._find_stop_string(request)
-            if cut is not None:
-                text = text[:cut]
+        cut = find_stop_string(text, request.sampling_params.stop_strings)
+        if cut is not None:
+            text = text[:cut]
         completion = CompletionOutput(0, text, token_ids, request.get_finished_reason())
         return RequestOutput(
             request_id=request.request_id,

@@ -265,16 +265,15 @@ def _to_token_ids(prompt: PromptLike, tokenizer: Any) -> list[int]:
     return [int(t) for t in prompt]
 
 
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence, b: Sequence) -> int:
+    """How many leading items ``a`` and ``b`` share: the index of the first difference,
+    or the shorter length when one is a prefix of the other. On token ids it is where
+    two prompts diverge; on block-hash lists, how many blocks they share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
             return i
     return n
-
-
-def _num_matching(a: Sequence[BlockHash], b: Sequence[BlockHash]) -> int:
-    return _common_prefix_length(a, b)
 
 
 def explain_miss(
@@ -303,12 +302,12 @@ def explain_miss(
     b = _to_token_ids(new, tokenizer)
     if not b:
         raise ValueError("the new prompt is empty")
-    common = _common_prefix_length(a, b)
+    common = common_prefix_length(a, b)
     first_diff = common if common < min(len(a), len(b)) else None
 
     hashes_a = hash_request_tokens(a, block_size, cache_salt=cached_salt)
     hashes_b = hash_request_tokens(b, block_size, cache_salt=new_salt)
-    matching = _num_matching(hashes_a, hashes_b)
+    matching = common_prefix_length(hashes_a, hashes_b)  # the chain: equal up to the first broken block
     first_broken = matching if matching < len(hashes_b) else None
     reusable = min(matching, (len(b) - 1) // block_size)
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from ..hashing import hash_request_tokens
+from ..profiler import common_prefix_length
 from .html import GREEN, MONO, MUTED, VERMILLION, badge, container, esc, heading, style, tooltip_tokens
 from .state import CacheSnapshot, short_hash
 from .views import View
@@ -91,12 +92,9 @@ class HashChainView(View):
         """The first token index where prompt and reference differ (None: identical or no reference)."""
         if self.reference_ids is None:
             return None
-        for position, (a, b) in enumerate(zip(self.token_ids, self.reference_ids)):
-            if a != b:
-                return position
-        if len(self.token_ids) != len(self.reference_ids):
-            return min(len(self.token_ids), len(self.reference_ids))
-        return None
+        common = common_prefix_length(self.token_ids, self.reference_ids)
+        identical = common == len(self.token_ids) == len(self.reference_ids)
+        return None if identical else common
 
     def summary(self, snap: CacheSnapshot) -> dict:
         rows = self.chain(snap)
