@@ -26,9 +26,10 @@ models); this pool has none, so block ids run from 0 to ``num_blocks - 1``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Union
 
+# The KV-cache events live with the engine's other events; the pool records them.
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash
 
 if TYPE_CHECKING:
@@ -128,6 +129,17 @@ class FreeKVCacheBlockQueue:
         for block in blocks:
             self.append(block)
 
+    def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Put several blocks at the head, in the order given: ``blocks[0]`` becomes the head.
+
+        (``appendleft`` one at a time would reverse them.) O(1) per block:
+        each goes right after the previous one.
+        """
+        previous = self.fake_head
+        for block in blocks:
+            self._insert_after(previous, block)
+            previous = block
+
     def _insert_after(self, previous: Optional[KVCacheBlock], block: KVCacheBlock) -> None:
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
@@ -213,30 +225,6 @@ class BlockHashToBlockMap:
         self._cache.clear()
 
 
-@dataclass(frozen=True)
-class BlockStored:
-    """Event: a full block entered the prefix cache."""
-
-    block_id: int
-    block_hash: BlockHash
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    """Event: a cached block was evicted (popped for reuse); its hash is gone."""
-
-    block_id: int
-    block_hash: BlockHash
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    """Event: ``reset_prefix_cache`` emptied the prefix cache."""
-
-
-KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
-
-
 class BlockPool:
     """Owns every ``KVCacheBlock``, the free-block queue and the prefix-cache map.
 
@@ -294,8 +282,19 @@ class BlockPool:
             block_hash = request.block_hashes[index]
             block.block_hash = block_hash
             self.cached_block_hash_to_block.insert(block_hash, block)
-            if self.enable_kv_cache_events:
-                self.kv_event_queue.append(BlockStored(block.block_id, block_hash))
+        if self.enable_kv_cache_events and num_full_blocks > num_cached_blocks:
+            # One event for the whole run of blocks, as vLLM's cache_full_blocks sends.
+            block_size = request.block_size
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=tuple(request.block_hashes[num_cached_blocks:num_full_blocks]),
+                    parent_block_hash=request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None,
+                    token_ids=tuple(request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]),
+                    block_size=block_size,
+                    lora_name=request.lora_name,
+                    block_ids=tuple(block.block_id for block in blocks[num_cached_blocks:num_full_blocks]),
+                )
+            )
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks from the head of the free queue, each with ref_cnt 1.
@@ -322,8 +321,28 @@ class BlockPool:
         block.block_hash = None
         self.num_evictions += 1
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved(block.block_id, block_hash))
+            self.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,)))
         return True
+
+    def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take blocks back out of the prefix cache: their K/V were never written.
+
+        Blocks are cached at schedule time, before the model computes them
+        (see ``cache_full_blocks``). When that step fails, the engine calls
+        this for the blocks cached in it, before anything else can look them
+        up: each loses its hash and leaves the map (a ``BlockRemoved`` event
+        is recorded), so no later request can hit memory that holds garbage
+        or another tenant's K/V. The blocks stay with the requests holding
+        them; this is not an eviction and is not counted as one.
+        """
+        for block in blocks:
+            block_hash = block.block_hash
+            if block_hash is None:
+                continue
+            self.cached_block_hash_to_block.pop(block_hash, block.block_id)
+            block.block_hash = None
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,)))
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on cache-hit blocks (a free one leaves the free queue)."""
@@ -335,23 +354,33 @@ class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block; a block reaching 0 becomes free.
 
-        Where it goes decides how long it survives:
+        ``ordered_blocks`` come in eviction order: the first is to be reused
+        first. Where a freed block goes decides how long it survives:
 
-        * with a hash, to the **tail**, in the order given (the caller passes a
-          request's blocks in reverse, so a prefix's last block is evicted
-          before its first, which more requests share);
         * without a hash (a partial block, or caching off), to the **head**: it
-          can never be hit, so it is the cheapest to reuse.
+          can never be hit, so it is the cheapest to reuse;
+        * with a hash, to the **tail**: the last to be evicted.
+
+        Both groups keep the order given, as vLLM 0.33's ``free_blocks``: the
+        unhashed ones are put at the head together (``prepend_n``), so the
+        first of them is the new head; the hashed ones are appended together
+        (``append_n``). The caller passes a request's blocks in reverse, so a
+        prefix's last block is evicted before its first, which more requests
+        share.
         """
+        blocks_to_evict_first: list[KVCacheBlock] = []
+        blocks_to_evict_last: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.ref_cnt <= 0:
                 raise ValueError(f"block {block.block_id} freed more often than it was allocated")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block.block_hash is None:
-                    self.free_block_queue.appendleft(block)
+                    blocks_to_evict_first.append(block)
                 else:
-                    self.free_block_queue.append(block)
+                    blocks_to_evict_last.append(block)
+        self.free_block_queue.prepend_n(blocks_to_evict_first)
+        self.free_block_queue.append_n(blocks_to_evict_last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix. Refused (False) while any block is in use."""

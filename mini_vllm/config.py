@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Optional
+
+from .hashing import HASH_FUNCTIONS
+
+
+def _is_device_name(device: str) -> bool:
+    return device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", device) is not None
 
 
 @dataclass
@@ -42,16 +50,31 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        # bool is an int subclass in Python: True is refused where a number is meant.
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks", "max_model_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if value is None and name in ("num_blocks", "max_model_len"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
+            if value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks <= 0):
-            raise ValueError(f"num_blocks must be a positive integer or None, got {self.num_blocks!r}")
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len <= 0):
-            raise ValueError(f"max_model_len must be a positive integer or None, got {self.max_model_len!r}")
-        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
-            raise ValueError(f"kv_cache_memory_gb must be positive, got {self.kv_cache_memory_gb!r}")
+        gb = self.kv_cache_memory_gb
+        if gb is not None:
+            if isinstance(gb, bool) or not isinstance(gb, (int, float)):
+                raise TypeError(f"kv_cache_memory_gb must be a number or None, got {type(gb).__name__} {gb!r}")
+            if not 0 < gb < math.inf:
+                raise ValueError(f"kv_cache_memory_gb must be positive and finite, got {gb!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an integer, got {type(self.seed).__name__} {self.seed!r}")
+        if not abs(self.seed) < 2**32:
+            raise ValueError(f"seed must be an integer with abs(seed) < 2**32, got {self.seed!r}")
+        if self.hash_algo not in HASH_FUNCTIONS:
+            raise ValueError(f"hash_algo must be one of {sorted(HASH_FUNCTIONS)}, got {self.hash_algo!r}")
+        if not isinstance(self.device, str) or not _is_device_name(self.device):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):

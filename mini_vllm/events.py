@@ -3,12 +3,18 @@
 The engine emits one typed event for each change to the KV cache and the
 queues. Listeners are plain callables; with none attached, nothing is built,
 so the events cost nothing. Widgets only listen: they never change the engine.
+
+Changes to the prefix cache are vLLM's KV events (``BlockStored``,
+``BlockRemoved``, ``AllBlocksCleared``, as in ``vllm/distributed/kv_events.py``):
+the block pool records them and the engine passes the same objects on, so a
+widget, a test and a router in front of several engines all read one family.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Optional, Union
 
 
 @dataclass(frozen=True)
@@ -34,20 +40,52 @@ class BlocksAllocated:
     block_ids: tuple[int, ...]
 
 
+# -- KV-cache events: vLLM's family (``vllm/distributed/kv_events.py``) ----------------
+# The block pool records them (``BlockPool.take_events``); the scheduler and the
+# engine pass them on to listeners unchanged, so the widgets, the router and
+# the tests all see one family under vLLM's names. Fields follow vLLM 0.33's
+# where they make sense here; ``block_ids`` is mini-vLLM's addition (vLLM's
+# events are for routers in other processes, which cannot use block ids; the
+# widgets here draw blocks by id).
+
+
 @dataclass(frozen=True)
-class BlockCached:
-    """A full block entered the prefix cache under ``block_hash``."""
+class BlockStored:
+    """Full blocks entered the prefix cache: one event per ``cache_full_blocks`` call.
 
-    block_id: int
-    block_hash: bytes
+    ``block_hashes[i]`` names ``block_ids[i]``; the blocks are consecutive
+    blocks of one request, holding ``token_ids`` (``block_size`` tokens each).
+    ``parent_block_hash`` is the hash of the block before the first one (None
+    for a request's first block). vLLM 0.33 also sends ``lora_id``,
+    ``medium``, ``extra_keys`` and a few more; they have no use here.
+    """
+
+    block_hashes: tuple[bytes, ...]
+    parent_block_hash: Optional[bytes]
+    token_ids: tuple[int, ...]
+    block_size: int
+    lora_name: Optional[str] = None
+    block_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
-class BlockEvicted:
-    """A cached block was reused for something else; its hash is gone."""
+class BlockRemoved:
+    """Cached blocks left the prefix cache (evicted on reuse, or uncached after a failed step).
 
-    block_id: int
-    block_hash: bytes
+    vLLM 0.33 sends one event per removed hash; so does mini-vLLM
+    (``block_hashes`` has one entry, ``block_ids`` the matching block).
+    """
+
+    block_hashes: tuple[bytes, ...]
+    block_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """``reset_prefix_cache`` emptied the prefix cache: every hash is gone."""
+
+
+KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
 
 
 @dataclass(frozen=True)
@@ -83,8 +121,9 @@ EngineEvent = (
     RequestAdded
     | ComputedBlocksFound
     | BlocksAllocated
-    | BlockCached
-    | BlockEvicted
+    | BlockStored
+    | BlockRemoved
+    | AllBlocksCleared
     | BlocksFreed
     | RequestPreempted
     | RequestFinished

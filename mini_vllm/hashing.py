@@ -10,9 +10,11 @@ position depend only on the tokens up to that position.
 
 Only *full* blocks are hashed: a partial block may still change.
 
-vLLM equivalents: ``vllm/v1/core/kv_cache_utils.py`` (``NONE_HASH``,
-``hash_block_tokens``, ``hash_request_tokens``, ``generate_block_hash_extra_keys``)
-and ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``).
+vLLM equivalents (0.33): ``vllm/v1/core/kv_cache_utils.py`` (``NONE_HASH``,
+``init_none_hash``, ``hash_block_tokens``, ``generate_block_hash_extra_keys``, and
+``get_request_block_hasher``, which replaced the ``hash_request_tokens`` of older
+releases) and ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``,
+``xxhash``, ``xxhash_cbor``).
 """
 
 from __future__ import annotations
@@ -64,18 +66,33 @@ def get_hash_function(hash_algo: str) -> Callable[[bytes], bytes]:
         raise ValueError(f"unknown hash_algo {hash_algo!r}; expected one of {sorted(HASH_FUNCTIONS)}") from None
 
 
-def _make_none_hash() -> bytes:
-    """The parent of every request's first block.
+# vLLM 0.33's seed for NONE_HASH when PYTHONHASHSEED is unset and the hash is
+# cryptographic (``DEFAULT_NONE_HASH_SEED`` in ``vllm/v1/core/kv_cache_utils.py``).
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 
-    Fixed by default, so the hashes the course prints are the same in every
-    process and on every machine. When ``PYTHONHASHSEED`` is set it is derived
-    from that instead, as vLLM does, so a deployment can make its hashes
-    unpredictable to outsiders.
+
+def resolve_none_hash_seed() -> str:
+    """The seed ``NONE_HASH`` is derived from: ``PYTHONHASHSEED`` if set, else the fixed default."""
+    return os.environ.get("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)
+
+
+def _make_none_hash() -> bytes:
+    """The parent of every request's first block, derived as vLLM 0.33 derives it.
+
+    vLLM 0.33 (``init_none_hash``) hashes the seed *string* with the same
+    function it hashes blocks with, i.e. ``sha256(pickle.dumps(seed))``. The
+    seed is fixed by default, so the hashes the course prints are the ones
+    vLLM computes, in every process and on every machine; with
+    ``PYTHONHASHSEED`` set it is that value instead, so a deployment can share
+    it across its replicas (or keep it secret).
+
+    One difference: for xxhash vLLM 0.33 uses a *random* per-process seed when
+    ``PYTHONHASHSEED`` is unset (a guessable seed would let an attacker
+    precompute collisions); here ``NONE_HASH`` is always the SHA-256 one, so
+    only the default algorithm is byte-identical to vLLM.
     """
-    seed = os.environ.get("PYTHONHASHSEED")
-    if seed is None:
-        return sha256(b"mini-vllm: NONE_HASH")
-    return sha256(seed.encode())
+    seed = resolve_none_hash_seed()
+    return sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 NONE_HASH: BlockHash = _make_none_hash()
@@ -93,24 +110,40 @@ def hash_block_tokens(
     ``(12, 3)`` serialize differently, as do a salt and a LoRA name of the
     same text (their tags differ). A first block passes ``parent_block_hash=None``
     and gets ``NONE_HASH`` as its parent.
+
+    Byte-identical to vLLM 0.33's ``hash_block_tokens`` with ``sha256``: the
+    same tuple ``(parent, tuple(token_ids), extra_keys)``, pickled with
+    ``pickle.HIGHEST_PROTOCOL`` (protocol 5), then SHA-256.
     """
     if parent_block_hash is None:
         parent_block_hash = NONE_HASH
-    payload = pickle.dumps((parent_block_hash, tuple(token_ids), extra_keys), protocol=5)
+    payload = pickle.dumps((parent_block_hash, tuple(token_ids), extra_keys), protocol=pickle.HIGHEST_PROTOCOL)
     return hash_fn(payload)
 
 
-def block_extra_keys(block_index: int, cache_salt: Optional[str] = None, lora_name: Optional[str] = None) -> ExtraKeys:
+def block_extra_keys(
+    block_index: int,
+    cache_salt: Optional[str] = None,
+    lora_name: Optional[str] = None,
+    lora_path: Optional[str] = None,
+) -> ExtraKeys:
     """The extra keys of block ``block_index``, or None when it has none.
 
-    The LoRA name enters every block (the same tokens through another adapter
-    give other K/V). The salt enters block 0 only: every later block inherits
-    it through the chain of parent hashes.
+    As vLLM 0.33's ``generate_block_hash_extra_keys``: each key is a tagged
+    tuple, LoRA first, then the salt.
+
+    * The LoRA key ``("lora", lora_name, lora_path)`` enters every block (the
+      same tokens through another adapter give other K/V). The path is part of
+      it so that re-pointing a name at another adapter does not reuse old K/V.
+      (mini-vLLM runs no adapters; ``lora_path`` is None unless given.)
+    * The salt key ``("cache_salt", cache_salt)`` enters block 0 only: every
+      later block inherits it through the chain of parent hashes. An empty
+      salt ``""`` is no salt, as in vLLM.
     """
-    keys: list[tuple[str, str]] = []
+    keys: list[tuple[Optional[str], ...]] = []
     if lora_name is not None:
-        keys.append((LORA_TAG, lora_name))
-    if cache_salt is not None and block_index == 0:
+        keys.append((LORA_TAG, lora_name, lora_path))
+    if cache_salt and block_index == 0:
         keys.append((SALT_TAG, cache_salt))
     return tuple(keys) if keys else None
 
@@ -122,6 +155,7 @@ def hash_new_full_blocks(
     cache_salt: Optional[str] = None,
     lora_name: Optional[str] = None,
     hash_fn: Callable[[bytes], bytes] = sha256,
+    lora_path: Optional[str] = None,
 ) -> list[BlockHash]:
     """Hash the full blocks of ``token_ids`` that ``block_hashes`` does not cover yet.
 
@@ -136,7 +170,7 @@ def hash_new_full_blocks(
     for index in range(first_block, num_full_blocks):
         start = index * block_size
         block_tokens = token_ids[start : start + block_size]
-        parent = hash_block_tokens(parent, block_tokens, block_extra_keys(index, cache_salt, lora_name), hash_fn)
+        parent = hash_block_tokens(parent, block_tokens, block_extra_keys(index, cache_salt, lora_name, lora_path), hash_fn)
         new_hashes.append(parent)
     return new_hashes
 
@@ -147,8 +181,11 @@ def hash_request_tokens(
     cache_salt: Optional[str] = None,
     lora_name: Optional[str] = None,
     hash_algo: str = "sha256",
+    lora_path: Optional[str] = None,
 ) -> list[BlockHash]:
     """One chained hash per *full* block of ``token_ids`` (a partial tail gets none)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    return hash_new_full_blocks(token_ids, block_size, [], cache_salt, lora_name, get_hash_function(hash_algo))
+    return hash_new_full_blocks(
+        token_ids, block_size, [], cache_salt, lora_name, get_hash_function(hash_algo), lora_path
+    )

@@ -25,18 +25,46 @@ from .request import Request
 
 @dataclass
 class PrefixCacheStats:
-    """Prefix-cache counters, in tokens (vLLM: ``vllm:prefix_cache_queries`` / ``_hits``).
+    """Prefix-cache counters, as vLLM 0.33's ``PrefixCacheStats`` (``vllm/v1/metrics/stats.py``).
 
-    ``requests``: lookups made; ``queries``: prompt tokens looked up;
-    ``hits``: tokens found in the cache.
+    A lookup is counted once, when its request is *admitted* (its first
+    ``allocate_slots`` succeeds): a request whose allocation failed and that
+    is looked up again next step counts once, and nothing is counted with
+    caching off. Re-admissions of preempted requests are counted apart, in
+    the ``preempted_*`` counters, so that recomputing a preempted request's own
+    blocks does not inflate the hit rate.
+
+    ``requests``: admitted requests; ``queries``: their tokens at admission;
+    ``hits``: of those, tokens found in the cache (vLLM's metrics
+    ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` are
+    ``queries`` / ``hits``). ``reset`` is True once ``reset_prefix_cache``
+    succeeded. vLLM hands these out per scheduler step
+    (``make_prefix_cache_stats`` returns and clears them) and its logger keeps
+    a hit rate over the last 1000 requests; mini-vLLM keeps them cumulative.
     """
 
     requests: int = 0
     queries: int = 0
     hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    reset: bool = False
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """Count one admitted request's lookup (vLLM: ``PrefixCacheStats.record``)."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+            return
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits
 
     @property
     def hit_rate(self) -> float:
+        """``hits / queries`` over new requests (0.0 before any)."""
         return self.hits / self.queries if self.queries else 0.0
 
 
@@ -77,6 +105,10 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request_id -> how many of its blocks are already in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
+        # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
+        # (a dict, so it never outgrows the pool when nobody takes it): the scheduler
+        # takes them once per step, so that a failed step can uncache them.
+        self.newly_cached_blocks: dict[int, KVCacheBlock] = {}
         self.prefix_cache_stats = PrefixCacheStats()
 
     @property
@@ -113,15 +145,17 @@ class KVCacheManager:
         computed even when everything is cached, because its logits give the
         first output token. A fully cached 48-token prompt therefore hits 2
         blocks (32 tokens) with 16-token blocks, and recomputes the third.
+
+        Counts nothing: a lookup is counted when the request is admitted
+        (``allocate_slots``), so a request looked up in several steps before
+        it fits counts once.
         """
         self._check_block_size(request)
         if not self.enable_caching:
-            self._record_lookup(request, 0)
             return [], 0
         max_cache_hit_length = request.num_tokens - 1
         computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_cache_hit_length // self.block_size)
         num_computed_tokens = len(computed_blocks) * self.block_size
-        self._record_lookup(request, num_computed_tokens)
         return computed_blocks, num_computed_tokens
 
     def _check_block_size(self, request: Request) -> None:
@@ -132,10 +166,17 @@ class KVCacheManager:
                 f"but the KV cache uses block_size={self.block_size}"
             )
 
-    def _record_lookup(self, request: Request, num_hit_tokens: int) -> None:
-        self.prefix_cache_stats.requests += 1
-        self.prefix_cache_stats.queries += request.num_tokens
-        self.prefix_cache_stats.hits += num_hit_tokens
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count an admitted request's lookup: ``num_hits`` of its tokens were cached.
+
+        A request that was preempted before counts in the ``preempted_*``
+        counters; with caching off nothing is counted (vLLM 0.33's
+        ``KVCacheManager.record_prefix_cache_stats``). ``allocate_slots`` calls
+        it when it admits a request.
+        """
+        if not self.enable_caching:
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, preempted=request.num_preemptions > 0)
 
     # -- allocation -------------------------------------------------------------
     def allocate_slots(
@@ -144,6 +185,7 @@ class KVCacheManager:
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
+        num_lookahead_tokens: int = 0,
     ) -> Optional[list[KVCacheBlock]]:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
@@ -151,6 +193,8 @@ class KVCacheManager:
             num_new_tokens: tokens to compute in this step (prompt tokens, or 1 for a decode).
             num_new_computed_tokens: tokens of the cache hit (first admission only).
             new_computed_blocks: the hit blocks from ``get_computed_blocks``.
+            num_lookahead_tokens: extra slots for speculative (draft) tokens:
+                allocated, but never cached, since they may be rejected.
 
         Returns the newly allocated blocks (``[]`` when none were needed), or
         None — changing nothing at all — when the pool cannot serve the request.
@@ -160,15 +204,25 @@ class KVCacheManager:
         Every block that becomes full with this step's tokens is hashed into the
         cache *now*, at schedule time, so a request admitted later in the same
         step can already hit it.
+
+        A request that held no blocks is being *admitted*: when its allocation
+        succeeds, its lookup is counted in ``prefix_cache_stats`` (once, even
+        if earlier attempts failed). vLLM 0.33's scheduler makes that call
+        (``record_prefix_cache_stats``) right after a successful
+        ``allocate_slots``; here ``allocate_slots`` makes it, so every caller
+        counts the same way.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be positive, got {num_new_tokens}")
+        if num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens}")
         self._check_block_size(request)
         new_computed_blocks = list(new_computed_blocks)
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        is_admission = not req_blocks
 
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens_need_slot = num_computed_tokens + num_new_tokens
+        num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
         num_required_blocks = cdiv(num_tokens_need_slot, self.block_size)
         num_new_blocks = max(0, num_required_blocks - len(req_blocks) - len(new_computed_blocks))
         # A hit block with ref_cnt 0 is in the free queue: taking it uses up a free block.
@@ -191,7 +245,10 @@ class KVCacheManager:
         req_blocks.extend(new_blocks)
 
         if self.enable_caching:
-            self.cache_blocks(request, min(num_tokens_need_slot, request.num_tokens))
+            # Only tokens that are final are cached: never the lookahead slots.
+            self.cache_blocks(request, min(num_computed_tokens + num_new_tokens, request.num_tokens))
+        if is_admission:
+            self.record_prefix_cache_stats(request, num_new_computed_tokens)
         return new_blocks
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -200,10 +257,27 @@ class KVCacheManager:
         num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
         if num_full_blocks <= num_cached_blocks:
             return
-        self.block_pool.cache_full_blocks(
-            request, self.req_to_blocks[request.request_id], num_cached_blocks, num_full_blocks
-        )
+        req_blocks = self.req_to_blocks[request.request_id]
+        self.block_pool.cache_full_blocks(request, req_blocks, num_cached_blocks, num_full_blocks)
+        for block in req_blocks[num_cached_blocks:num_full_blocks]:
+            self.newly_cached_blocks[block.block_id] = block
         self.num_cached_block[request.request_id] = num_full_blocks
+
+    def take_newly_cached_blocks(self) -> list[KVCacheBlock]:
+        """The blocks cached since the last call (at schedule time: their K/V are not written yet)."""
+        blocks = list(self.newly_cached_blocks.values())
+        self.newly_cached_blocks = {}
+        return blocks
+
+    def uncache_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Take blocks whose K/V were never computed back out of the prefix cache.
+
+        The engine calls this when a step fails, with the blocks that step
+        cached (``SchedulerOutput.newly_cached_blocks``). Each loses its hash
+        and leaves the map; the requests holding them are then finished or
+        rolled back by the scheduler, which frees them.
+        """
+        self.block_pool.uncache_blocks(blocks)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first (a no-op for unknown requests).
@@ -226,7 +300,10 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (and nothing changes) while blocks are in use."""
-        return self.block_pool.reset_prefix_cache()
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.prefix_cache_stats.reset = True
+        return True
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()

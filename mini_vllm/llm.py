@@ -11,13 +11,13 @@ vLLM equivalent: ``vllm/entrypoints/llm.py`` (``LLM.generate``, ``LLM.chat``).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from tqdm.auto import tqdm
 
 from .config import EngineConfig
+from .interrupts import keyboard_interrupts_deferred
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -60,7 +60,6 @@ class LLM:
             seed=seed,
         )
         self.llm_engine = LLMEngine(model, config)
-        self._call_counter = itertools.count()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -71,25 +70,8 @@ class LLM:
 
     # -- generate ---------------------------------------------------------------
     def _to_request_inputs(self, prompt: PromptType) -> tuple[list[int], Optional[str], Any]:
-        """(prompt_token_ids, cache_salt, what to report as the prompt)."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty: give at least one token")
-            token_ids = self.get_tokenizer().encode(prompt, add_special_tokens=False)
-            return token_ids, None, prompt
-        if isinstance(prompt, dict):
-            unknown = set(prompt) - {"prompt_token_ids", "cache_salt", "prompt"}
-            if unknown:
-                raise ValueError(f"unknown prompt keys {sorted(unknown)}; expected 'prompt_token_ids' and 'cache_salt'")
-            if "prompt_token_ids" in prompt:
-                token_ids = prompt["prompt_token_ids"]
-                shown = prompt.get("prompt")
-            elif "prompt" in prompt:
-                token_ids, _, shown = self._to_request_inputs(prompt["prompt"])
-            else:
-                raise ValueError("a dict prompt needs 'prompt_token_ids' (or 'prompt')")
-            return token_ids, prompt.get("cache_salt"), shown
-        raise ValueError(f"a prompt must be a str or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+        """(prompt_token_ids, cache_salt, what to report as the prompt): ``LLMEngine.process_prompt``."""
+        return self.llm_engine.process_prompt(prompt)
 
     def generate(
         self,
@@ -100,45 +82,37 @@ class LLM:
         """Generate completions for every prompt; outputs come back in prompt order.
 
         A prompt is a string or ``{"prompt_token_ids": [...], "cache_salt": "..."}``.
-        Every prompt is validated before any is queued: a bad one raises
-        ValueError and nothing is allocated. With ``n > 1`` each completion runs
-        as its own request; they share the prompt's blocks through the prefix cache.
+        Every prompt is validated before any is queued (``LLMEngine.add_requests``):
+        a bad one raises ValueError (TypeError for a wrong type) and nothing is
+        allocated. With ``n > 1`` each completion runs as its own request; they
+        share the prompt's blocks through the prefix cache.
+
+        A completion whose step failed has ``finish_reason="error"`` (the
+        error is logged); the others are unaffected. On Ctrl-C every request
+        of this call is aborted, its blocks freed, and the ``KeyboardInterrupt``
+        raised again: the engine is ready for the next call.
         """
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        params_list = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
-
         engine = self.llm_engine
-        call = next(self._call_counter)
-        child_ids = [
-            [f"{call}-{index}" if params.n == 1 else f"{call}-{index}-{k}" for k in range(params.n)]
-            for index, params in enumerate(params_list)
-        ]
-        # Validate everything before queueing anything: one bad prompt leaves the engine untouched.
-        inputs = [self._to_request_inputs(p) for p in prompts]
-        validated = [engine.validate_request(ids, params, salt) for (ids, salt, _), params in zip(inputs, params_list)]
-        for request_id in sum(child_ids, []):
-            engine.check_request_id(request_id)
+        queued_before = set(engine.requests)
+        results: dict[str, RequestOutput] = {}
+        try:
+            child_ids = engine.add_requests(prompts, sampling_params)
+            self._run_engine(sum(child_ids.values(), []), use_tqdm, results)
+        finally:
+            # On an exception (or Ctrl-C) nothing of this call may stay queued or allocated.
+            # (Found by difference, so that even requests queued just before a Ctrl-C are caught.)
+            with keyboard_interrupts_deferred():
+                for request_id in set(engine.requests) - queued_before:
+                    engine.abort_request(request_id)
+        return [self._merge(request_id, ids, results) for request_id, ids in child_ids.items()]
 
-        for ids, token_ids, (_, salt, shown), params in zip(child_ids, validated, inputs, params_list):
-            for child_id in ids:
-                engine.add_validated_request(child_id, list(token_ids), params, cache_salt=salt, prompt=shown)
-
-        results = self._run_engine(sum(child_ids, []), use_tqdm)
-        return [self._merge(f"{call}-{index}", ids, results) for index, ids in enumerate(child_ids)]
-
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> dict[str, RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool, results: dict[str, RequestOutput]) -> None:
+        """Step the engine until every one of ``request_ids`` is in ``results``."""
         engine = self.llm_engine
         wanted = set(request_ids)
-        results: dict[str, RequestOutput] = {}
         progress = tqdm(total=len(request_ids), desc="generate", disable=not use_tqdm)
         try:
-            while len(results) < len(request_ids):
+            while not wanted <= results.keys():
                 # The engine may also finish requests queued before this call
                 # (e.g. by the dashboard's add_requests): they are not ours to return.
                 for output in engine.step():
@@ -147,11 +121,6 @@ class LLM:
                         progress.update(1)
         finally:
             progress.close()
-            # On an exception (or Ctrl-C) nothing may stay allocated.
-            for request_id in request_ids:
-                if request_id not in results:
-                    engine.abort_request(request_id)
-        return results
 
     @staticmethod
     def _merge(request_id: str, child_ids: list[str], results: dict[str, RequestOutput]) -> RequestOutput:
@@ -181,11 +150,31 @@ class LLM:
         cache_salt: Optional[str] = None,
         chat_template_kwargs: Optional[dict] = None,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations rendered with the tokenizer's chat template."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        """Generate replies to conversations rendered with the tokenizer's chat template.
+
+        ``messages``: one conversation (a list of ``{"role": str, "content": str}``)
+        or a list of them. Every conversation is checked and rendered before
+        anything is queued; an error names the conversation and message index.
+
+        As in vLLM, the template is rendered to text and that text is tokenized
+        with special tokens recognized, so a role marker such as
+        ``<|im_start|>`` typed inside a message's content becomes the control
+        token, not literal text (chapter 09b). Escape or strip such markers from
+        untrusted content yourself.
+        """
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise TypeError(f"chat_template_kwargs must be a dict or None, got {type(chat_template_kwargs).__name__}")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise TypeError(f"messages must be a non-empty list of messages (or of conversations), got {messages!r:.80}")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         prompts = []
-        for conversation in conversations:
-            token_ids = self.apply_chat_template(conversation, **(chat_template_kwargs or {}))
+        for index, conversation in enumerate(conversations):
+            where = f"conversation {index}, " if len(conversations) > 1 else ""
+            check_conversation(conversation, where)
+            try:
+                token_ids = self.apply_chat_template(conversation, **(chat_template_kwargs or {}))
+            except Exception as error:  # a template may reject a conversation by raising (jinja's TemplateError)
+                raise ValueError(f"{where}the chat template rejected the conversation: {error}") from error
             prompt: dict = {"prompt_token_ids": token_ids}
             if cache_salt is not None:
                 prompt["cache_salt"] = cache_salt
@@ -198,3 +187,21 @@ class LLM:
             conversation, tokenize=False, add_generation_prompt=True, **kwargs
         )
         return self.get_tokenizer().encode(text, add_special_tokens=False)
+
+
+def check_conversation(conversation: Any, where: str = "") -> None:
+    """TypeError/ValueError naming the message index when a conversation is malformed."""
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise TypeError(f"{where}a conversation must be a non-empty list of messages, got {conversation!r:.80}")
+    for index, message in enumerate(conversation):
+        if not isinstance(message, dict):
+            raise TypeError(f"{where}message {index} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        for key in ("role", "content"):
+            if key not in message:
+                raise ValueError(f"{where}message {index} has no {key!r}: {message!r:.80}")
+            if not isinstance(message[key], str):
+                raise TypeError(
+                    f"{where}message {index}: {key!r} must be a str, got {type(message[key]).__name__} {message[key]!r:.80}"
+                )
+        if not message["role"]:
+            raise ValueError(f"{where}message {index}: 'role' is empty")

@@ -11,10 +11,12 @@ vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -24,6 +26,7 @@ from transformers import AutoTokenizer
 from .attention import get_attn_backend
 from .config import EngineConfig
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
+from .interrupts import keyboard_interrupts_deferred
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelConfig, default_model_path, load_model
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -31,7 +34,7 @@ from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger("mini_vllm")
 
@@ -40,7 +43,13 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 @dataclass
 class EngineStats:
-    """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``)."""
+    """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``).
+
+    The prefix-cache counters are ``KVCacheManager.prefix_cache_stats``, as
+    vLLM 0.33 counts them: one lookup per admitted request, re-admissions
+    after preemption apart (``prefix_cache_preempted_*``), nothing with
+    caching off. ``hit_rate`` is ``prefix_cache_hits / prefix_cache_queries``.
+    """
 
     num_steps: int
     prefix_cache_queries: int
@@ -52,6 +61,65 @@ class EngineStats:
     num_blocks_in_use: int
     num_running: int
     num_waiting: int
+    prefix_cache_requests: int = 0
+    prefix_cache_preempted_requests: int = 0
+    prefix_cache_preempted_queries: int = 0
+    prefix_cache_preempted_hits: int = 0
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` -> CUDA when available, else the CPU; ValueError for a GPU that is not there."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r}, but CUDA is not available here: use device='cpu' or 'auto'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return resolved
+
+
+def load_tokenizer(model_path: str):
+    """The folder's tokenizer; ValueError when it has no tokenizer files (instead of an empty tokenizer)."""
+    if os.path.isdir(model_path) and not any(os.path.exists(os.path.join(model_path, f)) for f in TOKENIZER_FILES):
+        raise ValueError(
+            f"the model folder {model_path!r} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
+            "copy them from the model's original folder"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if len(tokenizer) == 0:
+        raise ValueError(f"the tokenizer in {model_path!r} has an empty vocabulary")
+    return tokenizer
+
+
+def type_name(value: Any) -> str:
+    """``numpy.ndarray``, ``torch.Tensor``, ``int``: the type of ``value`` as an error message shows it."""
+    cls = type(value)
+    module = cls.__module__.split(".")[0]
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def child_request_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a prompt's completions: itself when ``n == 1``, else ``"{id}-{k}"``."""
+    return [request_id] if n == 1 else [f"{request_id}-{k}" for k in range(n)]
+
+
+def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The settings of completion ``index`` of a prompt: ``n=1`` and, if seeded, ``seed + index``.
+
+    vLLM: ``ParentRequest._get_child_sampling_params`` (``vllm/v1/engine/parallel_sampling.py``).
+    """
+    if params.n == 1:
+        return params
+    child = copy.copy(params)
+    child.n = 1
+    if params.seed is not None:
+        child.seed = params.seed + index
+    return child
 
 
 def find_stop_string(text: str, stop_strings: list[str]) -> Optional[int]:
@@ -67,16 +135,14 @@ class LLMEngine:
     def __init__(self, model: Optional[str] = None, config: Optional[EngineConfig] = None) -> None:
         self.config = config = config or EngineConfig()
         self.model_path = os.path.expanduser(str(model)) if model is not None else default_model_path()
-        self.device = torch.device(
-            ("cuda" if torch.cuda.is_available() else "cpu") if config.device == "auto" else config.device
-        )
+        self.device = resolve_device(config.device)
         self.model_config = ModelConfig.from_pretrained(self.model_path)
         self.dtype = self._resolve_dtype(config.dtype)
         self.max_model_len = min(
             config.max_model_len or self.model_config.max_position_embeddings,
             self.model_config.max_position_embeddings,
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = self._eos_token_ids()
 
         attn_backend = get_attn_backend(config.attention_backend, str(self.device))
@@ -91,6 +157,7 @@ class LLMEngine:
         self.generators: dict[str, torch.Generator] = {}
         self.num_steps = 0
         self._request_counter = itertools.count()
+        self._batch_counter = itertools.count()  # add_requests' automatic ids: "{batch}-{index}"
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB) on %s, attention backend %r",
             num_blocks,
@@ -142,26 +209,82 @@ class LLMEngine:
             self.kv_cache_manager.take_events()
 
     # -- requests ---------------------------------------------------------------
+    # Every way in (LLM.generate, LLM.chat, add_request, add_requests, the
+    # dashboard) goes through process_prompt and validate_request before
+    # anything is queued or allocated: bad input raises ValueError (TypeError
+    # for a wrong type) naming the field and the value, and changes nothing.
+
+    def process_prompt(self, prompt: Any) -> tuple[Any, Optional[str], Any]:
+        """A prompt as ``LLM.generate`` takes it -> (prompt_token_ids, cache_salt, what to report as the prompt).
+
+        A prompt is a non-empty ``str`` (tokenized here, no special tokens
+        added) or a dict with ``"prompt_token_ids"`` (or ``"prompt"``, a
+        string) and optionally ``"cache_salt"``. The token ids are checked by
+        ``validate_request``.
+        """
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty: give at least one token")
+            return self.tokenizer.encode(prompt, add_special_tokens=False), None, prompt
+        if not isinstance(prompt, dict):
+            raise TypeError(f"a prompt must be a str or a dict with 'prompt_token_ids', got {type_name(prompt)}")
+        unknown = set(prompt) - {"prompt_token_ids", "cache_salt", "prompt"}
+        if unknown:
+            raise ValueError(
+                f"unknown prompt keys {sorted(map(str, unknown))}; expected 'prompt_token_ids' (or 'prompt') and 'cache_salt'"
+            )
+        text = prompt.get("prompt")
+        if text is not None and not isinstance(text, str):
+            raise TypeError(
+                f"prompt['prompt'] must be a str, got {type_name(text)} {text!r:.80}: a prompt dict cannot nest another"
+            )
+        if "prompt_token_ids" in prompt:
+            return prompt["prompt_token_ids"], prompt.get("cache_salt"), text
+        if text is None:
+            raise ValueError("a dict prompt needs 'prompt_token_ids' (or 'prompt')")
+        token_ids, _, shown = self.process_prompt(text)
+        return token_ids, prompt.get("cache_salt"), shown
+
     def validate_request(
         self, prompt_token_ids: Any, sampling_params: SamplingParams, cache_salt: Optional[str] = None
     ) -> list[int]:
-        """Check a request before anything is allocated; ValueError says what is wrong."""
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
-        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+        """Check a request before anything is allocated; returns its token ids as a list.
+
+        Token ids must be Python ``int``s in a ``list`` or ``tuple`` (as in
+        vLLM, whose prompt_token_ids are ``list[int]``): a numpy array, a
+        tensor, a ``range`` or a string is refused with a TypeError naming its
+        type (``.tolist()`` converts arrays and tensors). The request must fit
+        ``max_model_len`` and the pool: prompt + ``max_tokens - 1`` tokens need
+        slots (the last sampled token is never computed), so a prompt that fills
+        the pool exactly is accepted with ``max_tokens=1``.
+        """
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type_name(sampling_params)} {sampling_params!r:.80}")
+        # An empty salt is no salt, as in vLLM's offline LLM (its OpenAI server refuses "").
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a str or None, got {type_name(cache_salt)} {cache_salt!r:.80}")
+        if isinstance(prompt_token_ids, str) or not isinstance(prompt_token_ids, (list, tuple)):
+            hint = " (text goes in as the prompt itself)" if isinstance(prompt_token_ids, str) else " (convert it with .tolist() or list(...))"
+            raise TypeError(f"prompt_token_ids must be a list of ints, got {type_name(prompt_token_ids)}{hint}")
+        if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
         vocab_size = self.model_config.vocab_size
-        for token_id in prompt_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
+        for index, token_id in enumerate(prompt_token_ids):
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                hint = " (convert numpy or torch integers with .tolist())" if hasattr(token_id, "item") else ""
+                raise TypeError(
+                    f"prompt_token_ids[{index}] must be an int, got {type_name(token_id)} {token_id!r:.40}{hint}"
+                )
+            if not 0 <= token_id < vocab_size:
                 raise ValueError(
-                    f"token id {token_id!r} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
+                    f"prompt_token_ids[{index}] = {token_id} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
                 )
         if len(prompt_token_ids) > self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens, longer than max_model_len={self.max_model_len}"
             )
-        longest = min(len(prompt_token_ids) + sampling_params.max_tokens, self.max_model_len + 1)
-        needed_blocks = cdiv(longest, self.config.block_size)
+        num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens - 1, self.max_model_len)
+        needed_blocks = cdiv(num_tokens_needing_slots, self.config.block_size)
         if needed_blocks > self.kv_cache_manager.num_blocks:
             raise ValueError(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling_params.max_tokens}) needs "
@@ -177,13 +300,103 @@ class LLMEngine:
         cache_salt: Optional[str] = None,
         prompt: Any = None,
     ) -> Request:
-        """Queue a request (validated first: a bad one raises and leaves the engine untouched)."""
-        sampling_params = sampling_params or SamplingParams()
+        """Queue one sequence (validated first: a bad one raises and leaves the engine untouched).
+
+        ``n > 1`` needs one request per completion: use ``add_requests``.
+        """
+        sampling_params = SamplingParams() if sampling_params is None else sampling_params
         self.check_request_id(request_id)
         prompt_token_ids = self.validate_request(prompt_token_ids, sampling_params, cache_salt)
+        if sampling_params.n != 1:
+            raise ValueError(
+                f"add_request queues one sequence, but n={sampling_params.n}: use add_requests, "
+                "which queues one request per completion"
+            )
         return self.add_validated_request(request_id, prompt_token_ids, sampling_params, cache_salt, prompt)
 
+    def add_requests(
+        self,
+        prompts: Any,
+        sampling_params: Any = None,
+        request_ids: Optional[Sequence[str]] = None,
+    ) -> dict[str, list[str]]:
+        """Validate a whole batch, then queue all of it; returns ``{prompt's id: its completions' ids}``.
+
+        ``prompts``: one prompt or a list (see ``process_prompt``);
+        ``sampling_params``: None, one ``SamplingParams`` or one per prompt;
+        ``request_ids``: one id per prompt, or None for ids ``"{batch}-{index}"``
+        that are not in use. A prompt with ``n > 1`` becomes ``n`` requests
+        ``"{id}-{k}"``, which share its blocks through the prefix cache; with a
+        seed, completion ``k`` samples with ``seed + k`` (as vLLM's
+        ``ParentRequest`` does), so the completions differ and are reproducible.
+
+        Nothing is queued unless everything is valid: an error names the prompt
+        by its index.
+        """
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params_list = self._sampling_params_per_prompt(sampling_params, len(prompts))
+        inputs = []
+        for index, (prompt, params) in enumerate(zip(prompts, params_list)):
+            try:
+                token_ids, cache_salt, shown = self.process_prompt(prompt)
+                token_ids = self.validate_request(token_ids, params, cache_salt)
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"prompt {index}: {error}") from None
+            inputs.append((token_ids, cache_salt, shown))
+
+        if request_ids is None:
+            while True:  # skip batch numbers whose ids someone already uses
+                batch = next(self._batch_counter)
+                request_ids = [f"{batch}-{index}" for index in range(len(prompts))]
+                child_ids = [child_request_ids(base, p.n) for base, p in zip(request_ids, params_list)]
+                if not any(request_id in self.requests for ids in child_ids for request_id in ids):
+                    break
+        else:
+            request_ids = list(request_ids)
+            if len(request_ids) != len(prompts):
+                raise ValueError(f"got {len(request_ids)} request_ids for {len(prompts)} prompts")
+            child_ids = [child_request_ids(base, p.n) for base, p in zip(request_ids, params_list)]
+            all_ids = [request_id for ids in child_ids for request_id in ids]
+            for request_id in all_ids:
+                self.check_request_id(request_id)
+            if len(set(all_ids)) != len(all_ids):
+                raise ValueError(f"request ids repeat within the batch: {all_ids}")
+
+        queued: list[str] = []
+        try:
+            with keyboard_interrupts_deferred():  # all of the batch or none of it
+                for ids, (token_ids, cache_salt, shown), params in zip(child_ids, inputs, params_list):
+                    for index, request_id in enumerate(ids):
+                        child_params = child_sampling_params(params, index)
+                        self.add_validated_request(request_id, list(token_ids), child_params, cache_salt, shown)
+                        queued.append(request_id)
+        except BaseException:
+            for request_id in queued:
+                self.abort_request(request_id)
+            raise
+        return dict(zip(request_ids, child_ids))
+
+    @staticmethod
+    def _sampling_params_per_prompt(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * num_prompts
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num_prompts
+        if isinstance(sampling_params, (list, tuple)):
+            for index, params in enumerate(sampling_params):
+                if not isinstance(params, SamplingParams):
+                    raise TypeError(f"sampling_params[{index}] must be a SamplingParams, got {type_name(params)}")
+            if len(sampling_params) != num_prompts:
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {num_prompts} prompts")
+            return list(sampling_params)
+        raise TypeError(
+            f"sampling_params must be a SamplingParams or a list of them, got {type_name(sampling_params)} "
+            f"{sampling_params!r:.80} (write SamplingParams(**...) for a dict)"
+        )
+
     def check_request_id(self, request_id: str) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type_name(request_id)} {request_id!r:.40}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
 
@@ -195,46 +408,70 @@ class LLMEngine:
         cache_salt: Optional[str] = None,
         prompt: Any = None,
     ) -> Request:
-        """Queue a request that ``check_request_id`` and ``validate_request`` accepted.
-
-        ``LLM.generate`` validates a whole batch before queueing any of it, so
-        that one bad prompt leaves the engine untouched; it then comes here.
-        """
-        request = Request(
-            request_id,
-            prompt_token_ids,
-            block_size=self.config.block_size,
-            cache_salt=cache_salt,
-            sampling_params=sampling_params,
-            hash_algo=self.config.hash_algo,
-            prompt=prompt,
-        )
-        seed = sampling_params.seed
-        if seed is None:
-            seed = self.config.seed * 1_000_003 + next(self._request_counter)
-        self.generators[request_id] = make_generator(seed)
-        self.requests[request_id] = request
-        self.metrics[request_id] = RequestMetrics(arrival_time=request.arrival_time, arrival_step=self.num_steps)
-        self.scheduler.add_request(request)
-        if self.events.active:
-            self.events.emit(RequestAdded(request_id, request.num_prompt_tokens))
+        """Queue one sequence that ``check_request_id`` and ``validate_request`` accepted."""
+        with keyboard_interrupts_deferred():  # registered everywhere or nowhere
+            request = Request(
+                request_id,
+                prompt_token_ids,
+                block_size=self.config.block_size,
+                cache_salt=cache_salt,
+                sampling_params=sampling_params,
+                hash_algo=self.config.hash_algo,
+                prompt=prompt,
+            )
+            seed = sampling_params.seed
+            if seed is None:
+                seed = self.config.seed * 1_000_003 + next(self._request_counter)
+            self.generators[request_id] = make_generator(seed)
+            self.requests[request_id] = request
+            self.metrics[request_id] = RequestMetrics(arrival_time=request.arrival_time, arrival_step=self.num_steps)
+            self.scheduler.add_request(request)
+            if self.events.active:
+                self.events.emit(RequestAdded(request_id, request.num_prompt_tokens))
         return request
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its blocks (unknown ids are ignored)."""
         request = self.requests.get(request_id)
         if request is not None and not request.is_finished():
-            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            with keyboard_interrupts_deferred():
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     # -- the loop ---------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, sample; returns the requests that finished in this step."""
-        self.num_steps += 1
-        scheduler_output = self.scheduler.schedule()
-        logits = self.model_runner.execute_model(scheduler_output)
+        """Schedule, run the model, sample; returns the requests that finished in this step.
+
+        A step is all or nothing for the prefix cache. Blocks are cached at
+        schedule time, before the forward pass writes their K/V; if the
+        forward pass raises, ``_recover_from_failed_step`` takes them back out
+        of the cache before anything can hit them. The scheduling and the
+        bookkeeping after the model ran hold back a Ctrl-C until they are done
+        (``keyboard_interrupts_deferred``), so it lands in the forward pass or
+        between steps, never in the middle of an update.
+        """
+        scheduler_output = None
+        try:
+            with keyboard_interrupts_deferred():
+                self.num_steps += 1
+                scheduler_output = self.scheduler.schedule()  # 1. schedule
+            logits = self.model_runner.execute_model(scheduler_output)  # 2. run the model
+        except BaseException as error:
+            if scheduler_output is None:  # scheduling itself failed (a bug): at least keep the cache clean
+                self.kv_cache_manager.uncache_blocks(self.kv_cache_manager.take_newly_cached_blocks())
+                raise
+            return self._recover_from_failed_step(scheduler_output, error)
+        with keyboard_interrupts_deferred():
+            return self._update_from_output(scheduler_output, logits)  # 3. sample, 4. update
+
+    def _update_from_output(self, scheduler_output: SchedulerOutput, logits: Optional[torch.Tensor]) -> list[RequestOutput]:
+        """Sample a token for every request that completed its prefill, check stop conditions.
+
+        A request whose own processing raises (a bug in sampling, a stop
+        check) finishes with ``finish_reason="error"``; the others go on.
+        """
         now = time.monotonic()
         finished: list[RequestOutput] = []
         for row, scheduled in enumerate(scheduler_output.scheduled):
@@ -244,13 +481,16 @@ class LLMEngine:
                 metrics.first_scheduled_time = now
             if not scheduled.completes_prefill:
                 continue  # a prefill chunk: its last token's logits predict nothing we need yet
-            params = request.sampling_params
-            token_id = sample(logits[row], params, self.generators[request.request_id])
-            request.append_output_token_ids(token_id)
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-                metrics.first_token_step = self.num_steps
-            status = self._check_stop(request)
+            try:
+                token_id = sample(logits[row], request.sampling_params, self.generators[request.request_id])
+                request.append_output_token_ids(token_id)
+                if metrics.first_token_time is None:
+                    metrics.first_token_time = now
+                    metrics.first_token_step = self.num_steps
+                status = self._check_stop(request)
+            except Exception:
+                logger.exception("request %r failed after its forward pass; it finishes with an error", request.request_id)
+                status = RequestStatus.FINISHED_ERROR
             if status is not None:
                 finished.append(self._finish(request, status))
         if self.events.active:
@@ -262,6 +502,39 @@ class LLMEngine:
                     len(self.scheduler.waiting),
                 )
             )
+        return finished
+
+    def _recover_from_failed_step(self, scheduler_output: SchedulerOutput, error: BaseException) -> list[RequestOutput]:
+        """Undo a step whose forward pass raised ``error``; the engine keeps serving.
+
+        The blocks cached while scheduling it leave the cache first (their K/V
+        were not written), then every request of the step gives back its blocks
+        (``Scheduler.undo_failed_step``). What happens to those requests:
+
+        * an ``Exception`` (a bug, out of memory, ...): they finish with
+          ``finish_reason="error"`` and are returned; retrying would most
+          likely fail the same way. Requests not in the step are untouched.
+        * a ``KeyboardInterrupt`` (Ctrl-C) or another ``BaseException``: they
+          go back to the waiting queue, to be recomputed from scratch by a
+          later ``step()``, and the interrupt is raised again.
+
+        vLLM differs: an exception in its forward pass stops the engine core
+        (``EngineDeadError``), and the server must be restarted.
+        """
+        with keyboard_interrupts_deferred():
+            requeue = not isinstance(error, Exception)
+            self.scheduler.undo_failed_step(scheduler_output, requeue=requeue)
+            if requeue:
+                logger.warning("step %d interrupted (%s): its requests will be recomputed", self.num_steps, type(error).__name__)
+                finished = []
+            else:
+                logger.error(
+                    "step %d failed: %s: %s; its %d request(s) finish with an error",
+                    self.num_steps, type(error).__name__, error, len(scheduler_output.scheduled), exc_info=error,
+                )
+                finished = [self._finish(s.request, RequestStatus.FINISHED_ERROR) for s in scheduler_output.scheduled]
+        if requeue:
+            raise error
         return finished
 
     def _check_stop(self, request: Request) -> Optional[RequestStatus]:
@@ -278,6 +551,7 @@ class LLMEngine:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> RequestOutput:
+        """Free the request's blocks, forget it, and build its output."""
         self.scheduler.finish_request(request, status)
         metrics = self.metrics[request.request_id]
         metrics.finished_time = time.monotonic()
@@ -296,7 +570,10 @@ class LLMEngine:
             token_ids_for_text = token_ids[:-1]
         else:
             token_ids_for_text = token_ids
-        text = self.tokenizer.decode(token_ids_for_text, skip_special_tokens=True)
+        if request.status is RequestStatus.FINISHED_ERROR:
+            text = ""  # decoding may be what failed: the tokens so far are in token_ids
+        else:
+            text = self.tokenizer.decode(token_ids_for_text, skip_special_tokens=True)
         cut = find_stop_string(text, request.sampling_params.stop_strings)
         if cut is not None:
             text = text[:cut]
@@ -324,7 +601,19 @@ class LLMEngine:
             num_blocks_in_use=self.kv_cache_manager.num_blocks - self.kv_cache_manager.get_num_free_blocks(),
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
+            prefix_cache_requests=stats.requests,
+            prefix_cache_preempted_requests=stats.preempted_requests,
+            prefix_cache_preempted_queries=stats.preempted_queries,
+            prefix_cache_preempted_hits=stats.preempted_hits,
         )
 
     def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
+        """Forget every cached prefix (False while a request holds blocks).
+
+        Listeners get the pool's ``AllBlocksCleared`` event, so a router in
+        front of this engine learns that nothing is cached here any more.
+        """
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if self.events.active:
+            self.scheduler.emit_kv_cache_events()
+        return reset

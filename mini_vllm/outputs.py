@@ -16,7 +16,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: Optional[str]  # "stop", "length" or "abort"
+    finish_reason: Optional[str]  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
 
 
 @dataclass

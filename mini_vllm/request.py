@@ -28,6 +28,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # EOS or a stop string
     FINISHED_LENGTH_CAPPED = "finished_length_capped"  # max_tokens or max_model_len
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # its step failed, or processing its output raised
 
     @property
     def is_finished(self) -> bool:
@@ -35,15 +36,17 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH_CAPPED,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         )
 
     @property
     def finish_reason(self) -> Optional[str]:
-        """The OpenAI-style reason: "stop", "length", "abort", or None while running."""
+        """The OpenAI-style reason: "stop", "length", "abort", "error", or None while running."""
         return {
             RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_LENGTH_CAPPED: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_ERROR: "error",
         }.get(self)
 
 
@@ -68,6 +71,7 @@ class Request:
         hash_algo: str = "sha256",
         arrival_time: Optional[float] = None,
         prompt: Any = None,
+        lora_path: Optional[str] = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -77,6 +81,7 @@ class Request:
         self.block_size = block_size
         self.cache_salt = cache_salt
         self.lora_name = lora_name
+        self.lora_path = lora_path  # vLLM's LoRA hash key carries the adapter path too
         self.sampling_params = sampling_params
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = RequestStatus.WAITING
@@ -129,6 +134,7 @@ class Request:
                     self.cache_salt,
                     self.lora_name,
                     self._hash_fn,
+                    self.lora_path,
                 )
             )
 

@@ -1,4 +1,4 @@
-"""Routing requests across engine replicas: round-robin vs prefix-aware (chapter 09).
+"""Routing requests across engine replicas: round-robin vs prefix-aware (chapter 09b).
 
 Each replica (a separate engine process, usually on its own GPU) has its own
 prefix cache: a prompt cached on replica 0 does nothing for a request sent to
@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Union
 
-from .block_pool import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from .events import BlockCached, BlockEvicted
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash, hash_request_tokens
 from .kv_cache_manager import KVCacheManager
 from .request import Request
@@ -89,6 +88,10 @@ class CacheReplica:
     def take_events(self) -> list[KVCacheEvent]:
         return self.manager.take_events()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget this replica's cached prefixes (its next events start with ``AllBlocksCleared``)."""
+        return self.manager.reset_prefix_cache()
+
     @property
     def hit_rate(self) -> float:
         return self.manager.prefix_cache_stats.hit_rate
@@ -108,11 +111,9 @@ class LLMReplica:
         llm.llm_engine.add_listener(self._listen)
 
     def _listen(self, event: Any) -> None:
-        # The engine reports the block pool's events as BlockCached / BlockEvicted.
-        if isinstance(event, BlockCached):
-            self._events.append(BlockStored(event.block_id, event.block_hash))
-        elif isinstance(event, BlockEvicted):
-            self._events.append(BlockRemoved(event.block_id, event.block_hash))
+        # The engine passes the block pool's KV events on unchanged; keep those.
+        if isinstance(event, (BlockStored, BlockRemoved, AllBlocksCleared)):
+            self._events.append(event)
 
     def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
         prompt: dict = {"prompt_token_ids": list(token_ids)}
@@ -124,6 +125,10 @@ class LLMReplica:
     def take_events(self) -> list[KVCacheEvent]:
         events, self._events = self._events, []
         return events
+
+    def reset_prefix_cache(self) -> bool:
+        """Reset the engine's prefix cache; its ``AllBlocksCleared`` reaches the router like any event."""
+        return self.llm.llm_engine.reset_prefix_cache()
 
     @property
     def hit_rate(self) -> float:
@@ -219,11 +224,13 @@ class CacheAwareRouter:
         held = self.cached[replica]
         for event in events:
             if isinstance(event, BlockStored):
-                held[event.block_hash] += 1
+                for block_hash in event.block_hashes:
+                    held[block_hash] += 1
             elif isinstance(event, BlockRemoved):
-                held[event.block_hash] -= 1
-                if held[event.block_hash] <= 0:
-                    del held[event.block_hash]
+                for block_hash in event.block_hashes:
+                    held[block_hash] -= 1
+                    if held[block_hash] <= 0:
+                        del held[block_hash]
             elif isinstance(event, AllBlocksCleared):
                 held.clear()
 

@@ -6,8 +6,40 @@ here keep vLLM's names and meanings.
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from numbers import Real
+from typing import Any, Optional, Union
+
+logger = logging.getLogger("mini_vllm")
+
+# Limits a server would have (README, "Bad input"). vLLM allows n up to
+# VLLM_MAX_N_SEQUENCES (16384 by default); each completion here is a whole
+# request, so a smaller bound keeps one call from queueing millions of them.
+MAX_N = 256
+# vLLM 0.33 refuses temperatures above 2 and raises those below 0.01 to 0.01.
+MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 0.01
+# What torch.Generator.manual_seed accepts.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**64 - 1
+
+
+def _check_int(name: str, value: Any, minimum: Optional[int] = None, maximum: Optional[int] = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.80}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value!r}")
+
+
+def _check_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r:.80}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass
@@ -15,13 +47,15 @@ class SamplingParams:
     """Sampling and stopping settings of one prompt.
 
     Attributes:
-        n: completions per prompt. Each runs as its own request; they share the
-            prompt's KV blocks through the prefix cache.
+        n: completions per prompt, 1..MAX_N (256). Each runs as its own
+            request; they share the prompt's KV blocks through the prefix cache.
         temperature: 0 means greedy (argmax); higher flattens the distribution.
+            At most 2; values in (0, 0.01) are raised to 0.01 (as in vLLM).
         top_p: keep the smallest set of tokens whose probability reaches top_p.
         top_k: keep the k most likely tokens (-1: all).
         max_tokens: at most this many generated tokens.
-        seed: makes sampling reproducible per request, whatever else is batched.
+        seed: makes sampling reproducible per request, whatever else is batched;
+            with n > 1, completion k uses seed + k (as in vLLM). -1 means None.
         stop: strings that end the completion (not included in its text).
         ignore_eos: keep generating past the end-of-sequence token.
     """
@@ -37,24 +71,42 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        # TypeError for a wrong type, ValueError for a bad value; both name the field and the value.
+        # bool is an int subclass in Python, but True is no number of tokens: refused everywhere.
+        _check_int("n", self.n, minimum=1, maximum=MAX_N)
+        _check_number("temperature", self.temperature)
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}], got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            # As vLLM does: a tiny temperature overflows the logits / temperature; it samples as greedily as 0.01.
+            logger.warning("temperature %r is below %r; using %r", self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
+            self.temperature = MIN_TEMPERATURE
+        _check_number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+        _check_int("top_k", self.top_k, minimum=-1)
+        if self.top_k == 0:
             raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        _check_int("max_tokens", self.max_tokens, minimum=1)
+        if self.seed == -1:
+            self.seed = None  # vLLM's spelling of "no seed"
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=MIN_SEED, maximum=MAX_SEED)
+            if self.seed + self.n - 1 > MAX_SEED:
+                raise ValueError(
+                    f"seed must be at most {MAX_SEED} - (n - 1) = {MAX_SEED - self.n + 1} with n={self.n} "
+                    f"(completion k samples with seed + k), got {self.seed!r}"
+                )
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__} {self.ignore_eos!r}")
         if self.stop is None:
             self.stop_strings = []
         elif isinstance(self.stop, str):
             self.stop_strings = [self.stop]
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop_strings = list(self.stop)
+        else:
+            raise TypeError(f"stop must be a str or a list of str, got {type(self.stop).__name__} {self.stop!r:.80}")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
 

@@ -28,16 +28,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .block_pool import BlockRemoved, BlockStored
 from .events import (
-    BlockCached,
-    BlockEvicted,
+    BlockRemoved,
     BlocksAllocated,
     BlocksFreed,
     ComputedBlocksFound,
     EventBus,
     RequestPreempted,
 )
+from .block_pool import KVCacheBlock
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
 
@@ -50,6 +49,7 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens with K/V in the cache before this step
     num_new_tokens: int
     block_ids: list[int]  # the request's block table after allocation
+    first_admission: bool = False  # admitted for the first time in this step
 
     @property
     def completes_prefill(self) -> bool:
@@ -59,8 +59,13 @@ class ScheduledRequest:
 
 @dataclass
 class SchedulerOutput:
+    """One step's plan. ``newly_cached_blocks``: blocks entered into the prefix
+    cache while scheduling it, whose K/V this step's forward pass must write
+    (if it fails, they are uncached: see ``Scheduler.undo_failed_step``)."""
+
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    newly_cached_blocks: list[KVCacheBlock] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -103,10 +108,12 @@ class Scheduler:
     # -- one step ---------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
+        self.kv_cache_manager.take_newly_cached_blocks()  # start this step's record afresh
         token_budget = self._schedule_running(self.max_num_batched_tokens, output)
         # Admit new requests only if no running request had to be preempted: memory is short.
         if not output.preempted:
             token_budget = self._schedule_waiting(token_budget, output)
+        output.newly_cached_blocks = self.kv_cache_manager.take_newly_cached_blocks()
         return output
 
     def _schedule_running(self, token_budget: int, output: SchedulerOutput) -> int:
@@ -145,13 +152,14 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            if request.num_cached_tokens < 0:  # first admission (not a re-admission after preemption)
+            first_admission = request.num_cached_tokens < 0  # not a re-admission after preemption
+            if first_admission:
                 request.num_cached_tokens = num_computed_tokens
             if self.events.active:
                 block_ids = tuple(block.block_id for block in computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self._schedule(request, num_computed_tokens, num_new_tokens, output)
+            self._schedule(request, num_computed_tokens, num_new_tokens, output, first_admission)
             token_budget -= num_new_tokens
         return token_budget
 
@@ -172,9 +180,18 @@ class Scheduler:
             if victim is request:
                 return False
 
-    def _schedule(self, request: Request, num_computed_tokens: int, num_new_tokens: int, output: SchedulerOutput) -> None:
+    def _schedule(
+        self,
+        request: Request,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        output: SchedulerOutput,
+        first_admission: bool = False,
+    ) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids))
+        output.scheduled.append(
+            ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids, first_admission)
+        )
         # The tokens count as computed from now on: the model computes them in this step.
         request.num_computed_tokens = num_computed_tokens + num_new_tokens
 
@@ -188,6 +205,41 @@ class Scheduler:
         self.waiting.appendleft(request)
         if self.events.active:
             self.events.emit(RequestPreempted(request.request_id))
+
+    # -- when a step fails -----------------------------------------------------------
+    def undo_failed_step(self, output: SchedulerOutput, requeue: bool) -> None:
+        """Undo a step whose forward pass raised, so that the cache holds only computed K/V.
+
+        1. Every block cached while scheduling the step leaves the prefix cache
+           first: its K/V were never (or only partly) written. A request
+           admitted in the same step may already hold one as a cache hit —
+           its K/V would be garbage too, which is why *every* request of the
+           step is handled in step 2, not only the ones that cached blocks.
+        2. Each request of the step gives back all its blocks. With
+           ``requeue`` it goes back to the front of the waiting queue, to be
+           recomputed from scratch like a preempted request (its generated
+           tokens are kept; this is not counted as a preemption).
+           Without, the caller finishes it (``finish_request``).
+
+        ``num_computed_tokens`` of a requeued request is 0: it claims no
+        token whose K/V were not written. vLLM has no such path: there an
+        exception in the forward pass stops the engine core.
+        """
+        self.kv_cache_manager.uncache_blocks(output.newly_cached_blocks)
+        if self.events.active:
+            self.emit_kv_cache_events()  # the BlockRemoved events, right away
+        if not requeue:
+            return
+        for scheduled in reversed(output.scheduled):  # appendleft in reverse keeps their order
+            request = scheduled.request
+            if request in self.running:
+                self.running.remove(request)
+            self._free_blocks(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            if scheduled.first_admission:
+                request.num_cached_tokens = -1  # its hit may have included blocks just uncached
+            self.waiting.appendleft(request)
 
     # -- after the model ran --------------------------------------------------------
     def finish_request(self, request: Request, status: RequestStatus) -> None:
@@ -209,12 +261,18 @@ class Scheduler:
 
     def _emit_allocation(self, request: Request, new_blocks) -> None:
         # Evictions happen while the new blocks are popped, caching right after: report in that order.
+        # The pool's KV events go to the listeners as they are (one family, vLLM's names).
         pool_events = self.kv_cache_manager.take_events()
         for event in pool_events:
             if isinstance(event, BlockRemoved):
-                self.events.emit(BlockEvicted(event.block_id, event.block_hash))
+                self.events.emit(event)
         if new_blocks:
             self.events.emit(BlocksAllocated(request.request_id, tuple(block.block_id for block in new_blocks)))
         for event in pool_events:
-            if isinstance(event, BlockStored):
-                self.events.emit(BlockCached(event.block_id, event.block_hash))
+            if not isinstance(event, BlockRemoved):
+                self.events.emit(event)
+
+    def emit_kv_cache_events(self) -> None:
+        """Pass the pool's pending KV events (e.g. ``AllBlocksCleared`` after a reset) to the listeners."""
+        for event in self.kv_cache_manager.take_events():
+            self.events.emit(event)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mini_vllm.block_pool import BlockPool, BlockRemoved, BlockStored, FreeKVCacheBlockQueue, KVCacheBlock
+from mini_vllm.block_pool import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+)
 from mini_vllm.request import Request
 
 
@@ -153,6 +160,46 @@ def test_free_sends_unhashed_blocks_to_head_and_hashed_to_tail_in_order_given():
     assert ids(pool.free_block_queue.get_all_free_blocks()) == [2, 3, 4, 1, 0]
 
 
+def _free_one_at_a_time(pool, ordered_blocks):
+    """A known-wrong free: unhashed blocks go to the head one by one (which reverses them)."""
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.block_hash is None:
+                pool.free_block_queue.appendleft(block)
+            else:
+                pool.free_block_queue.append(block)
+
+
+@pytest.mark.parametrize("free", ["pool", "one_at_a_time"])
+def test_unhashed_blocks_freed_together_go_to_the_head_in_the_order_given(free):
+    # vLLM 0.33: free_blocks collects the unhashed blocks and prepend_n()s them,
+    # so the first block given is the new head.
+    pool = BlockPool(6)
+    blocks = pool.get_new_blocks(4)  # 0, 1, 2, 3: none hashed
+    ordered = list(reversed(blocks))  # 3, 2, 1, 0, as KVCacheManager.free passes them
+    if free == "pool":
+        pool.free_blocks(ordered)
+        assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 2, 1, 0, 4, 5]
+    else:
+        _free_one_at_a_time(pool, ordered)
+        assert ids(pool.free_block_queue.get_all_free_blocks()) != [3, 2, 1, 0, 4, 5]
+
+
+def test_prepend_n_keeps_the_order_and_the_links():
+    blocks, queue = make_queue(5)
+    for block in blocks[:3]:
+        queue.remove(block)
+    queue.prepend_n([blocks[2], blocks[0], blocks[1]])
+    assert ids(queue.get_all_free_blocks()) == [2, 0, 1, 3, 4]
+    assert queue.num_free_blocks == 5
+    assert queue.popleft() is blocks[2]
+    queue.prepend_n([])
+    assert ids(queue.get_all_free_blocks()) == [0, 1, 3, 4]
+    with pytest.raises(ValueError, match="already in the free queue"):
+        queue.prepend_n([blocks[3]])
+
+
 def test_shared_block_is_freed_only_at_ref_cnt_zero():
     pool = BlockPool(2)
     blocks = pool.get_new_blocks(1)
@@ -186,5 +233,34 @@ def test_events_are_recorded_only_when_enabled():
     request = _cache(pool, blocks, list(range(4)))
     pool.free_blocks(blocks)
     pool.get_new_blocks(1)
-    assert pool.take_events() == [BlockStored(0, request.block_hashes[0]), BlockRemoved(0, request.block_hashes[0])]
+    assert pool.take_events() == [
+        BlockStored(
+            block_hashes=(request.block_hashes[0],),
+            parent_block_hash=None,
+            token_ids=(0, 1, 2, 3),
+            block_size=4,
+            lora_name=None,
+            block_ids=(0,),
+        ),
+        BlockRemoved(block_hashes=(request.block_hashes[0],), block_ids=(0,)),
+    ]
     assert pool.take_events() == []
+
+
+def test_block_stored_is_one_event_per_call_with_the_parent_hash():
+    pool = BlockPool(4, enable_kv_cache_events=True)
+    blocks = pool.get_new_blocks(3)
+    request = Request("r", list(range(12)), block_size=4)
+    pool.cache_full_blocks(request, blocks, 0, 1)
+    pool.cache_full_blocks(request, blocks, 1, 3)
+    first, rest = pool.take_events()
+    assert first.block_hashes == (request.block_hashes[0],) and first.parent_block_hash is None
+    assert rest.block_hashes == tuple(request.block_hashes[1:3])
+    assert rest.parent_block_hash == request.block_hashes[0]
+    assert rest.token_ids == tuple(range(4, 12)) and rest.block_ids == (1, 2)
+
+
+def test_reset_records_all_blocks_cleared():
+    pool = BlockPool(2, enable_kv_cache_events=True)
+    assert pool.reset_prefix_cache() is True
+    assert pool.take_events() == [AllBlocksCleared()]

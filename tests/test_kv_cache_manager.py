@@ -88,8 +88,60 @@ def test_get_computed_blocks_takes_no_references_and_counts_stats():
     assert num_tokens == 48 and all(block.ref_cnt == 0 for block in hits)
     assert free_queue(manager) == before
     stats = manager.prefix_cache_stats
+    # A lookup counts when its request is admitted (vLLM 0.33), not when it is made.
+    assert (stats.requests, stats.queries, stats.hits) == (1, 49, 0)
+    assert manager.allocate_slots(b, b.num_tokens - num_tokens, num_tokens, hits) is not None
     assert (stats.requests, stats.queries, stats.hits) == (2, 49 + 50, 48)
     assert stats.hit_rate == pytest.approx(48 / 99)
+
+
+def test_a_failed_admission_retried_later_counts_once():
+    manager = KVCacheManager(num_blocks=4, block_size=16)
+    a = Request("A", SHARED + [1])  # 4 blocks: the whole pool
+    admit(manager, a)
+    b = Request("B", list(range(20)))
+    for _ in range(3):  # the scheduler looks B up every step while A runs
+        hits, num_tokens = manager.get_computed_blocks(b)
+        assert manager.allocate_slots(b, b.num_tokens - num_tokens, num_tokens, hits) is None
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (1, 49, 0)
+    manager.free(a)
+    admit(manager, b)
+    assert (stats.requests, stats.queries, stats.hits) == (2, 49 + 20, 0)
+
+
+def test_a_readmission_after_preemption_is_counted_apart():
+    manager = KVCacheManager(num_blocks=10, block_size=16)
+    a = Request("A", SHARED + [1])
+    admit(manager, a)
+    manager.free(a)  # preempted: what Scheduler.preempt does
+    a.num_computed_tokens = 0
+    a.num_preemptions += 1
+    admit(manager, a)  # recomputes its own cached blocks
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (1, 49, 0)
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 49, 48)
+    assert stats.hit_rate == 0.0  # the re-admission's own hits do not count as prefix reuse
+
+
+def test_decode_and_chunks_of_a_running_request_count_nothing():
+    manager = KVCacheManager(num_blocks=10, block_size=16)
+    a = Request("A", SHARED + [1])
+    assert manager.allocate_slots(a, 16) is not None  # first chunk: the admission
+    a.num_computed_tokens = 16
+    assert manager.allocate_slots(a, 33) is not None  # the rest of the prompt
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (1, 49, 0)
+
+
+def test_lookahead_slots_are_allocated_but_never_cached():
+    manager = KVCacheManager(num_blocks=10, block_size=16)
+    a = Request("A", list(range(31)))
+    new = manager.allocate_slots(a, 31, num_lookahead_tokens=2)  # 33 slots: 3 blocks
+    assert len(new) == 3
+    assert [block.block_hash is not None for block in new] == [True, False, False]
+    with pytest.raises(ValueError, match="num_lookahead_tokens"):
+        manager.allocate_slots(a, 1, num_lookahead_tokens=-1)
 
 
 def test_allocate_slots_counts_evictable_hits_toward_what_is_needed():
@@ -205,7 +257,8 @@ def test_caching_disabled_hashes_nothing_and_never_hits():
     assert all(block.block_hash is None for block in manager.block_pool.blocks)
     manager.free(a)
     assert manager.get_computed_blocks(Request("B", SHARED + [1])) == ([], 0)
-    assert manager.prefix_cache_stats.hits == 0
+    stats = manager.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (0, 0, 0)  # vLLM records nothing with caching off
     manager.check_invariants()
 
 

@@ -1,6 +1,6 @@
 """Routing across replicas: each router does what it says, the cache-aware router's mirror of
 the replicas' caches stays exact, and prefix-aware routing beats round-robin under memory pressure.
-(mini_vllm/router.py, chapter 09.)"""
+(mini_vllm/router.py, chapter 09b.)"""
 
 from __future__ import annotations
 
@@ -66,3 +66,37 @@ def test_salted_requests_are_routed_and_cached_per_tenant():
     reps = replicas(1)
     result = run_workload(RoundRobinRouter(1), reps, [(prompt, "a"), (prompt, "b"), (prompt, "a")])
     assert result.num_cached_tokens == [0, 0, 48]
+
+
+def _router_learns_of_a_reset(replica):
+    router = CacheAwareRouter(1, block_size=16)
+    prompt = list(range(100, 164))
+    replica.serve(prompt)
+    router.observe(0, replica.take_events())
+    assert router.cached_prefix_blocks(prompt) == [4]  # all four full blocks are cached
+    assert replica.reset_prefix_cache() is True
+    router.observe(0, replica.take_events())
+    return router.cached_prefix_blocks(prompt)
+
+
+def test_the_router_learns_of_a_reset_from_a_cache_replica():
+    assert _router_learns_of_a_reset(CacheReplica(8, 16)) == [0]
+
+
+def test_the_router_learns_of_a_reset_from_a_real_engine():
+    from mini_vllm import LLM
+    from mini_vllm.router import LLMReplica
+
+    assert _router_learns_of_a_reset(LLMReplica(LLM(num_blocks=16, device="cpu"))) == [0]
+
+
+def test_a_router_that_misses_the_reset_is_caught():
+    # The known-wrong variant: a replica whose reset event never reaches the router
+    # (what the engine did before): the router still believes the prefix is cached.
+    class SilentReset(CacheReplica):
+        def reset_prefix_cache(self):
+            reset = super().reset_prefix_cache()
+            self.take_events()  # the AllBlocksCleared is swallowed
+            return reset
+
+    assert _router_learns_of_a_reset(SilentReset(8, 16)) != [0]

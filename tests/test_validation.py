@@ -1,0 +1,281 @@
+"""Every bad input is refused up front, on every entry point, and the engine keeps serving (issue 10).
+
+A refusal is a ValueError (TypeError for a wrong type) whose message names the
+field and the value; nothing is queued or allocated, and the next good request
+is served as if nothing had happened.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mini_vllm import LLM, SamplingParams, default_model_path
+from mini_vllm.config import EngineConfig
+from mini_vllm.llm_engine import LLMEngine
+from mini_vllm.sampling_params import MAX_N, MAX_SEED
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+PROMPT = {"prompt_token_ids": [1, 566, 201, 434, 401, 1305, 12, 40, 41, 42]}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(num_blocks=32, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(llm):
+    return llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+
+
+def assert_untouched_and_serving(llm, reference):
+    engine = llm.llm_engine
+    manager = engine.kv_cache_manager
+    manager.check_invariants()
+    assert not engine.requests and not engine.has_unfinished_requests()
+    assert manager.get_num_free_blocks() == manager.num_blocks and not manager.req_to_blocks
+    assert llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids == reference
+
+
+# -- SamplingParams ---------------------------------------------------------------
+
+BAD_SAMPLING_PARAMS = [
+    ({"temperature": math.nan}, ValueError, "temperature must be a finite number, got nan"),
+    ({"temperature": math.inf}, ValueError, "temperature must be a finite number, got inf"),
+    ({"temperature": 2.5}, ValueError, r"temperature must be in \[0, 2.0\], got 2.5"),
+    ({"temperature": "hot"}, TypeError, "temperature must be a number, got str 'hot'"),
+    ({"temperature": True}, TypeError, "temperature must be a number, got bool True"),
+    ({"top_p": math.nan}, ValueError, "top_p must be a finite number"),
+    ({"top_p": True}, TypeError, "top_p must be a number, got bool"),
+    ({"n": True}, TypeError, "n must be an integer, got bool True"),
+    ({"n": 2.0}, TypeError, "n must be an integer, got float 2.0"),
+    ({"n": MAX_N + 1}, ValueError, f"n must be at most {MAX_N}, got {MAX_N + 1}"),
+    ({"n": 10**6}, ValueError, f"n must be at most {MAX_N}"),
+    ({"max_tokens": True}, TypeError, "max_tokens must be an integer, got bool True"),
+    ({"max_tokens": 0}, ValueError, "max_tokens must be an integer >= 1, got 0"),
+    ({"top_k": False}, TypeError, "top_k must be an integer, got bool False"),
+    ({"seed": True}, TypeError, "seed must be an integer, got bool True"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer, got float 1.5"),
+    ({"seed": MAX_SEED + 1}, ValueError, f"seed must be at most {MAX_SEED}"),
+    ({"seed": -(2**63) - 1}, ValueError, "seed must be an integer >= "),
+    ({"seed": MAX_SEED, "n": 2}, ValueError, "completion k samples with seed \\+ k"),
+    ({"ignore_eos": 1}, TypeError, "ignore_eos must be a bool, got int 1"),
+    ({"stop": 42}, TypeError, "stop must be a str or a list of str, got int 42"),
+    ({"stop": ["ok", ""]}, ValueError, "stop must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_SAMPLING_PARAMS, ids=[str(k) for k, _, _ in BAD_SAMPLING_PARAMS])
+def test_bad_sampling_params_are_refused_when_built(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_the_limits_themselves_are_accepted():
+    assert SamplingParams(n=MAX_N).n == MAX_N
+    assert SamplingParams(seed=MAX_SEED).seed == MAX_SEED
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+    assert SamplingParams(temperature=2.0).temperature == 2.0
+    assert SamplingParams(seed=-1).seed is None  # vLLM's "no seed"
+
+
+def test_a_denormal_temperature_is_raised_to_the_minimum_as_vllm_does(llm):
+    params = SamplingParams(temperature=5e-324, max_tokens=4, ignore_eos=True)
+    assert params.temperature == 0.01
+    tokens = llm.generate([PROMPT], params)[0].outputs[0].token_ids
+    assert len(tokens) == 4 and all(0 <= t < llm.llm_engine.model_config.vocab_size for t in tokens)
+
+
+@pytest.mark.parametrize("bad", [{"temperature": 0}, "greedy", [GREEDY, {"max_tokens": 3}]], ids=["dict", "str", "list-with-dict"])
+def test_sampling_params_of_the_wrong_type_are_refused(llm, reference, bad):
+    with pytest.raises(TypeError, match="sampling_params.* must be a SamplingParams"):
+        llm.generate([PROMPT, PROMPT] if isinstance(bad, list) else [PROMPT], bad)
+    assert_untouched_and_serving(llm, reference)
+
+
+# -- prompts and token ids ---------------------------------------------------------
+
+BAD_PROMPTS = [
+    ({"prompt": {"prompt": "Once upon a time", "cache_salt": "B"}}, TypeError, r"prompt\['prompt'\] must be a str, got dict"),
+    ({"prompt_token_ids": [1, 2.0]}, TypeError, r"prompt_token_ids\[1\] must be an int, got float 2.0"),
+    ({"prompt_token_ids": [True, 2]}, TypeError, r"prompt_token_ids\[0\] must be an int, got bool True"),
+    ({"prompt_token_ids": [1, "2"]}, TypeError, r"prompt_token_ids\[1\] must be an int, got str '2'"),
+    ({"prompt_token_ids": [1, np.int64(2)]}, TypeError, r"prompt_token_ids\[1\] must be an int, got numpy.int64.*tolist"),
+    ({"prompt_token_ids": np.array([1, 2])}, TypeError, "must be a list of ints, got numpy.ndarray"),
+    ({"prompt_token_ids": torch.tensor([1, 2])}, TypeError, "must be a list of ints, got torch.Tensor"),
+    ({"prompt_token_ids": range(1, 5)}, TypeError, "must be a list of ints, got range"),
+    ({"prompt_token_ids": "1 2 3"}, TypeError, "must be a list of ints, got str"),
+    ({"prompt_token_ids": [1, 10**9]}, ValueError, r"prompt_token_ids\[1\] = 1000000000 is outside the vocabulary"),
+    ({"prompt_token_ids": []}, ValueError, "the prompt is empty"),
+    ({"prompt_token_ids": [1, 2], "cache_salt": 7}, TypeError, "cache_salt must be a str or None, got int 7"),
+    ({"prompt_token_ids": [1, 2], "salt": "x"}, ValueError, "unknown prompt keys"),
+    ([1, 2, 3], TypeError, "a prompt must be a str or a dict"),
+]
+
+
+@pytest.mark.parametrize("bad,error,message", BAD_PROMPTS, ids=[f"prompt{i}" for i in range(len(BAD_PROMPTS))])
+def test_bad_prompts_are_refused_on_every_entry_point(llm, reference, bad, error, message):
+    from mini_vllm.viz import EngineDashboard
+
+    engine = llm.llm_engine
+    # LLM.generate: the good prompt before the bad one is not queued either; the message names the bad one.
+    with pytest.raises(error, match="prompt 1: .*" + message):
+        llm.generate([PROMPT, bad], GREEDY)
+    assert_untouched_and_serving(llm, reference)
+    # LLMEngine.add_requests, and the dashboard, which queues through it.
+    with pytest.raises(error, match=message):
+        engine.add_requests([bad], GREEDY)
+    dashboard = EngineDashboard(llm, k_norm=False)
+    try:
+        with pytest.raises(error, match=message):
+            dashboard.add_requests([PROMPT, bad], GREEDY)
+    finally:
+        dashboard.close()
+    assert_untouched_and_serving(llm, reference)
+    # LLMEngine.add_request takes token ids directly.
+    if isinstance(bad, dict) and "prompt_token_ids" in bad and set(bad) <= {"prompt_token_ids", "cache_salt"}:
+        with pytest.raises(error, match=message):
+            engine.add_request("direct", bad["prompt_token_ids"], GREEDY, cache_salt=bad.get("cache_salt"))
+        assert_untouched_and_serving(llm, reference)
+
+
+def test_n_above_one_is_refused_by_add_request_and_served_by_add_requests(llm):
+    engine = llm.llm_engine
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=2, seed=3)
+    with pytest.raises(ValueError, match="n=2: use add_requests"):
+        engine.add_request("one", PROMPT["prompt_token_ids"], params)
+    assert engine.add_requests([PROMPT], params, request_ids=["two"]) == {"two": ["two-0", "two-1"]}
+    with pytest.raises(ValueError, match="'two-0' is already in use"):
+        engine.add_requests([PROMPT], params, request_ids=["two"])
+    with pytest.raises(TypeError, match="request_id must be a str, got int 5"):
+        engine.add_request(5, PROMPT["prompt_token_ids"], GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.kv_cache_manager.check_invariants()
+
+
+def test_a_prompt_that_exactly_fills_the_pool_is_accepted_with_max_tokens_1():
+    small = LLM(num_blocks=4, device="cpu")  # 64 token slots
+    fills_the_pool = {"prompt_token_ids": [1] + [566] * 63}
+    output = small.generate([fills_the_pool], SamplingParams(temperature=0, max_tokens=1))[0]
+    assert len(output.outputs[0].token_ids) == 1  # the sampled token needs no slot: it is never computed
+    with pytest.raises(ValueError, match=r"max_tokens \(2\) needs 5 KV-cache blocks, but the pool has only 4"):
+        small.generate([fills_the_pool], SamplingParams(temperature=0, max_tokens=2))
+    with pytest.raises(ValueError, match="needs 5 KV-cache blocks"):
+        small.generate([{"prompt_token_ids": [1] * 65}], SamplingParams(temperature=0, max_tokens=1))
+    small.llm_engine.kv_cache_manager.check_invariants()
+    assert small.llm_engine.kv_cache_manager.get_num_free_blocks() == 4
+
+
+# -- chat ----------------------------------------------------------------------------
+
+BAD_CHATS = [
+    ([{"role": "user"}], ValueError, "message 0 has no 'content'"),
+    ([{"content": "hi"}], ValueError, "message 0 has no 'role'"),
+    ([{"role": "user", "content": 42}], TypeError, "message 0: 'content' must be a str, got int 42"),
+    ([{"role": "system", "content": "a"}, {"role": None, "content": "b"}], TypeError, "message 1: 'role' must be a str, got NoneType"),
+    ([{"role": "user", "content": "a"}, "hello"], TypeError, "message 1 must be a dict"),
+    ([[{"role": "user", "content": "a"}], [{"role": "user", "content": ["parts"]}]], TypeError,
+     "conversation 1, message 0: 'content' must be a str, got list"),
+    ([[{"role": "user", "content": "a"}], []], TypeError, "conversation 1, a conversation must be a non-empty list"),
+    ([], TypeError, "messages must be a non-empty list"),
+]
+
+
+@pytest.mark.parametrize("messages,error,message", BAD_CHATS, ids=[f"chat{i}" for i in range(len(BAD_CHATS))])
+def test_bad_chat_messages_name_the_message(llm, reference, messages, error, message):
+    with pytest.raises(error, match=message):
+        llm.chat(messages, GREEDY)
+    assert_untouched_and_serving(llm, reference)
+
+
+def test_a_template_that_rejects_a_conversation_raises_value_error(llm, reference):
+    with pytest.raises(ValueError, match="the chat template rejected the conversation"):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs={"chat_template": "{{ raise_exception('no') }}"})
+    with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs="x")
+    assert_untouched_and_serving(llm, reference)
+
+
+def test_role_markers_typed_in_chat_content_become_control_tokens_as_in_vllm(llm):
+    """vLLM renders the template to text and tokenizes it with special tokens recognized; so does mini-vLLM."""
+    tokenizer = llm.get_tokenizer()
+    marker = "<|im_start|>"
+    marker_id = tokenizer.convert_tokens_to_ids(marker)
+    assert marker_id != tokenizer.unk_token_id
+    plain = llm.apply_chat_template([{"role": "user", "content": "hello"}])
+    typed = llm.apply_chat_template([{"role": "user", "content": f"hello{marker}system"}])
+    assert typed.count(marker_id) == plain.count(marker_id) + 1
+
+
+# -- seeded n > 1 ----------------------------------------------------------------------
+
+
+def test_seeded_completions_differ_and_completion_k_uses_seed_plus_k(llm):
+    params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=11, ignore_eos=True)
+    completions = [c.token_ids for c in llm.generate([PROMPT], params)[0].outputs]
+    assert len({tuple(c) for c in completions}) == 3  # the issue's bug: n identical completions
+    for k, tokens in enumerate(completions):
+        alone = SamplingParams(temperature=1.0, max_tokens=8, seed=11 + k, ignore_eos=True)
+        assert llm.generate([PROMPT], alone)[0].outputs[0].token_ids == tokens
+    assert [c.token_ids for c in llm.generate([PROMPT], params)[0].outputs] == completions  # reproducible
+
+
+# -- the engine's settings ------------------------------------------------------------------
+
+BAD_SETTINGS = [
+    ({"hash_algo": "md5"}, ValueError, "hash_algo must be one of \\['sha256', 'xxhash'\\], got 'md5'"),
+    ({"seed": True}, TypeError, "seed must be an integer, got bool True"),
+    ({"seed": 1.5}, TypeError, "seed must be an integer, got float"),
+    ({"seed": 2**40}, ValueError, r"seed must be an integer with abs\(seed\) < 2\*\*32"),
+    ({"block_size": True}, TypeError, "block_size must be a positive integer, got bool"),
+    ({"num_blocks": 2.0}, TypeError, "num_blocks must be a positive integer, got float"),
+    ({"enable_prefix_caching": "yes"}, TypeError, "enable_prefix_caching must be True or False"),
+    ({"kv_cache_memory_gb": math.inf}, ValueError, "kv_cache_memory_gb must be positive and finite"),
+    ({"device": "gpu"}, ValueError, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_SETTINGS, ids=[str(k) for k, _, _ in BAD_SETTINGS])
+def test_bad_engine_settings_are_refused_by_the_constructor(kwargs, error, message, monkeypatch):
+    def no_model_load(*args, **kwargs):  # proves the refusal comes before anything is loaded
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("mini_vllm.llm_engine.load_model", no_model_load)
+    with pytest.raises(error, match=message):
+        EngineConfig(**kwargs)
+    with pytest.raises(error, match=message):
+        LLM(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_a_clear_value_error():
+    with pytest.raises(ValueError, match="device='cuda', but CUDA is not available here"):
+        LLM(device="cuda")
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_at_construction(tmp_path):
+    source = Path(default_model_path())
+    tokenizer_files = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"}
+    for path in source.iterdir():
+        if path.name not in tokenizer_files and path.is_file():
+            os.symlink(path, tmp_path / path.name)
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        LLMEngine(str(tmp_path), EngineConfig(device="cpu", num_blocks=8))
+
+
+def test_an_empty_cache_salt_is_no_salt_as_in_vllm(llm):
+    """vLLM's offline ``LLM`` treats ``cache_salt=""`` as no salt: the request shares the unsalted cache."""
+    prompt_ids = list(range(3, 3 + 40))  # two full 16-token blocks and a tail
+    llm.reset_prefix_cache()
+    llm.generate([{"prompt_token_ids": prompt_ids}], GREEDY)
+    empty = llm.generate([{"prompt_token_ids": prompt_ids, "cache_salt": ""}], GREEDY)[0]
+    salted = llm.generate([{"prompt_token_ids": prompt_ids, "cache_salt": "tenant-a"}], GREEDY)[0]
+    assert empty.num_cached_tokens == 32
+    assert salted.num_cached_tokens == 0
