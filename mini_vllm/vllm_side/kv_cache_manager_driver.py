@@ -1,0 +1,170 @@
+"""Drive vLLM's real ``KVCacheManager`` with a list of calls; print what it did (the differential test).
+
+Run with the Python of a virtualenv that has vLLM (``.venv-vllm``, made by
+``make vllm``): it imports only vLLM and the standard library, never
+mini-vLLM. ``tests/test_vs_vllm_kv_cache_manager.py`` sends it, on stdin, a
+JSON object ``{"workloads": [...]}``; each workload is
+
+    {"num_blocks": N, "block_size": B, "enable_caching": bool, "ops": [op, ...]}
+
+and each op one call a scheduler would make:
+
+* ``{"op": "add", "rid", "tokens", "salt"}`` - a new request (salt may be null);
+* ``{"op": "admit", "rid", "max_new_tokens"}`` - ``get_computed_blocks``, then
+  ``allocate_slots`` for at most ``max_new_tokens`` of the rest; on success the
+  scheduler's bookkeeping: ``record_prefix_cache_stats``, ``num_computed_tokens``;
+* ``{"op": "alloc", "rid", "num_new_tokens", "num_lookahead_tokens"}`` - a running
+  request's next chunk or decode token;
+* ``{"op": "append", "rid", "tokens"}`` - sampled tokens (a block they fill gets a hash);
+* ``{"op": "free", "rid"}``, ``{"op": "preempt", "rid"}``, ``{"op": "reset"}``.
+
+It prints one JSON list per workload: a snapshot after every op, in
+mini-vLLM's numbering (vLLM's block 0 is its null block, so vLLM id - 1).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _make_manager(num_blocks: int, block_size: int, enable_caching: bool):
+    import torch
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    config = KVCacheConfig(
+        num_blocks=num_blocks + 1,  # + vLLM's null block
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+    )
+    return KVCacheManager(
+        kv_cache_config=config,
+        max_model_len=1 << 16,
+        scheduler_block_size=block_size,
+        hash_block_size=block_size,
+        enable_caching=enable_caching,
+        log_stats=True,
+    )
+
+
+def _snapshot(manager, requests: dict, result: dict) -> dict:
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    pool = manager.block_pool
+    cached = []
+    for key, entry in pool.cached_block_hash_to_block._cache.items():
+        blocks = [entry] if not isinstance(entry, dict) else list(entry.values())
+        for block in blocks:
+            cached.append([get_block_hash(key).hex(), block.block_id - 1])
+    stats = manager.prefix_cache_stats
+    tables = {}
+    for rid in requests:
+        block_ids = manager.get_block_ids(rid)[0]
+        if block_ids:
+            tables[rid] = [block_id - 1 for block_id in block_ids]
+    return {
+        **result,
+        "free_queue": [block.block_id - 1 for block in pool.free_block_queue.get_all_free_blocks()],
+        "ref_cnt": [block.ref_cnt for block in pool.blocks[1:]],
+        "block_hashes": [
+            None if block.block_hash is None else get_block_hash(block.block_hash).hex() for block in pool.blocks[1:]
+        ],
+        "cached": sorted(cached),
+        "tables": tables,
+        "request_hashes": {rid: [h.hex() for h in request.block_hashes] for rid, request in requests.items()},
+        "stats": [
+            stats.requests,
+            stats.queries,
+            stats.hits,
+            stats.preempted_requests,
+            stats.preempted_queries,
+            stats.preempted_hits,
+            stats.reset,
+        ],
+    }
+
+
+def run_workload(workload: dict) -> list[dict]:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request, RequestStatus
+
+    block_size = workload["block_size"]
+    manager = _make_manager(workload["num_blocks"], block_size, workload["enable_caching"])
+    hasher = get_request_block_hasher(block_size, sha256)
+    requests: dict = {}
+    snapshots = []
+    for op in workload["ops"]:
+        kind = op["op"]
+        result: dict = {"op": kind}
+        if kind == "add":
+            requests[op["rid"]] = Request(
+                request_id=op["rid"],
+                prompt_token_ids=list(op["tokens"]),
+                sampling_params=SamplingParams(max_tokens=1 << 20),
+                pooling_params=None,
+                cache_salt=op["salt"],
+                block_hasher=hasher,
+            )
+        elif kind == "admit":
+            request = requests[op["rid"]]
+            hits, num_hit_tokens, _ = manager.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_hit_tokens, op["max_new_tokens"])
+            new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
+            result["hit_tokens"] = num_hit_tokens
+            result["hit_ids"] = [block.block_id - 1 for block in hits.blocks[0]]
+            if new_blocks is None:
+                result["new_ids"] = None
+            else:
+                result["new_ids"] = [block_id - 1 for block_id in new_blocks.get_block_ids()[0]]
+                manager.record_prefix_cache_stats(request, num_hit_tokens)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hit_tokens + num_new_tokens
+        elif kind == "alloc":
+            request = requests[op["rid"]]
+            new_blocks = manager.allocate_slots(
+                request, op["num_new_tokens"], num_lookahead_tokens=op["num_lookahead_tokens"]
+            )
+            if new_blocks is None:
+                result["new_ids"] = None
+            else:
+                result["new_ids"] = [block_id - 1 for block_id in new_blocks.get_block_ids()[0]]
+                request.num_computed_tokens += op["num_new_tokens"]
+        elif kind == "append":
+            requests[op["rid"]].append_output_token_ids(list(op["tokens"]))
+        elif kind == "free":
+            manager.free(requests.pop(op["rid"]))
+        elif kind == "preempt":
+            request = requests[op["rid"]]
+            manager.free(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+        elif kind == "reset":
+            result["reset"] = manager.reset_prefix_cache()
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+        snapshots.append(_snapshot(manager, requests, result))
+    return snapshots
+
+
+def main() -> None:
+    import logging
+
+    logging.disable(logging.WARNING)
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+
+    kv_cache_utils.init_none_hash(sha256)
+    payload = json.load(sys.stdin)
+    import vllm
+
+    out = {"vllm_version": vllm.__version__, "results": [run_workload(w) for w in payload["workloads"]]}
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
