@@ -209,10 +209,23 @@ class MissReport:
             "miss": "misses: its hash chains over the broken block",
             "partial": "partial block: never hashed",
         }
-        cells = "".join(
-            f'<span title="block {i}: {titles[s]}" style="display:inline-block;width:14px;height:14px;'
-            f'margin:1px;border-radius:2px;background:{colors[s]}"></span>'
-            for i, s in enumerate(self.block_states())
+        symbols = {"hit": "✓", "last": "↻", "broken": "✗", "miss": "·", "partial": "_"}
+
+        def square(state: str, title: str) -> str:  # one coloured block with its text-report symbol
+            return (
+                f'<span title="{title}" style="display:inline-block;width:15px;height:15px;margin:1px;'
+                f"border-radius:2px;background:{colors[state]};font:bold 11px/15px monospace;"
+                f'text-align:center;color:#222">{symbols[state]}</span>'
+            )
+
+        states = self.block_states()
+        cells = "".join(square(s, f"block {i}: {titles[s]}") for i, s in enumerate(states))
+        legend = " ".join(
+            f'<span style="white-space:nowrap">{square(s, titles[s])} {label}</span>'
+            for s, label in (("hit", "reused"), ("last", "equal but recomputed (last block)"),
+                             ("broken", "first broken block"), ("miss", "misses after it"),
+                             ("partial", "partial (never hashed)"))
+            if s in states
         )
         rows = [
             ("cached prompt", f"{self.num_tokens_cached} tokens"),
@@ -245,7 +258,8 @@ class MissReport:
         return (
             '<div style="font-family:sans-serif;font-size:13px;border:1px solid #ccc;padding:6px;max-width:760px">'
             f"<b>Why the miss?</b> (block_size={self.block_size})<table>{table}</table>"
-            f'<div style="margin-top:4px">blocks of the new prompt: {cells}</div>{context}'
+            f'<div style="margin-top:4px">blocks of the new prompt: {cells}</div>'
+            f'<div style="margin-top:2px;font-size:12px;color:#555">{legend}</div>{context}'
             f'<div style="margin-top:4px">{html.escape(self.reason)}</div></div>'
         )
 

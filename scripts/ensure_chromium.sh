@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure a headless-capable Chromium is at /usr/bin/chromium (for the
-# real-browser widget test, tests/browser/). Installs Debian's `chromium`
+# real-browser test of the learner path, tests/browser/). Installs Debian's `chromium`
 # package with apt when it is missing; never downloads a browser build of its
 # own (Playwright's `playwright install` is not used).
 #

@@ -11,3 +11,13 @@ import torch
 # machine the kernels compile, and the kernel tests run on CUDA.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The learner's parts (mini_vllm.course.parts) that notebooks run by the tests keep go
+# to a fresh folder, never to the checkout's my-course/ (the kernels inherit this).
+if "MINI_VLLM_PARTS" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["MINI_VLLM_PARTS"] = tempfile.mkdtemp(prefix="mini-vllm-parts-")
+    atexit.register(shutil.rmtree, os.environ["MINI_VLLM_PARTS"], True)

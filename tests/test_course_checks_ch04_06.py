@@ -120,13 +120,16 @@ def test_check_find_longest_cache_hit_lets_the_stub_error_through():
 
 
 def reference_free_blocks(pool, ordered_blocks):
+    to_the_head = []  # vLLM 0.33: unhashed blocks go to the head together, in the order given
     for block in ordered_blocks:
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             if block.block_hash is None:
-                pool.free_block_queue.appendleft(block)
+                to_the_head.append(block)
             else:
                 pool.free_block_queue.append(block)
+    for block in reversed(to_the_head):
+        pool.free_block_queue.appendleft(block)
 
 
 def reference_free_request_blocks(pool, req_blocks):
@@ -197,8 +200,7 @@ def _evicts_on_free(pool, ordered_blocks):
 
 
 def _indexes_its_argument(pool, ordered_blocks):
-    for i in range(len(ordered_blocks)):
-        reference_free_blocks(pool, [ordered_blocks[i]])
+    reference_free_blocks(pool, [ordered_blocks[i] for i in range(len(ordered_blocks))])
 
 
 @pytest.mark.parametrize(

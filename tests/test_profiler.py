@@ -114,6 +114,23 @@ def test_text_prompts_need_a_tokenizer_and_show_the_text_around_the_divergence()
     assert "<mark" in html and "block 5" in html
 
 
+def test_html_strip_shows_the_text_symbols_and_a_legend():
+    """The HTML squares carry the same ✓/✗/·/_ symbols as the text report, explained in a legend."""
+    tokenizer = CharTokenizer()
+    cached = "aaaabbbbccccdddd"
+    new = "aaaabbbbXcccdddde"  # blocks: ✓ ✓ ✗ · _
+    report = explain_miss(cached, new, block_size=4, tokenizer=tokenizer)
+    assert report._strip() == "✓✓✗·_"
+    html = report._repr_html_()
+    import re
+
+    squares = re.findall(r'title="block \d+: [^"]*"[^>]*>([^<]*)</span>', html)
+    assert "".join(squares) == report._strip()
+    for label in ("reused", "first broken block", "misses after it", "partial (never hashed)"):
+        assert label in html
+    assert "equal but recomputed" not in html  # the legend lists only the states shown
+
+
 def test_html_escapes_the_prompt_text():
     tokenizer = CharTokenizer()
     report = explain_miss("<b>x</b> one", "<b>x</b> two", block_size=4, tokenizer=tokenizer)

@@ -546,3 +546,155 @@ def test_cached_block_text_does_not_depend_on_when_the_widget_redrew(llm):
     texts = list(titles.values())
     assert any("token ids: " + " ".join(map(str, prompt[:16])) in t for t in texts)
     assert any("token ids: " + " ".join(map(str, prompt[16:32])) in t for t in texts)
+
+
+def test_a_live_view_redraws_when_the_prefix_cache_is_reset(llm):
+    """reset_prefix_cache() runs between steps; its AllBlocksCleared event reaches the live view."""
+    from mini_vllm import SamplingParams
+
+    llm.llm_engine.reset_prefix_cache()
+    view = PoolView(llm, live=True, min_interval=3600.0)
+    try:
+        llm.generate([{"prompt_token_ids": list(range(300, 336))}], SamplingParams(temperature=0, max_tokens=2))
+        before = view._live.widget.value
+        renders = view._live.num_renders
+        assert llm.llm_engine.reset_prefix_cache() is True
+        assert view._live.num_renders == renders + 1
+        assert view._live.widget.value != before  # the cached blocks are shown as empty now
+    finally:
+        view.close()
+
+
+# -- the learner's path: buttons in any order, closing, TTFT, wording (issue 11) ----------------
+def test_a_cell_after_a_run_click_still_finds_its_output(llm):
+    """Chapter 00: the learner presses Run, then runs the cell that reads the result (once an IndexError)."""
+    from mini_vllm import SamplingParams
+
+    with EngineDashboard(llm) as dashboard:
+        [request_id] = dashboard.add_requests({"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=3))
+        dashboard.step()
+        dashboard.run_button.click()  # the learner
+        assert dashboard.run() == []  # the next cell: nothing left to run ...
+        assert "Idle" in dashboard.message
+        output = dashboard.outputs[request_id]  # ... and the output is still there
+        assert output.request_id == request_id and len(output.outputs[0].token_ids) == 3
+
+
+def test_every_button_works_on_an_idle_engine_in_any_order(llm):
+    with EngineDashboard(llm) as dashboard:
+        for button, expected in [(dashboard.run_button, "Idle"), (dashboard.step_button, "Idle"),
+                                 (dashboard.reset_button, "Prefix cache reset"), (dashboard.run_button, "Idle")]:
+            button.click()
+            assert expected in dashboard.message
+            assert not any(b.disabled for b in (dashboard.step_button, dashboard.run_button, dashboard.reset_button))
+
+
+def test_close_freezes_the_widget_instead_of_blanking_it(llm):
+    from mini_vllm import SamplingParams
+
+    engine = llm.llm_engine
+    before = list(engine.events.listeners)
+    dashboard = EngineDashboard(llm)
+    dashboard.close()
+    assert engine.events.listeners == before  # detached
+    assert dashboard.html.comm is not None and dashboard.box.comm is not None  # the widgets stay: the output keeps them
+    assert "Closed" in dashboard.html.value and dashboard.buttons.layout.display == "none"
+    frozen = dashboard.html.value
+    llm.generate([{"prompt_token_ids": PROMPT_IDS[0]}], SamplingParams(temperature=0, max_tokens=2))
+    assert dashboard.html.value == frozen  # it no longer follows
+
+
+def test_ttft_counts_engine_time_not_the_time_before_the_click(llm, monkeypatch):
+    """A fake clock: 100 s pass between queueing and pressing Step; the step itself takes 0.5 s."""
+    import mini_vllm.viz.dashboard as dashboard_module
+    from mini_vllm import SamplingParams
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(dashboard_module.time, "monotonic", lambda: clock["now"])
+    engine = llm.llm_engine
+    with EngineDashboard(llm) as dashboard:
+        dashboard.add_requests({"prompt_token_ids": PROMPT_IDS[1]}, SamplingParams(temperature=0, max_tokens=2))
+        queued_at = clock["now"]
+        clock["now"] += 100.0  # the learner reads the text, then presses Step
+
+        real_step = engine.step
+
+        def slow_step():
+            clock["now"] += 0.5  # the engine's work
+            return real_step()
+
+        monkeypatch.setattr(engine, "step", slow_step)
+        dashboard.step_button.click()
+        assert dashboard.last_ttft_steps == 1
+        assert dashboard.last_ttft == pytest.approx(0.5)
+        assert clock["now"] - queued_at > 100  # what a TTFT from the arrival time would have shown
+        assert "1 step, 500.0 ms" in dashboard.html.value
+        dashboard.run()
+
+
+def test_one_token_is_one_token():
+    from mini_vllm import SamplingParams
+
+    llm = make_llm()
+    with EngineDashboard(llm) as dashboard:
+        dashboard.add_requests({"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=3))
+        dashboard.step()  # the prefill
+        dashboard.step()  # one decode step: one token
+        assert dashboard.message.startswith(f"Step {llm.llm_engine.num_steps}: computed 1 token (")
+        dashboard.run()
+        assert "1 request finished" in dashboard.message
+
+
+def test_k_norm_is_explained_and_not_drawn_on_free_empty_blocks():
+    from mini_vllm import SamplingParams
+
+    llm = make_llm()
+    llm.generate([{"prompt_token_ids": PROMPT_IDS[0][:40]}], SamplingParams(temperature=0, max_tokens=2))
+    llm.llm_engine.reset_prefix_cache()  # every block free and empty again, its old K still in the tensor
+    view = PoolView(llm, k_norm=True)
+    snap = view.snapshot()
+    assert any(b.k_norm for b in snap.blocks if b.state == "F")  # stale K in the tensor ...
+    html = view.render_html(snap)
+    cells = re.findall(r'<div class="mv-block".*?</div></div>', html, re.S)
+    assert cells and not any("mv-knorm" in c for c in cells)  # ... but no ‖K‖ on a free, empty block
+    assert "‖K‖: L2 norm of the block" in html and "keys in layer 0" in html  # the legend says what the figure is
+    assert "‖K‖" not in PoolView(llm).to_html()  # no figure, no explanation
+
+
+def test_a_request_without_blocks_says_so_on_its_own_row(llm):
+    from mini_vllm import SamplingParams
+
+    engine = llm.llm_engine
+    engine.add_request("waits", PROMPT_IDS[0], SamplingParams(temperature=0, max_tokens=2))
+    try:
+        html = BlockTableView(llm).to_html()
+        row = re.search(r'data-request="waits".*?no blocks yet \(waiting\)</span>', html, re.S)
+        assert row, html[:2000]
+        assert "line-height:1.35" in row.group(0).rsplit("<span", 1)[1]  # not squeezed by the cells' line-height 0
+    finally:
+        engine.abort_request("waits")
+
+
+def test_the_live_widget_scrolls_its_views_under_a_fixed_header(llm):
+    with EngineDashboard(llm, max_height=300) as dashboard:
+        value = dashboard.html.value
+        header, _, rest = value.partition('class="mv-scroll"')
+        assert "mv-header" in header and "mv-header" not in rest  # the header stays above the scroll box
+        assert "max-height:300px" in rest[:80] and "mv-tables" in rest
+        assert 'class="mv-scroll"' not in dashboard.to_html()  # the static snapshot shows everything
+
+
+def test_the_snapshot_counts_a_readmission_after_preemption_apart():
+    """The dashboard's counters are vLLM 0.33's: a preempted request's re-admission is not a new lookup."""
+    manager = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE)
+    request = Request("A", list(range(3 * BLOCK_SIZE + 1)), block_size=BLOCK_SIZE)
+    for preempted in (False, True):
+        hits, num_hit_tokens = manager.get_computed_blocks(request)
+        manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
+        if not preempted:
+            manager.free(request)  # what Scheduler.preempt does
+            request.num_preemptions += 1
+    snap = PoolView(manager, requests=[request]).snapshot()
+    assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (request.num_tokens, 0)
+    assert (snap.prefix_cache_preempted_queries, snap.prefix_cache_preempted_hits) == (request.num_tokens, 3 * BLOCK_SIZE)
+    assert snap.hit_rate == 0.0

@@ -2,53 +2,340 @@
 
 A check compares the learner's function with the reference implementation
 on fixed edge cases (the mistakes people actually make) and on random inputs,
-raises ``AssertionError`` with a message that says what went wrong and on
-which input, and prints one short pass line.
+raises :class:`CheckFailure` (an ``AssertionError``) with a message that says
+what went wrong and on which input, and prints one short pass line.
+
+Every call into the learner's code goes through :func:`call_learner` (or
+``Checker.call``): an exception raised there becomes a message that names the
+input or operation that triggered it, what was expected and the likely
+mistake, followed by a traceback that starts at the learner's own code (the
+checker's frames are cut). :func:`guarded_check` wraps each ``check_*`` as a
+last line of defence, so a check never ends in an unexplained error.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import random
-from collections.abc import Callable
-from typing import Any
+import sys
+import sysconfig
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+_PACKAGE_DIRS = tuple(
+    str(path)
+    for path in (
+        Path(__file__).resolve().parents[1],  # mini_vllm (the course package, the engine)
+        Path(__file__).resolve().parents[2] / "kernels",
+    )
+)
+_LIBRARY_DIRS = tuple(
+    {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+) + (sys.prefix, sys.base_prefix)
+
+
+class CheckFailure(AssertionError):
+    """What a check found wrong: the message names the case, the mistake and the fix.
+
+    In Jupyter it is shown as its message alone (``_render_traceback_``): the
+    checker's own frames would only hide the message. When the failure comes
+    from an exception in the learner's code, ``learner_traceback`` holds that
+    exception's traceback, cut so that it starts at the learner's code.
+    """
+
+    def __init__(self, message: str, learner_traceback: str = "") -> None:
+        super().__init__(message + (f"\n{learner_traceback}" if learner_traceback else ""))
+        self.message = message
+        self.learner_traceback = learner_traceback
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of printing the full traceback.
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: " + str(self)]
 
 
 class Checker:
-    """Counts the cases a check ran and formats its failure messages."""
+    """Counts the cases a check ran, remembers the current one and formats failure messages."""
 
     def __init__(self, name: str, seed: int = 0) -> None:
         self.name = name
         self.rng = random.Random(seed)
         self.num_fixed = 0
         self.num_random = 0
+        self.case = "the first case"  # what the check is doing now (for guarded_check)
+        self._returned: list[list] = []  # lists returned so far (expect_list(fresh=True))
+
+    def fail(self, case: str, hint: str = "") -> None:
+        raise CheckFailure(f"{self.name}: {case}" + (f"\n    hint: {hint}" if hint else ""))
 
     def expect_equal(self, got: Any, expected: Any, case: str, hint: str = "", random_case: bool = False) -> None:
         """Fail with a helpful message unless ``got == expected``."""
-        if random_case:
-            self.num_random += 1
-        else:
-            self.num_fixed += 1
+        self._count(random_case)
         if got != expected:
             message = f"{self.name}: {case}\n    expected: {_short(expected)}\n    got:      {_short(got)}"
             if hint:
                 message += f"\n    hint: {hint}"
-            raise AssertionError(message)
+            raise CheckFailure(message)
 
     def expect(self, condition: bool, case: str, hint: str = "", random_case: bool = False) -> None:
+        self._count(random_case)
+        if not condition:
+            self.fail(case, hint)
+
+    def _count(self, random_case: bool) -> None:
         if random_case:
             self.num_random += 1
         else:
             self.num_fixed += 1
-        if not condition:
-            raise AssertionError(f"{self.name}: {case}" + (f"\n    hint: {hint}" if hint else ""))
+
+    def call(self, fn: Callable, *args, what: str, expected: str = "", hint: str = "", **kwargs):
+        """Call the learner's ``fn``; an exception becomes a message about ``what`` was called."""
+        self.case = what
+        return call_learner(fn, *args, name=self.name, what=what, expected=expected, hint=hint, **kwargs)
+
+    def wrap(self, fn: Callable, label: str, expected: str = "") -> Callable:
+        """``fn`` with every call guarded: a crash names the call and its arguments."""
+
+        @functools.wraps(fn)
+        def guarded(*args, **kwargs):
+            shown = ", ".join([_short(a, 60) for a in args] + [f"{k}={_short(v, 60)}" for k, v in kwargs.items()])
+            what = f"{label}({shown})"
+            self.case = what
+            return call_learner(fn, *args, name=self.name, what=what, expected=expected, **kwargs)
+
+        return guarded
+
+    def expect_list(self, value: Any, case: str, item_type: Optional[type] = None, item_name: str = "",
+                    random_case: bool = False, fresh: bool = True) -> list:
+        """``value`` as a list; a generator, None or another type fails with a message naming it.
+
+        A tuple is accepted (and converted). ``item_type``: every item must be one.
+        ``fresh``: the list must be a new object, not one an earlier call returned
+        (a mutable default argument or a module-level list returns the same one).
+        """
+        self._count(random_case)
+        if isinstance(value, tuple):
+            value = list(value)
+        if not isinstance(value, list):
+            self.fail(f"{case}: returned {describe_type(value)}, not a list", not_a_list_hint(value))
+        if fresh:
+            if any(value is earlier for earlier in self._returned):
+                self.fail(
+                    f"{case}: returned the very list object an earlier call returned",
+                    "build a new list in every call (result = [] inside the function): a mutable default "
+                    "argument (def f(..., result=[])) or a module-level list is shared by every call, so "
+                    "each call adds to what the previous ones returned",
+                )
+            self._returned.append(value)
+        if item_type is not None:
+            wrong = [item for item in value if not isinstance(item, item_type)]
+            if wrong:
+                self.fail(
+                    f"{case}: the list holds {describe_type(wrong[0])} items ({_short(wrong[0], 80)}), "
+                    f"expected {item_name or item_type.__name__}",
+                )
+        return value
+
+    def expect_unchanged(self, before: Any, after: Any, case: str, what: str, hint: str) -> None:
+        """The learner's code must not change what the caller passed in."""
+        self._count(False)
+        if before != after:
+            self.fail(
+                f"{case}: your code changed the {what} the caller passed in\n    before: {_short(before)}\n"
+                f"    after:  {_short(after)}",
+                hint,
+            )
 
     def passed(self) -> None:
         print(f"✓ {self.name}: {self.num_fixed} edge cases and {self.num_random} random cases agree with the reference")
 
 
-def call_learner(fn: Callable, *args, **kwargs):
-    """Call the learner's function; NotImplementedError passes through untouched (the stub)."""
-    return fn(*args, **kwargs)
+def snapshot(value: Any) -> Any:
+    """A deep copy to compare with later (a list of blocks is compared by block ids)."""
+    if isinstance(value, (list, tuple)) and value and all(hasattr(v, "block_id") for v in value):
+        return [v.block_id for v in value]
+    return copy.deepcopy(value)
+
+
+def describe_type(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, types.GeneratorType):
+        return "a generator"
+    if isinstance(value, Iterator):
+        return f"an iterator ({type(value).__name__})"
+    return f"a {type(value).__name__}"
+
+
+def not_a_list_hint(value: Any) -> str:
+    if value is None:
+        return "your function returned nothing: did you forget the `return` at the end?"
+    if isinstance(value, (types.GeneratorType, Iterator)):
+        return (
+            "a generator (a function with `yield`, or a `(... for ...)` expression) can be read only once and "
+            "has no len(): return a list, e.g. `[... for ...]` or `list(...)`"
+        )
+    if hasattr(value, "block_id"):
+        return "you returned one block: return a list of blocks, even when it holds a single one"
+    return "build a list and return it"
+
+
+def guarded_check(part: Optional[str] = None) -> Callable[[Callable], Callable]:
+    """Decorate a ``check_*``: it ends only in a pass line, a :class:`CheckFailure` or the stub's error.
+
+    Anything else escaping it (an unexpected value that made the analysis
+    itself fail) is turned into a message that names the case being run.
+    ``part``: when the check passes, its first argument (the learner's
+    implementation) is kept as that part of the learner's engine
+    (:func:`mini_vllm.course.parts.keep`).
+    """
+
+    def decorate(check_fn: Callable) -> Callable:
+        @functools.wraps(check_fn)
+        def wrapper(*args, **kwargs):
+            result = _run_guarded(check_fn, args, kwargs)
+            if part is not None and args:
+                from .parts import keep
+
+                keep(part, args[0])
+            return result
+
+        return wrapper
+
+    return decorate
+
+
+def _run_guarded(check_fn: Callable, args: tuple, kwargs: dict):
+    try:
+        return check_fn(*args, **kwargs)
+    except (CheckFailure, NotImplementedError):
+        raise
+    except Exception as error:  # noqa: BLE001 - reported with the case that was running
+        name = check_fn.__name__.removeprefix("check_")
+        origin = learner_traceback(error)
+        message = (
+            f"{name}: the check could not go on: {type(error).__name__}: {error}\n"
+            "    hint: your code returned or left behind something the check did not expect "
+            "(a wrong type, a missing attribute, an inconsistent structure); "
+            f"{likely_mistake(error)}"
+        )
+        raise CheckFailure(message, origin) from None
+
+
+def call_learner(fn: Callable, *args, name: str = "your function", what: str = "", expected: str = "",
+                 hint: str = "", **kwargs):
+    """Call the learner's function; an exception becomes a :class:`CheckFailure`.
+
+    NotImplementedError (the exercise stub) and :class:`CheckFailure` pass
+    through untouched. The message says ``what`` was called (the input or
+    operation), what was ``expected``, the likely mistake (``hint``, or one
+    guessed from the exception) and a traceback that starts at the learner's code.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as error:  # noqa: BLE001 - reported with the input that triggered it
+        raise learner_error(name, what or f"calling {getattr(fn, '__name__', 'your function')}", error,
+                            expected, hint) from None
+
+
+def learner_error(name: str, what: str, error: BaseException, expected: str = "", hint: str = "") -> CheckFailure:
+    root = _innermost(error)
+    lines = [f"{name}: {what} raised {type(root).__name__}: {_first_line(root)}"]
+    if expected:
+        lines.append(f"    expected: {expected}")
+    lines.append(f"    likely mistake: {hint or likely_mistake(root)}")
+    return CheckFailure("\n".join(lines), learner_traceback(error))
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """Triton's interpreter wraps the kernel's exception; the original is more telling."""
+    seen = 0
+    while type(error).__name__ in ("InterpreterError", "CompilationError") and error.__cause__ is not None and seen < 5:
+        error, seen = error.__cause__, seen + 1
+    return error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
+
+
+def likely_mistake(error: BaseException) -> str:
+    """A guess at the mistake behind a typical exception."""
+    text = str(error)
+    kind = type(error).__name__
+    if isinstance(error, RecursionError):
+        return ("a function or method calls itself without end (e.g. append calling self.append instead of "
+                "linking the blocks, or a property that reads itself)")
+    if "mask" in text and "dtype" in text:
+        return ("a Triton mask must be boolean: build it from comparisons combined with & and |, e.g. "
+                "(heads < num_kv_heads) & (dims < head_dim); multiplying or adding masks gives integers")
+    if isinstance(error, TypeError):
+        if "generator" in text:
+            return ("a generator is not a list: it has no len() and no indexing, and it can be read only once; "
+                    "build a list ([... for ...]) where a list is needed")
+        if "not iterable" in text and "KVCacheBlock" in text:
+            return "you passed one block where a list (or any iterable) of blocks is expected: wrap it, [block]"
+        if "not iterable" in text:
+            return "something you loop over is not a collection (a single value, or None): check what you pass"
+        if "not subscriptable" in text or "has no len()" in text:
+            return ("you indexed or took len() of something that can only be looped over (reversed(...), a "
+                    "generator): use a for loop, or make a list first")
+        if "NoneType" in text:
+            return "a value you compute with is None: a function that forgot to return, or a lookup that found nothing"
+        if "argument" in text:
+            return "a function was called with other arguments than it takes: keep the signature the exercise gives"
+        return "a value of the wrong type: print the types of what your code receives and returns"
+    if isinstance(error, AttributeError):
+        if "NoneType" in text:
+            return ("something you expected to be an object is None: e.g. the link past the end of the list, "
+                    "or get_cached_block(...) for a hash that is not cached")
+        return "an attribute or method that the object does not have: check the names the exercise uses"
+    if isinstance(error, IndexError):
+        return ("an index past the end: check your loop bounds (range(start, end), len(...) // block_size) and "
+                "that the list you index is the one you meant")
+    if isinstance(error, KeyError):
+        return "a dict lookup with a key that is not there: check with `in`, or use .get(key)"
+    if isinstance(error, ZeroDivisionError):
+        return "a division by zero: an empty range or a sum of zero weights"
+    if isinstance(error, ValueError):
+        return ("a ValueError: if it comes from the engine (e.g. 'No free blocks available'), your code asked for "
+                "more than there is, or did the same thing twice")
+    if isinstance(error, AssertionError):
+        return "an assert in your code failed"
+    return f"{kind}: read the traceback below, it starts at your code"
+
+
+def _is_learner_file(filename: str) -> bool:
+    if filename.startswith("<") and not filename.startswith("<ipython"):
+        return False  # <frozen ...>, <string> from libraries
+    if filename.startswith(_PACKAGE_DIRS):
+        return False
+    return not filename.startswith(_LIBRARY_DIRS)
+
+
+def learner_traceback(error: BaseException) -> str:
+    """The traceback of ``error`` from the first frame of the learner's code on ("" if none)."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 5:
+        chain.append(chain[-1].__cause__)
+    for item in reversed(chain):  # the innermost exception with learner frames tells most
+        frames = traceback.extract_tb(item.__traceback__)
+        first = next((i for i, frame in enumerate(frames) if _is_learner_file(frame.filename)), None)
+        if first is None:
+            continue
+        kept = list(frames[first:])
+        # Deep library frames after the learner's last line say little; keep one.
+        last = max(i for i, frame in enumerate(kept) if _is_learner_file(frame.filename))
+        kept = kept[: last + 2]
+        text = "".join(traceback.format_list(kept)) + "".join(traceback.format_exception_only(type(item), item))
+        return "Traceback (your code first):\n" + text.rstrip()
+    return ""
 
 
 def _short(value: Any, limit: int = 300) -> str:

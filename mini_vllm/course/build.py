@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import re
 import sys
 from pathlib import Path
 
@@ -111,6 +110,27 @@ def clean_for_commit(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def execute(paths: list[Path], timeout: int = 900) -> None:
+    """Run ``paths`` in order, in place. The learner's parts (``MINI_VLLM_PARTS``) go to one fresh
+    folder for the whole run, as in the nbval run: what the solutions keep never depends on
+    what an earlier session left behind."""
+    import os
+    import tempfile
+
+    from .parts import PARTS_ENV
+
+    with tempfile.TemporaryDirectory(prefix="mini-vllm-parts-") as parts_folder:
+        previous = os.environ.get(PARTS_ENV)
+        os.environ[PARTS_ENV] = parts_folder
+        try:
+            _execute(paths, timeout)
+        finally:
+            if previous is None:
+                os.environ.pop(PARTS_ENV, None)
+            else:
+                os.environ[PARTS_ENV] = previous
+
+
+def _execute(paths: list[Path], timeout: int) -> None:
     from nbclient import NotebookClient
 
     for path in paths:

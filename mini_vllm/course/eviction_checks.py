@@ -13,7 +13,9 @@ The learner writes three functions over a ``BlockPool``:
 
 Each check builds the same pool twice (deterministically), runs the learner's
 function on one and the reference on the other, and compares the whole state:
-the free queue head to tail, every ref_cnt and hash, and the map.
+the free queue head to tail, every ref_cnt and hash, and the map. Pools with
+caching off, busy pools asked for more than is free, the caller's lists left
+unchanged, and O(blocks handled) on a pool of 20,000 blocks are checked too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
-from ._harness import Checker
+from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
+from .free_queue_checks import _CountingBlock
 
 BLOCK_SIZE = 4
 
@@ -80,6 +83,44 @@ def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:
     return any(b is block for _, b in pool.cached_block_hash_to_block.items())
 
 
+def _large_pool(num_in_use: int) -> tuple[BlockPool, list[KVCacheBlock], dict]:
+    """20,000 counting blocks, the first ``num_in_use`` in use (every other one cached), and the
+    map's items() and the queue's get_all_free_blocks() counting their calls: O(n) scans show up."""
+    pool = BlockPool(20_000)
+    for block in pool.blocks:
+        block.__class__ = _CountingBlock
+    in_use = _take(pool, list(range(num_in_use)), hashed=list(range(0, num_in_use, 2)))
+    _cache_free(pool, [num_in_use + 1, num_in_use + 3])
+    scans = {"items": 0, "get_all_free_blocks": 0}
+
+    def counting(obj, name):
+        method = getattr(obj, name)
+
+        def counted(*args, **kwargs):
+            scans[name] += 1
+            return method(*args, **kwargs)
+
+        setattr(obj, name, counted)
+
+    counting(pool.cached_block_hash_to_block, "items")
+    counting(pool.free_block_queue, "get_all_free_blocks")
+    _CountingBlock.reads = 0
+    return pool, in_use, scans
+
+
+def _expect_constant_time(check: Checker, case: str, scans: dict, num_blocks: int) -> None:
+    reads = _CountingBlock.reads
+    check.expect(
+        not scans["items"] and not scans["get_all_free_blocks"] and reads <= 15 * max(num_blocks, 1) + 10,
+        f"{case}: your code read {reads:,} block attributes, walked the hash map {scans['items']} time(s) and "
+        f"listed the free queue {scans['get_all_free_blocks']} time(s): its cost grows with the pool "
+        "(20,000 blocks), not with the blocks it handles",
+        "work on the blocks you are given or pop: free_block_queue.append/appendleft/popleft and "
+        "cached_block_hash_to_block.pop(block_hash, block_id) are all O(1); never search the whole queue, "
+        "the map or pool.blocks",
+    )
+
+
 def _reference_free_blocks(pool: BlockPool, ordered_blocks) -> None:
     BlockPool.free_blocks(pool, ordered_blocks)
 
@@ -89,9 +130,12 @@ def _reference_get_new_blocks(pool: BlockPool, num_blocks: int) -> list[KVCacheB
 
 
 def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
-    """A pool after a few requests (sharing prefixes) ran and some finished: the same for one seed."""
+    """A pool after a few requests (sharing prefixes) ran and some finished: the same for one seed.
+
+    Every fifth seed has prefix caching off: no block gets a hash, every freed block goes to the head.
+    """
     rng = random.Random(seed)
-    manager = KVCacheManager(num_blocks=rng.randint(8, 14), block_size=BLOCK_SIZE)
+    manager = KVCacheManager(num_blocks=rng.randint(8, 14), block_size=BLOCK_SIZE, enable_caching=seed % 5 != 4)
     prefixes = [[rng.randrange(30) for _ in range(rng.choice([4, 8]))] for _ in range(2)]
     running: dict[str, Request] = {}
     for index in range(rng.randint(3, 6)):
@@ -109,9 +153,12 @@ def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
 
 
 # -- free_blocks ------------------------------------------------------------------
+@guarded_check(part="free_blocks")
 def check_free_blocks(free_blocks: Callable) -> None:
     """The learner's ``free_blocks(pool, ordered_blocks)``."""
     check = Checker("free_blocks")
+    raw_free_blocks = free_blocks
+    free_blocks = check.wrap(free_blocks, "free_blocks", "one reference dropped per block given")
 
     # 1. One request's table, passed last block first (as the manager does):
     #    blocks 0-2 full and cached, block 3 partial (no hash).
@@ -120,7 +167,13 @@ def check_free_blocks(free_blocks: Callable) -> None:
         return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
 
     pool, table = one_request()
-    free_blocks(pool, list(reversed(table)))
+    given = list(reversed(table))
+    free_blocks(pool, given)
+    check.expect_unchanged(
+        [3, 2, 1, 0], snapshot(given), "one request freed with ordered_blocks = [3, 2, 1, 0]", "ordered_blocks",
+        "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
+        "it, do not reverse, sort or empty it in place",
+    )
     queue = _queue(pool)
     check.expect(
         all(b.ref_cnt == 0 for b in table),
@@ -181,12 +234,32 @@ def check_free_blocks(free_blocks: Callable) -> None:
     _reference_free_blocks(expected_pool, list(reversed(expected_blocks)))
     _compare_states(check, pool, expected_pool, "a shared prefix freed by one of its two requests")
 
+    # 2b. Caching off: a whole table without hashes goes to the head, in the order given.
+    def uncached() -> tuple[BlockPool, list[KVCacheBlock]]:
+        pool = BlockPool(6, enable_caching=False)
+        return pool, _take(pool, [0, 1, 2])
+
+    pool, table = uncached()
+    free_blocks(pool, list(reversed(table)))
+    queue = _queue(pool)
+    check.expect(
+        queue[:3] == [2, 1, 0],
+        f"caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]: the queue should start "
+        f"2, 1, 0; queue: {queue}",
+        "blocks without a hash go to the head TOGETHER, keeping the order given (vLLM's prepend_n): the first "
+        "of them becomes the new head. appendleft one by one reverses them: collect them, then appendleft "
+        "them last one first",
+    )
+    expected_pool, expected_table = uncached()
+    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
+    _compare_states(check, pool, expected_pool, "caching off: a request's blocks freed")
+
     # 3. An iterator, as KVCacheManager.free passes it (reversed(...)).
     pool, table = one_request()
     try:
-        free_blocks(pool, reversed(table))
+        raw_free_blocks(pool, reversed(table))
     except TypeError as err:
-        raise AssertionError(
+        raise CheckFailure(
             f"free_blocks: calling it with reversed(table) raised TypeError: {err}\n"
             "    hint: ordered_blocks may be any iterable (KVCacheManager.free passes reversed(blocks)): "
             "loop over it with a for loop, do not index it or take its len()"
@@ -213,7 +286,12 @@ def check_free_blocks(free_blocks: Callable) -> None:
         "the request freed last has its blocks at the very tail: they are the most recently used",
     )
 
-    # 5. Random pools: free the running requests one by one, as the engine does.
+    # 5. O(number of blocks freed): three blocks of a pool of 20,000.
+    pool, in_use, scans = _large_pool(3)
+    free_blocks(pool, list(reversed(in_use)))
+    _expect_constant_time(check, "3 blocks freed in a pool of 20,000", scans, 3)
+
+    # 6. Random pools (some with caching off): free the running requests one by one, as the engine does.
     for seed in range(60):
         manager, running = _random_pool(seed)
         expected_manager, _ = _random_pool(seed)
@@ -230,9 +308,11 @@ def check_free_blocks(free_blocks: Callable) -> None:
 
 
 # -- free_request_blocks ------------------------------------------------------------
+@guarded_check(part="free_request_blocks")
 def check_free_request_blocks(free_request_blocks: Callable) -> None:
     """The learner's ``free_request_blocks(pool, req_blocks)`` (it calls their ``free_blocks``)."""
     check = Checker("free_request_blocks")
+    free_request_blocks = check.wrap(free_request_blocks, "free_request_blocks", "every block of the table freed once")
 
     # 1. The chapter's example: pool of 10, A = 48 shared tokens + 7, B = the same 48 + 5.
     def issue_example() -> tuple[KVCacheManager, Request, Request]:
@@ -248,7 +328,13 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
 
     manager, a, b = issue_example()
     table_a = list(manager.req_to_blocks["A"])
-    free_request_blocks(manager.block_pool, manager.req_to_blocks.pop("A"))
+    given = manager.req_to_blocks.pop("A")
+    free_request_blocks(manager.block_pool, given)
+    check.expect_unchanged(
+        [b.block_id for b in table_a], snapshot(given), "A freed", "block table (req_blocks)",
+        "reversed(req_blocks) gives the blocks last first without changing the list; req_blocks.reverse() "
+        "(or .sort(), .pop()) changes the caller's block table",
+    )
     queue = _queue(manager.block_pool)
     check.expect(
         [blk.ref_cnt for blk in table_a] == [1, 1, 1, 0],
@@ -285,20 +371,35 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
 
 
 # -- get_new_blocks ----------------------------------------------------------------
+@guarded_check(part="get_new_blocks")
 def check_get_new_blocks(get_new_blocks: Callable) -> None:
     """The learner's ``get_new_blocks(pool, num_blocks)``."""
     check = Checker("get_new_blocks")
+    raw_get_new_blocks = get_new_blocks
+
+    def raises_value_error(pool: BlockPool, num_blocks: int, case: str) -> bool:
+        """True if the learner's get_new_blocks raised ValueError; another exception is reported."""
+        try:
+            raw_get_new_blocks(pool, num_blocks)
+        except ValueError:
+            return True
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as error:  # noqa: BLE001 - reported with the case
+            raise learner_error(
+                check.name, f"{case}: get_new_blocks(pool, {num_blocks})", error,
+                expected="ValueError (not enough free blocks)",
+                hint="check pool.get_num_free_blocks() first and raise ValueError when it is too small",
+            ) from None
+        return False
+
+    get_new_blocks = check.wrap(get_new_blocks, "get_new_blocks", "a list of num_blocks blocks popped from the head")
 
     def run_both(build: Callable[[], BlockPool], num_blocks: int, case: str, hint: str = "", random_case=False):
         pool, expected_pool = build(), build()
         got = get_new_blocks(pool, num_blocks)
         expected = _reference_get_new_blocks(expected_pool, num_blocks)
-        check.expect(
-            isinstance(got, list) and all(isinstance(b, KVCacheBlock) for b in got),
-            f"{case}: returned {got!r}",
-            "return the list of popped KVCacheBlock objects",
-            random_case=random_case,
-        )
+        got = check.expect_list(got, case, KVCacheBlock, "the popped KVCacheBlock objects", random_case)
         check.expect(
             all(b.ref_cnt == 1 for b in got),
             f"{case}: the returned blocks have ref_cnt {[b.ref_cnt for b in got]}",
@@ -324,7 +425,8 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
 
     old_hash = _hash(0)
     pool = cached_head()
-    got = get_new_blocks(pool, 1)
+    got = check.expect_list(get_new_blocks(pool, 1), "get_new_blocks(pool, 1) with a cached block at the head",
+                            KVCacheBlock, "KVCacheBlock")
     block = pool.blocks[0]
     check.expect(
         [b.block_id for b in got] == [0],
@@ -388,12 +490,8 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
     run_both(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing")
     pool = cached_head()
     before = _state(pool)
-    try:
-        get_new_blocks(pool, 7)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(
+    if not raises_value_error(pool, 7, "asked for 7 blocks from a pool with 6 free"):
+        raise CheckFailure(
             "get_new_blocks: asked for 7 blocks from a pool with 6 free, and no ValueError was raised\n"
             "    hint: check pool.get_num_free_blocks() first and raise ValueError when it is too small"
         )
@@ -404,7 +502,39 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         "(the scheduler tries again next step)",
     )
 
-    # 6. Random pools.
+    # 6. A busy pool: 5 of 8 blocks in use, 3 free; asking for 4 must fail and change nothing.
+    def busy() -> BlockPool:
+        pool = BlockPool(8)
+        _take(pool, [0, 1, 2, 3, 4], hashed=[0, 1])
+        _cache_free(pool, [6])
+        return pool
+
+    pool = busy()
+    before = _state(pool)
+    if not raises_value_error(pool, 4, "a busy pool (8 blocks, 5 in use, 3 free)"):
+        check.fail(
+            "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
+            "compare with the FREE blocks, pool.get_num_free_blocks(), not with pool.num_blocks: blocks in use "
+            "cannot be handed out",
+        )
+    check.expect(
+        _state(pool) == before,
+        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
+        "popping blocks: the pool changed",
+        "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
+        "pool.num_blocks counts the blocks in use too",
+    )
+    run_both(busy, 3, "a busy pool (5 of 8 in use): all 3 free blocks popped")
+
+    # 7. A pool with prefix caching off: no block is cached, nothing to evict.
+    run_both(lambda: _random_pool(4)[0].block_pool, 1, "a pool with prefix caching off")
+
+    # 8. O(number of blocks popped): two blocks (one of them cached) from a pool of 20,000.
+    pool, _, scans = _large_pool(0)
+    got = get_new_blocks(pool, 2)
+    _expect_constant_time(check, "2 blocks popped from a pool of 20,000", scans, 2)
+
+    # 9. Random pools (some with caching off).
     for seed in range(80):
         rng = random.Random(1000 + seed)
         num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()

@@ -4,8 +4,12 @@ The queue is a doubly linked list threaded through the blocks themselves
 (``prev_free_block`` / ``next_free_block``). The check first runs short fixed
 scenarios, each aimed at one typical mistake, and after every operation
 verifies the order (head to tail), ``num_free_blocks`` and that the links of
-neighbouring blocks agree with each other. Then it drives the learner's queue
-and the reference with the same random operations and compares them.
+neighbouring blocks agree with each other. Two queues alive at once must not
+interfere (state on the class, or in a mutable default, is shared), and every
+operation on a queue of 20,000 blocks must read only a handful of links: the
+blocks count their link reads and comparisons, so an O(n) walk or a search of
+a Python list shows up (and is stopped early). Then it drives the learner's
+queue and the reference with the same random operations and compares them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from ..block_pool import FreeKVCacheBlockQueue as ReferenceQueue
 from ..block_pool import KVCacheBlock
-from ._harness import Checker
+from ._harness import CheckFailure, Checker, guarded_check, learner_error
 
 
 def _ids(blocks) -> list[int]:
@@ -29,7 +33,10 @@ class _Scenario:
         self.check = check
         self.name = name
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        self.queue = queue_cls(self.blocks)
+        self.queue = check.call(
+            queue_cls, list(self.blocks), what=f"{name}: FreeKVCacheBlockQueue(blocks of ids 0..{num_blocks - 1})",
+            expected="a queue holding every block given, head first",
+        )
         self.expected = list(range(num_blocks))
         self.history = ["init"]
         self.verify("the queue starts with every block given, in that order (head first)")
@@ -39,14 +46,14 @@ class _Scenario:
 
     def verify(self, hint: str) -> None:
         check = self.check
-        got = _ids(self.call("get_all_free_blocks"))
+        got = _ids(self.free_list())
         check.expect_equal(got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", hint)
         check.expect_equal(
             self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks",
             "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft",
         )
         # The links must agree in both directions: the next operation follows them.
-        free = self.call("get_all_free_blocks")
+        free = self.free_list()
         ends = [("first", free[0], "prev_free_block"), ("last", free[-1], "next_free_block")] if free else []
         for which, block, link in ends:
             neighbour = getattr(block, link, None)
@@ -67,18 +74,31 @@ class _Scenario:
                 "b.next.prev = b.prev (forgetting one neighbour breaks a later append or popleft)",
             )
 
+    def free_list(self) -> list:
+        """``get_all_free_blocks()`` as a list of blocks, or a message saying what came back instead."""
+        return self.check.expect_list(
+            self.call("get_all_free_blocks"), f"{self.where()}: get_all_free_blocks()", KVCacheBlock, "KVCacheBlock",
+            fresh=False,
+        )
+
     def call(self, operation: str, *args):
         """Run one of the learner's methods; a crash becomes a message that says after what."""
+        self.check.case = f"{self.where()}: {operation}()"
         try:
             return getattr(self.queue, operation)(*args)
-        except NotImplementedError:
+        except (NotImplementedError, CheckFailure):
             raise
         except Exception as error:  # noqa: BLE001 - reported with the operations that led to it
-            raise AssertionError(
-                f"{self.check.name}: {self.where()}: {operation}() raised {type(error).__name__}: {error}"
-                "\n    hint: follow the links by hand on a small queue; a link left pointing at a block that "
-                "has left the queue is the usual cause"
-            ) from error
+            hint = ""
+            if isinstance(error, AttributeError) and "NoneType" in str(error):
+                hint = (
+                    "follow the links by hand on a small queue; a link left pointing at None (or at a block "
+                    "that has left the queue) is the usual cause"
+                )
+            raise learner_error(
+                self.check.name, f"{self.where()}: {operation}()", error,
+                expected="the operation to succeed on this queue", hint=hint,
+            ) from None
 
     def popleft(self, hint: str) -> None:
         self.history.append("popleft()")
@@ -107,7 +127,7 @@ class _Scenario:
     def appendleft(self, block_id: int, hint: str) -> None:
         self.history.append(f"appendleft({block_id})")
         self.call("appendleft", self.blocks[block_id])
-        got = _ids(self.call("get_all_free_blocks"))
+        got = _ids(self.free_list())
         if got and got[-1] == block_id and got[0] != block_id:
             hint = f"appendleft put block {block_id} at the TAIL; it must go to the head (reused first)"
         self.expected.insert(0, block_id)
@@ -151,6 +171,109 @@ def _expect_value_error_on_empty(check: Checker, queue: Any, case: str) -> None:
     )
 
 
+class _TooManySteps(BaseException):
+    """Raised by a counting block past its budget: an O(n) loop stops at once instead of running on.
+
+    A BaseException, so that the learner's ``except Exception`` cannot swallow it.
+    """
+
+
+class _CountingBlock(KVCacheBlock):
+    """A block that counts how often its links are read and how often it is compared."""
+
+    __slots__ = ()
+    reads = 0  # shared by all counting blocks: reset before each measured operation
+    budget = None  # when set, more reads than this raise _TooManySteps
+
+    def __getattribute__(self, name):
+        if name in ("prev_free_block", "next_free_block", "block_hash"):
+            _CountingBlock._count()
+        return object.__getattribute__(self, name)
+
+    def __eq__(self, other):  # list.remove / list.index / `in` compare every element before the target
+        _CountingBlock._count()
+        return self is other
+
+    @staticmethod
+    def _count() -> None:
+        _CountingBlock.reads += 1
+        if _CountingBlock.budget is not None and _CountingBlock.reads > _CountingBlock.budget:
+            _CountingBlock.budget = None
+            raise _TooManySteps
+
+    __hash__ = KVCacheBlock.__hash__
+
+
+_LARGE = 20_000
+_MAX_STEPS_PER_OPERATION = 40
+
+
+def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
+    """On a queue of 20,000 blocks, each operation may touch only a few blocks (O(1))."""
+    blocks = [_CountingBlock(i) for i in range(_LARGE)]
+    budget = 50 * _LARGE
+    _CountingBlock.reads, _CountingBlock.budget = 0, budget
+    try:
+        queue = check.call(queue_cls, blocks, what=f"FreeKVCacheBlockQueue of {_LARGE:,} blocks")
+    except _TooManySteps:
+        check.fail(
+            f"building a queue of {_LARGE:,} blocks read more than {budget:,} block links or comparisons "
+            "(stopped there): __init__ costs O(n^2), so one of the operations it uses is O(n)",
+            "each append must be O(1): link the block after the current tail, and keep num_free_blocks as a "
+            "counter (never count by walking the list or by len() of a list you build)",
+        )
+    finally:
+        _CountingBlock.budget = None
+    middle = blocks[_LARGE // 2]
+    operations = [
+        ("remove(a block in the middle)", lambda: queue.remove(middle)),
+        ("append(that block)", lambda: queue.append(middle)),
+        ("popleft()", lambda: queue.popleft()),
+        ("appendleft(the popped block)", lambda: queue.appendleft(blocks[0])),
+        ("remove(the block at the tail)", lambda: queue.remove(middle)),
+        ("num_free_blocks", lambda: queue.num_free_blocks),
+    ]
+    for label, operation in operations:
+        _CountingBlock.reads, _CountingBlock.budget = 0, 100 * _MAX_STEPS_PER_OPERATION
+        try:
+            check.call(operation, what=f"a queue of {_LARGE:,} blocks: {label}")
+        except _TooManySteps:
+            pass  # reported below, with the count
+        finally:
+            _CountingBlock.budget = None
+        steps = _CountingBlock.reads
+        check.expect(
+            steps <= _MAX_STEPS_PER_OPERATION,
+            f"a queue of {_LARGE:,} blocks: {label} read {steps:,} block links or comparisons"
+            f"{' (stopped there)' if steps > 100 * _MAX_STEPS_PER_OPERATION else ''}; "
+            f"an O(1) operation needs a handful, whatever the queue's length",
+            "the queue must not walk the list or search a Python list (list.remove, list.index, `in`, "
+            "pop(0) on a list of blocks): relink the block's neighbours through prev_free_block/next_free_block, "
+            "and keep num_free_blocks as a counter you update in every operation",
+        )
+
+
+def _check_independent_queues(check: Checker, queue_cls: Callable) -> None:
+    """Two live queues must not share state (class attributes, mutable defaults)."""
+    first_blocks = [KVCacheBlock(i) for i in range(3)]
+    second_blocks = [KVCacheBlock(10 + i) for i in range(2)]
+    first = check.call(queue_cls, first_blocks, what="a first queue of blocks 0, 1, 2")
+    second = check.call(queue_cls, second_blocks, what="a second queue of blocks 10, 11, while the first is alive")
+    check.call(second.popleft, what="popleft() on the second queue")
+    got_first = _ids(check.call(first.get_all_free_blocks, what="get_all_free_blocks() on the first queue"))
+    got_second = _ids(check.call(second.get_all_free_blocks, what="get_all_free_blocks() on the second queue"))
+    check.expect(
+        got_first == [0, 1, 2] and got_second == [11] and first.num_free_blocks == 3 and second.num_free_blocks == 1,
+        "two queues alive at once interfere: the first queue (blocks 0, 1, 2) holds "
+        f"{got_first} with num_free_blocks {first.num_free_blocks}, the second (blocks 10, 11, one popped) "
+        f"holds {got_second} with num_free_blocks {second.num_free_blocks}",
+        "keep all state on the instance (self.x = ... in __init__): a class attribute (fake_head = ... or "
+        "num_free_blocks = 0 in the class body, changed through the class) or a mutable default argument "
+        "(def __init__(self, blocks=[])) is shared by every queue, and the engine has one pool per LLM",
+    )
+
+
+@guarded_check(part="free_queue")
 def check_free_queue(queue_cls: Callable) -> None:
     """The learner's ``FreeKVCacheBlockQueue`` class (constructed as ``queue_cls(blocks)``)."""
     check = Checker("FreeKVCacheBlockQueue")
@@ -192,12 +315,16 @@ def check_free_queue(queue_cls: Callable) -> None:
     s = _Scenario(check, queue_cls, 0, "a queue built from no blocks")
     _expect_value_error_on_empty(check, s.queue, f"{s.where()}: popleft() on a queue built empty")
 
+    _check_independent_queues(check, queue_cls)
+    _check_constant_time(check, queue_cls)
+
     # Random operation sequences, step by step against the reference.
     for trial in range(40):
         num_blocks = check.rng.randint(1, 12)
         mine_blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         ref_blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        mine, ref = queue_cls(mine_blocks), ReferenceQueue(ref_blocks)
+        mine = check.call(queue_cls, mine_blocks, what=f"random trial {trial}: a queue of {num_blocks} blocks")
+        ref = ReferenceQueue(ref_blocks)
         in_queue = set(range(num_blocks))
         history: list[str] = []
         for _ in range(30):
@@ -209,23 +336,25 @@ def check_free_queue(queue_cls: Callable) -> None:
                 choices += ["append", "appendleft"]
             op = check.rng.choice(choices)
             if op == "popleft":
-                got, expected = mine.popleft().block_id, ref.popleft().block_id
                 history.append("popleft()")
+                got = check.call(mine.popleft, what=f"random trial {trial}: {' -> '.join(history)}")
+                got, expected = getattr(got, "block_id", got), ref.popleft().block_id
                 in_queue.discard(expected)
                 check.expect_equal(got, expected, f"random trial {trial}: {' -> '.join(history)}: popleft()",
                                    random_case=True)
             else:
                 pool = sorted(in_queue) if op == "remove" else out_of_queue
                 block_id = check.rng.choice(pool)
-                getattr(mine, op)(mine_blocks[block_id])
-                getattr(ref, op)(ref_blocks[block_id])
                 history.append(f"{op}({block_id})")
+                check.call(getattr(mine, op), mine_blocks[block_id], what=f"random trial {trial}: {' -> '.join(history)}")
+                getattr(ref, op)(ref_blocks[block_id])
                 if op == "remove":
                     in_queue.discard(block_id)
                 else:
                     in_queue.add(block_id)
+            mine_free = check.call(mine.get_all_free_blocks, what=f"random trial {trial}: get_all_free_blocks()")
             check.expect_equal(
-                (_ids(mine.get_all_free_blocks()), mine.num_free_blocks),
+                (_ids(mine_free), mine.num_free_blocks),
                 (_ids(ref.get_all_free_blocks()), ref.num_free_blocks),
                 f"random trial {trial}: after {' -> '.join(history[-6:])}: (queue head to tail, num_free_blocks)",
                 random_case=True,

@@ -15,7 +15,7 @@ from typing import Optional
 from ..hashing import NONE_HASH
 from ..hashing import hash_block_tokens as reference_hash_block_tokens
 from ..hashing import hash_request_tokens as reference_hash_request_tokens
-from ._harness import Checker
+from ._harness import Checker, guarded_check, snapshot
 
 EXACT_HINT = (
     "hash hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest(), "
@@ -23,15 +23,22 @@ EXACT_HINT = (
 )
 
 
+@guarded_check(part="hash_block_tokens")
 def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
     """The learner's ``hash_block_tokens(parent_block_hash, token_ids, extra_keys=None)``."""
     check = Checker("hash_block_tokens")
+    hash_block_tokens = check.wrap(hash_block_tokens, "hash_block_tokens", "32 bytes (a SHA-256 digest)")
     block = list(range(16))
     other_parent = reference_hash_block_tokens(None, [9] * 16)
     salt = (("cache_salt", "alice"),)
 
     # Properties first: they name the mistake whatever bytes your hash produces.
-    first = hash_block_tokens(None, block)
+    given = list(block)
+    first = hash_block_tokens(None, given)
+    check.expect_unchanged(
+        list(block), given, "hash_block_tokens(None, range(16))", "token_ids",
+        "the token ids are the request's own: hash a copy (tuple(token_ids)), never append to or sort the list",
+    )
     check.expect(
         isinstance(first, bytes) and len(first) == 32,
         f"hash_block_tokens(None, range(16)) returned {first!r} ({type(first).__name__}), not 32 bytes",
@@ -100,6 +107,12 @@ def _compare_chains(
     check: Checker, got: list, expected: list, case: str, block_size: int, hint: str, random_case: bool = False
 ) -> None:
     """Equal lists, or a message naming the first block whose hash differs."""
+    if len(got) != len(expected):
+        hint = (
+            f"only FULL blocks get a hash: len(token_ids) // block_size = {len(expected)} of them here "
+            f"(block_size={block_size}); you returned {len(got)}. Use the block_size you are given, never a "
+            "fixed 16"
+        )
     index = _first_difference(got, expected) if len(got) == len(expected) else None
     if index is not None:
         start = index * block_size
@@ -107,10 +120,35 @@ def _compare_chains(
     check.expect_equal(got, expected, case, hint, random_case=random_case)
 
 
+@guarded_check(part="hash_request_tokens")
 def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     """The learner's ``hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None)``."""
     check = Checker("hash_request_tokens")
+    learner = check.wrap(hash_request_tokens, "hash_request_tokens", "a list with one hash per full block")
+
+    def hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None):
+        given = list(token_ids)
+        before = snapshot(given)
+        case = f"hash_request_tokens({len(given)} tokens, block_size={block_size})"
+        result = check.expect_list(learner(given, block_size, cache_salt, lora_name), case, bytes, "bytes hashes")
+        check.expect_unchanged(
+            before, given, case, "token_ids",
+            "the prompt's token ids belong to the request: slice them (token_ids[a:b] is a copy), do not "
+            "pop, extend or sort the list",
+        )
+        return result
+
     tokens = list(range(48))
+    # State kept between calls (a mutable default, a global list) adds the last call's hashes.
+    once = hash_request_tokens(list(range(32)), 16, None, None)
+    twice = hash_request_tokens(list(range(32)), 16, None, None)
+    check.expect(
+        once == twice,
+        f"the same 32 tokens hashed twice gave {len(once)} and then {len(twice)} hashes"
+        + (" (the second call returned the first call's hashes too)" if len(twice) > len(once) else ""),
+        "build a fresh list in every call (hashes = [] inside the function): a mutable default argument "
+        "(def hash_request_tokens(..., hashes=[])) or a module-level list keeps the previous call's hashes",
+    )
 
     # Properties first.
     for num_tokens in (0, 15, 16, 47, 48, 49):
@@ -153,12 +191,16 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         ("a cache salt", (tokens, 16, "tenant-a", None), "the salt goes into block 0's extra keys only"),
         ("a LoRA name", (tokens, 16, None, "pirate"), "the LoRA name goes into every block's extra keys"),
         ("salt and LoRA", (list(range(32)), 4, "s", "l"), "use block_extra_keys(index, cache_salt, lora_name)"),
+        ("block_size 5 (not a power of two): 23 tokens, 4 full blocks", (list(range(23)), 5, None, None),
+         "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size"),
+        ("block_size 12, a cache salt", (list(range(40)), 12, "t", None),
+         "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size"),
     ]
     for case, args, hint in cases:
         _compare_chains(check, hash_request_tokens(*args), reference_hash_request_tokens(*args), case, args[1], hint)
     for _ in range(60):
         random_tokens = [check.rng.randrange(3) for _ in range(check.rng.randint(1, 70))]
-        block_size = check.rng.choice([2, 4, 16])
+        block_size = check.rng.choice([2, 3, 4, 6, 16])
         salt = check.rng.choice([None, "a"])
         lora = check.rng.choice([None, None, "b"])
         _compare_chains(

@@ -5,10 +5,14 @@
   compares every element of both caches with :func:`kernels.reference.store_kv`.
   It also stores one token whose cache offset is past ``2**31`` elements, in a
   cache that only *reserves* 8 GiB of address space (only the pages written
-  are ever backed by memory), to catch offsets computed in 32 bits.
+  are ever backed by memory), to catch offsets computed in 32 bits, and
+  float16 rows, values of magnitude 1e30 (a float16 detour turns them into
+  inf) and block sizes that are not powers of two.
 * :func:`check_paged_decode` compares your PyTorch
   ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
-  with :func:`kernels.reference.paged_attention` for one sequence.
+  with :func:`kernels.reference.paged_attention` for one sequence, float16
+  and bfloat16 included (the output keeps the query's dtype), with scores all
+  far below 0, and checks that the inputs (the shared caches) are unchanged.
 * :func:`use_attention_backend` puts an attention backend of your own into a
   running ``LLM`` (every layer), so your code can serve a real ``generate``.
 """
@@ -23,7 +27,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._harness import Checker
+from ._harness import Checker, guarded_check, learner_error
 
 GUARD_ROWS = 2
 """Rows of sentinel values before and after each cache in the store_kv check."""
@@ -57,13 +61,15 @@ def _is_stub(error: BaseException) -> bool:
     return False
 
 
-def _call_kernel_launcher(fn: Callable, *args) -> None:
+def _call_kernel_launcher(fn: Callable, *args, what: str = "store_kv(...)") -> None:
     try:
         fn(*args)
-    except Exception as error:  # noqa: BLE001 - we re-raise everything that is not the stub
+    except Exception as error:  # noqa: BLE001 - the stub passes, the rest is explained
         if _is_stub(error):
             raise NotImplementedError("your code here: the kernel body is still the exercise stub") from None
-        raise
+        raise learner_error(
+            "store_kv", what, error, expected="each token's K/V row stored in its slot, nothing else changed",
+        ) from None
 
 
 def use_attention_backend(llm: Any, backend: Any) -> Any:
@@ -137,6 +143,7 @@ def _store_case(
     key_dtype=torch.float32,
     slot_dtype=torch.int64,
     fused_qkv: bool = False,
+    magnitude: float = 1.0,
     seed: int = 0,
     random_case: bool = False,
 ) -> None:
@@ -152,13 +159,17 @@ def _store_case(
         key = qkv[:, num_kv_heads : 2 * num_kv_heads]
         value = qkv[:, 2 * num_kv_heads :]
     else:
-        key = torch.randn(shape, generator=generator).to(key_dtype).to(device)
-        value = torch.randn(shape, generator=generator).to(key_dtype).to(device)
+        key = (torch.randn(shape, generator=generator) * magnitude).to(key_dtype).to(device)
+        value = (torch.randn(shape, generator=generator) * magnitude).to(key_dtype).to(device)
     k = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
     v = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
     slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=device)
 
-    _call_kernel_launcher(store_kv, key, value, k.cache, v.cache, slot_mapping)
+    _call_kernel_launcher(
+        store_kv, key, value, k.cache, v.cache, slot_mapping,
+        what=f"{case}: store_kv(key {key_dtype}, cache {cache_dtype}, slots={slots}, block_size={block_size}, "
+        f"num_kv_heads={num_kv_heads}, head_dim={head_dim})",
+    )
 
     expected_k = torch.full(k.shape, SENTINEL, dtype=cache_dtype, device=device)
     expected_v = torch.full(v.shape, SENTINEL, dtype=cache_dtype, device=device)
@@ -179,7 +190,17 @@ def _store_case(
         want_v = value[token].to(cache_dtype)
         if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
             continue
-        if torch.equal(got_k, want_v) or torch.equal(got_v, want_k):
+        narrowed = [
+            narrow for narrow in (torch.float16, torch.bfloat16)
+            if narrow != cache_dtype and torch.equal(got_k, want_k.to(narrow).to(cache_dtype))
+        ]
+        if narrowed or (magnitude > 1e4 and torch.isinf(got_k).any() and not torch.isinf(want_k).any()):
+            hint = (
+                f"the row went through {narrowed[0] if narrowed else 'a narrower dtype'} on its way: its values "
+                "were rounded (and large ones become inf: float16 holds at most 65504). Store in the caches' "
+                "own dtype; do not cast through float16"
+            )
+        elif torch.equal(got_k, want_v) or torch.equal(got_v, want_k):
             hint = "K goes into k_cache and V into v_cache: one of them got the other's row"
         elif torch.equal(got_k[0], want_k[0]) and not torch.equal(got_k, want_k):
             hint = (
@@ -314,6 +335,7 @@ def _store_past_two_to_the_31(store_kv: Callable, check: Checker) -> bool:
     return True
 
 
+@guarded_check(part="store_kv")
 def check_store_kv(store_kv: Callable) -> None:
     """Your ``store_kv(key, value, k_cache, v_cache, slot_mapping)`` (it launches your Triton kernel)."""
     check = Checker("store_kv")
@@ -332,11 +354,17 @@ def check_store_kv(store_kv: Callable) -> None:
     _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9],
                 cache_dtype=torch.float16, **base)
     _store_case(store_kv, check, "an int32 slot_mapping", slots=[14, 3], slot_dtype=torch.int32, **base)
+    _store_case(store_kv, check, "float16 key and value into a float16 cache", slots=[2, 12],
+                key_dtype=torch.float16, cache_dtype=torch.float16, **base)
+    _store_case(store_kv, check, "values of magnitude 1e30 (float32 holds them, float16 does not)", slots=[0, 5],
+                magnitude=1e30, **base)
+    _store_case(store_kv, check, "block_size 3 (not a power of two)", slots=[4, 0, 8],
+                num_blocks=3, block_size=3, num_kv_heads=2, head_dim=8)
     _store_past_two_to_the_31(store_kv, check)
     rng = check.rng
     for index in range(25):
         num_blocks = rng.randint(1, 5)
-        block_size = rng.choice([1, 2, 4, 16])
+        block_size = rng.choice([1, 2, 3, 4, 16])
         num_slots = num_blocks * block_size
         num_tokens = rng.randint(1, min(num_slots, 9))
         slots = rng.sample(range(num_slots), num_tokens)
@@ -376,7 +404,7 @@ class _DecodeCase:
     """One sequence's decode step over a paged cache whose unused slots hold ``fill``."""
 
     def __init__(self, *, seq_len, block_size, num_q_heads, num_kv_heads, head_dim, table, num_blocks,
-                 fill=float("nan"), pad_table=0, seed=0):
+                 fill=float("nan"), pad_table=0, seed=0, dtype=torch.float32, very_negative=False):
         generator = torch.Generator().manual_seed(seed)
         self.seq_len, self.block_size = seq_len, block_size
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
@@ -386,17 +414,27 @@ class _DecodeCase:
         self.keys = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
         self.values = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator)
         self.query = torch.randn(num_q_heads, head_dim, generator=generator)
+        self.very_negative = very_negative
+        if very_negative:
+            # Every score q . k is far below 0 (about -1000): exp(score) underflows to 0 without the max.
+            self.query = self.query.abs() + 1.0
+            self.keys = -(self.keys.abs() + 1.0) * (1000.0 / head_dim)
+        self.dtype = dtype
         for position in range(seq_len):
             block = table[position // block_size]
             self.k_cache[block, position % block_size] = self.keys[position]
             self.v_cache[block, position % block_size] = self.values[position]
         # Padding after the sequence's blocks, as in the engine's block tables (block 0).
         self.block_table = torch.tensor(list(table) + [0] * pad_table, dtype=torch.int32)
+        if dtype != torch.float32:  # the case is defined by what the half-precision tensors hold
+            self.query, self.k_cache, self.v_cache = (t.to(dtype) for t in (self.query, self.k_cache, self.v_cache))
+            self.keys, self.values = self.keys.to(dtype).float(), self.values.to(dtype).float()
 
     def describe(self) -> str:
         return (
             f"seq_len={self.seq_len}, block_size={self.block_size}, block_table={self.block_table.tolist()}, "
             f"num_q_heads={self.num_q_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
+            + ("" if self.dtype == torch.float32 else f", dtype={self.dtype}")
         )
 
     def expected(self, scale=None) -> torch.Tensor:
@@ -416,17 +454,38 @@ class _DecodeCase:
         return _dense_decode(self.query, keys, values, scale, kv_head_of)
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element by element, NaN equal to NaN (the caches' unused slots hold NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+
+
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=1e-4, atol=1e-5))
+    if got.shape != want.shape:
+        return False
+    tolerance = (1e-4, 1e-5) if want.dtype == torch.float32 else (2e-2, 2e-2)
+    return bool(torch.allclose(got.float(), want.float(), rtol=tolerance[0], atol=tolerance[1]))
 
 
 def _decode_case(paged_decode: Callable, check: Checker, case: _DecodeCase, name: str, scale=None,
                  random_case: bool = False) -> None:
     kwargs = {} if scale is None else {"scale": scale}
-    got = paged_decode(case.query.clone(), case.k_cache.clone(), case.v_cache.clone(), case.block_table.clone(),
-                       case.seq_len, **kwargs)
-    want = case.expected(scale)
     where = f"{name} ({case.describe()}{'' if scale is None else f', scale={scale}'})"
+    check.case = where
+    given = (case.query.clone(), case.k_cache.clone(), case.v_cache.clone(), case.block_table.clone())
+    got = check.call(paged_decode, *given, case.seq_len, **kwargs, what=f"{where}: paged_decode(...)",
+                     expected=f"a tensor [num_q_heads, head_dim] = [{case.num_q_heads}, {case.head_dim}]")
+    want = case.expected(scale)
+    check.expect(
+        all(_same(a, b) for a, b in zip(given, (case.query, case.k_cache, case.v_cache, case.block_table))),
+        f"{where}: your paged_decode changed its inputs (the query, the caches or the block table)",
+        "the caches are shared by every sequence and every step: read them, never write them "
+        "(no in-place ops like k.mul_(scale), k_cache[...] = ..., or masked_fill_ on a view of the cache)",
+        random_case=random_case,
+    )
     if not (isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape)):
         check.expect(
             False,
@@ -434,12 +493,27 @@ def _decode_case(paged_decode: Callable, check: Checker, case: _DecodeCase, name
             f"(num_q_heads, head_dim); got {getattr(got, 'shape', type(got).__name__)}",
             random_case=random_case,
         )
+    check.expect(
+        got.dtype == want.dtype,
+        f"{where}: the output has dtype {got.dtype}; it must have the query's dtype, {want.dtype}",
+        "compute in float32, then return (acc / running_sum[:, None]).to(query.dtype): the next layer "
+        "expects the model's dtype",
+        random_case=random_case,
+    )
     if _close(got, want):
         check.expect(True, where, random_case=random_case)
         return
     used_scale = case.head_dim**-0.5 if scale is None else scale
     hint = "compare your loop with kernels.reference.paged_attention on this case"
-    if torch.isnan(got).any():
+    extreme = case.very_negative or (scale is not None and scale >= 10)
+    if extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
+        hint = (
+            "the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
+            "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
+            "max before exp (exp(score - max) is 1 for the largest score), which keeps every term finite "
+            "and the sum positive whatever the scores"
+        )
+    elif torch.isnan(got).any():
         hint = (
             "NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
             "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
@@ -494,6 +568,7 @@ def _logical_block_output(case: _DecodeCase, scale) -> Optional[torch.Tensor]:
     return case.dense(scale, keys=keys, values=values)
 
 
+@guarded_check(part="paged_decode")
 def check_paged_decode(paged_decode: Callable) -> None:
     """Your ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``, one sequence."""
     check = Checker("paged_decode")
@@ -526,12 +601,23 @@ def check_paged_decode(paged_decode: Callable) -> None:
         ("large scores (softmax must subtract the running max)",
          dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3),
          40.0),
+        ("every score about -1000 (softmax must subtract the running max)",
+         dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3,
+              very_negative=True), None),
+        ("float16 query and caches (the output keeps the query's dtype)",
+         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=1, head_dim=8, table=[2, 0, 1], num_blocks=3,
+              dtype=torch.float16), None),
+        ("bfloat16 query and caches",
+         dict(seq_len=6, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[1, 0], num_blocks=3,
+              dtype=torch.bfloat16), None),
+        ("block_size 3 (not a power of two)",
+         dict(seq_len=8, block_size=3, num_q_heads=2, num_kv_heads=2, head_dim=4, table=[2, 0, 3], num_blocks=4), None),
     ]
     for seed, (name, kwargs, scale) in enumerate(fixed):
         _decode_case(paged_decode, check, _DecodeCase(seed=seed, **kwargs), name, scale)
     rng = check.rng
     for index in range(40):
-        block_size = rng.choice([1, 2, 4, 8, 16])
+        block_size = rng.choice([1, 2, 3, 4, 8, 16])
         seq_len = rng.randint(1, 40)
         num_used = math.ceil(seq_len / block_size)
         num_blocks = num_used + rng.randint(0, 3)

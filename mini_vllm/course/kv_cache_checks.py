@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from ..attention import AttentionMetadata
-from ._harness import Checker
+from ._harness import Checker, guarded_check
 
 # Logits computed incrementally and all at once differ by float rounding only;
 # a token counts as the arg-max when it is within this of the maximum.
@@ -92,15 +92,22 @@ def _load_default_model():
 def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list[int], max_new_tokens: int,
                case: str, random_case: bool) -> None:
     recorder = _RecordingModel(model)
-    output = greedy_decode(recorder, list(prompt), max_new_tokens)
+    given = list(prompt)
+    output = check.call(greedy_decode, recorder, given, max_new_tokens,
+                        what=f"{case}: greedy_decode(model, {len(prompt)} prompt tokens, max_new_tokens={max_new_tokens})",
+                        expected=f"a list of {max_new_tokens} new token ids")
     n = len(prompt)
+    check.expect_unchanged(
+        list(prompt), given, case, "prompt_ids list",
+        "the prompt belongs to the caller: copy it before appending new tokens (tokens = list(prompt_ids))",
+    )
+    output = check.expect_list(output, f"{case}: greedy_decode", random_case=random_case)
     check.expect(
-        isinstance(output, (list, tuple)) and all(isinstance(t, int) for t in output),
-        f"{case}: greedy_decode returned {type(output).__name__}, expected a list of int token ids",
+        all(isinstance(t, int) for t in output),
+        f"{case}: greedy_decode returned {[type(t).__name__ for t in output][:4]} items, expected int token ids",
         "return only the NEW tokens, as Python ints (int(logits.argmax()))",
         random_case,
     )
-    output = list(output)
     check.expect_equal(
         len(output), max_new_tokens, f"{case}: number of new tokens returned",
         "return exactly max_new_tokens new tokens (not the prompt)", random_case,
@@ -188,6 +195,7 @@ def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list
         )
 
 
+@guarded_check()
 def check_decode_loop(greedy_decode: Callable, model: Optional[Any] = None) -> None:
     """The learner's ``greedy_decode(model, prompt_ids, max_new_tokens) -> list[int]`` (new tokens only).
 

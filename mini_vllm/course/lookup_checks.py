@@ -4,7 +4,11 @@ The learner's function looks a request's block hashes up in a ``BlockPool``
 and returns the cached blocks of the longest prefix, at most
 ``max_num_blocks`` of them. The check builds small pools by hand (which block
 holds which hash, which blocks are in use), runs the learner's function and
-the reference on them, and names the mistake when they disagree.
+the reference on them, and names the mistake when they disagree. It also
+checks that the request's ``block_hashes`` list is left as it was, that each
+call returns a new list (a mutable default returns the same one), and that a
+lookup in a pool of 20,000 blocks reads only the blocks it returns (O(hit
+length), not O(pool size)).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from collections.abc import Callable, Sequence
 from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
-from ._harness import Checker
+from ._harness import Checker, guarded_check
+from .free_queue_checks import _CountingBlock
 
 BLOCK_SIZE = 4
 
@@ -69,12 +74,19 @@ def _run(
 ):
     """Call the learner's function and check what any correct answer must satisfy."""
     before = _pool_state(pool)
-    result = fn(pool, hashes, max_num_blocks)
-    check.expect(
-        isinstance(result, list),
-        f"{case}: returned a {type(result).__name__}, not a list",
-        "build a list and return it (the scheduler appends it to the request's block table)",
-        random_case=random_case,
+    given = list(hashes)
+    reads_before = _CountingBlock.reads
+    result = check.call(
+        fn, pool, given, max_num_blocks, what=f"{case}: find_longest_cache_hit(pool, {len(hashes)} hashes, {max_num_blocks})",
+        expected="the list of cached blocks of the longest prefix",
+    )
+    check.reads_in_call = _CountingBlock.reads - reads_before  # block attributes read (counting blocks only)
+    result = check.expect_list(result, case, random_case=random_case)
+    check.expect_unchanged(
+        [h.hex()[:8] for h in hashes], [h.hex()[:8] if isinstance(h, bytes) else h for h in given], case,
+        "block_hashes list",
+        "block_hashes is the request's own list (request.block_hashes): loop over it or slice it, never pop "
+        "from it, reverse it or cut it in place",
     )
     wrong = [item for item in result if not isinstance(item, KVCacheBlock)]
     check.expect(
@@ -94,6 +106,7 @@ def _run(
     return result
 
 
+@guarded_check(part="find_longest_cache_hit")
 def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     """The learner's ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``."""
     check = Checker("find_longest_cache_hit")
@@ -190,7 +203,33 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
         "use block_pool.get_cached_block(hash): with duplicates it returns the first block inserted",
     )
 
-    # 9. Random pools: prompts sharing prefixes, some blocks evicted.
+    # 9. State kept between calls: the same lookup twice must give the same answer.
+    pool = _make_pool(8, hashes[:2])
+    first = _describe(_run(check, fn, pool, hashes, 4, "the same lookup, a first time"))
+    second = _describe(_run(check, fn, pool, hashes, 4, "the same lookup, a second time"))
+    check.expect(
+        first == second == "blocks [0, 1]",
+        f"the same lookup twice returned {first}, then {second}",
+        "start from an empty list in every call (hits = [] inside the function): a mutable default argument "
+        "(def find_longest_cache_hit(..., hits=[])) or a global list keeps the previous call's blocks",
+    )
+
+    # 10. O(hit length), not O(pool size): a pool of 20,000 blocks, 3 of them cached.
+    pool = _make_pool(20_000, hashes[:3])
+    for block in pool.blocks:
+        block.__class__ = _CountingBlock
+    result = _run(check, fn, pool, hashes, 4, "a pool of 20,000 blocks, the first 3 hashes cached")
+    reads = check.reads_in_call
+    check.expect(
+        reads <= 12 * len(hashes),
+        f"a lookup of {len(hashes)} hashes in a pool of 20,000 blocks read {reads:,} block attributes: "
+        "its cost grows with the size of the pool",
+        "look each hash up in the hash map (block_pool.get_cached_block(block_hash)), which is O(1); do not "
+        "search block_pool.blocks or the free queue for a block with that hash",
+    )
+    check.expect_equal(_describe(result), "blocks [0, 1, 2]", "a pool of 20,000 blocks, the first 3 hashes cached")
+
+    # 11. Random pools: prompts sharing prefixes, some blocks evicted.
     for _ in range(120):
         rng = check.rng
         shared = [rng.randrange(50) for _ in range(rng.choice([0, 4, 8, 12]))]

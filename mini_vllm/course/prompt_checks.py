@@ -12,6 +12,10 @@ asks two things:
 * the hit rate is close to the reference fix's. When it is not, the message
   says where two consecutive prompts first part and what sits there (the
   timestamp, the tools, the user's request).
+
+The random scenarios vary the tool set (some story tools, some of another
+app's), so a fix that hard-codes the four tool names fails; the arguments
+must come back unchanged (``tools.sort()`` changes the app's registry).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..profiler import explain_miss, simulate_prefix_cache
-from ._harness import Checker, call_learner
+from ._harness import Checker, call_learner, guarded_check
 
 BLOCK_SIZE = 16
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -54,6 +58,27 @@ STORY_TOOLS: list[dict] = [
         "name": "save_story",
         "description": "Save the finished story in the family story book.",
         "parameters": {"title": "a short title", "text": "the whole story"},
+    },
+]
+
+
+# Tools other apps built on the same code register: the check's random scenarios
+# mix them in, so a fix that hard-codes the four names above does not pass.
+EXTRA_TOOLS: list[dict] = [
+    {
+        "name": "count_sheep",
+        "description": "Count sheep aloud, slowly, to help a child fall asleep.",
+        "parameters": {"number": "how many sheep to count"},
+    },
+    {
+        "name": "ask_parent",
+        "description": "Ask the parent a question before going on with the story.",
+        "parameters": {"question": "the question to ask"},
+    },
+    {
+        "name": "bookmark_page",
+        "description": "Remember where the story stopped tonight.",
+        "parameters": {"page": "the page number", "note": "a short note"},
     },
 ]
 
@@ -105,16 +130,21 @@ def _shuffled_tool(tool: dict, rng: random.Random) -> dict:
     return out
 
 
-def make_requests(num_requests: int = 8, seed: int = 0, system_index: int = 0) -> list[dict]:
-    """Requests as the app sees them: one system prompt, tools in a random order, a new time each."""
+def make_requests(num_requests: int = 8, seed: int = 0, system_index: int = 0,
+                  tool_set: Optional[list[dict]] = None) -> list[dict]:
+    """Requests as the app sees them: one system prompt, tools in a random order, a new time each.
+
+    ``tool_set``: the app's tools (default: ``STORY_TOOLS``); every request gets all of them.
+    """
     rng = random.Random(seed)
+    tool_set = STORY_TOOLS if tool_set is None else tool_set
     data = _prompt_data()
     system_prompt = data["system_prompts"][system_index]
     users = data["user_requests"]
     start = datetime(2026, 11, 30, 9, 0, 0) + timedelta(minutes=rng.randrange(600))
     requests = []
     for i in range(num_requests):
-        tools = [_shuffled_tool(tool, rng) for tool in STORY_TOOLS]
+        tools = [_shuffled_tool(tool, rng) for tool in tool_set]
         rng.shuffle(tools)
         requests.append(
             {
@@ -236,7 +266,25 @@ def _check_scenario(
     check: Checker, build_messages: Callable, requests: list[dict], tokenizer: Any, label: str, random_case: bool
 ) -> float:
     """Information first (per request), then the hit rate against the reference fix's; returns the hit rate."""
-    messages_list = _build_all(build_messages, requests)
+    messages_list = []
+    for i, request in enumerate(requests):
+        given = copy.deepcopy(request)
+        messages_list.append(call_learner(
+            build_messages, **given, name=check.name,
+            what=f"{label}, request {i}: build_messages(system_prompt, {len(request['tools'])} tools, "
+            f"{request['user_request']!r:.40}, now={request['now']})",
+            expected="a list of {'role': ..., 'content': ...} dicts",
+        ))
+        check.expect(
+            given == request and [t["name"] for t in given["tools"]] == [t["name"] for t in request["tools"]]
+            and all(list(a) == list(b) for a, b in zip(given["tools"], request["tools"])),
+            f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list or a "
+            "tool's dict)",
+            "the tools belong to the app's registry, which passes the same objects again: tools.sort() and "
+            "tool.pop(...) change them for everyone. Use sorted(tools, key=...) and json.dumps(tool, "
+            "sort_keys=True), which build new values",
+            random_case=random_case,
+        )
     for i, (messages, request) in enumerate(zip(messages_list, requests)):
         check.expect(
             _is_message_list(messages),
@@ -285,6 +333,7 @@ def _check_scenario(
     return sim.hit_rate
 
 
+@guarded_check(part="build_messages")
 def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
     """The learner's ``build_messages(system_prompt, tools, user_request, now) -> list[dict]``."""
     check = Checker("build_messages")
@@ -297,7 +346,11 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
     _check_scenario(check, build_messages, close, tokenizer, "requests one second apart", False)
     num_systems = len(_prompt_data()["system_prompts"])
     for seed in range(2, 6):
-        requests = make_requests(check.rng.randint(3, 8), seed=seed, system_index=check.rng.randrange(num_systems))
+        # Another app on the same code: some of the story tools, and some of its own.
+        rng = check.rng
+        tool_set = rng.sample(STORY_TOOLS, rng.randint(2, 4)) + rng.sample(EXTRA_TOOLS, rng.randint(1, 3))
+        requests = make_requests(rng.randint(3, 8), seed=seed, system_index=rng.randrange(num_systems),
+                                 tool_set=tool_set)
         _check_scenario(check, build_messages, requests, tokenizer, f"random scenario {seed}", True)
     check.passed()
     print(f"  hit rate on the 8 requests: {rate:.1%}")

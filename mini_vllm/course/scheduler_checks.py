@@ -9,7 +9,8 @@ prefill, and finishes a request after its ``max_tokens``. After every step the
 two schedulers must agree on everything: which requests ran with how many
 tokens, their block tables, the queues, each request's ``num_cached_tokens``,
 every block's ref count, the free queue, the prefix-cache counters and the
-budget your function returns.
+budget your function returns. Two schedulers with your function also run side
+by side, interleaved, to catch state kept outside the scheduler.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Optional
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
 from ..scheduler import Scheduler
-from ._harness import Checker, _short
+from ._harness import Checker, _short, call_learner, guarded_check
 
 
 @dataclass
@@ -55,7 +56,15 @@ class _Run:
 
         def admission(token_budget: int, output) -> int:
             # Plugged in exactly as the exercise does; also records the budget it returns.
-            self.budget_returned = admit(scheduler, token_budget, output)
+            waiting = [r.request_id for r in scheduler.waiting]
+            self.budget_returned = call_learner(
+                admit, scheduler, token_budget, output, name="schedule_waiting",
+                what=f"scenario '{scenario.name}', step {self.step_index}: schedule_waiting(scheduler, "
+                f"token_budget={token_budget}, output) with waiting={waiting}, "
+                f"running={[r.request_id for r in scheduler.running]}, "
+                f"{manager.block_pool.get_num_free_blocks()} free blocks",
+                expected="the budget left, after admitting waiting requests in order while they fit",
+            )
             return self.budget_returned
 
         scheduler._schedule_waiting = admission
@@ -145,13 +154,28 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                     "Break out of the loop; do not skip to the next request"
                 )
             return problem, "admit waiting requests in order, while the budget, max_num_seqs and the free blocks allow"
+        if sorted(got_admitted) == sorted(want_admitted):
+            return problem, (
+                "the right requests, in the wrong order: admit from the FRONT of scheduler.waiting "
+                "(scheduler.waiting[0], then popleft()), in arrival order; do not sort the queue (e.g. shortest "
+                "first) or take from its back (pop())"
+            )
         missing = [rid for rid in want_admitted if rid not in got_admitted]
+        if not missing:
+            return problem, "admit waiting requests in order, while the budget, max_num_seqs and the free blocks allow"
         return problem, (
             f"'{missing[0]}' fits (budget, max_num_seqs and free blocks all allow it) but you did not admit it; "
             "keep admitting until the first request that does not fit"
         )
     want_by_id = {rid: (c, n, b) for rid, c, n, b in want["scheduled"]}
     for rid, computed, new, blocks in got["scheduled"]:
+        if rid not in want_by_id:
+            return (
+                f"{where}: '{rid}' ran in this step but should not have; the step should run "
+                f"{[r for r, *_ in want['scheduled']]}; yours ran {[r for r, *_ in got['scheduled']]}",
+                "admit each request once: after popleft() it is in scheduler.running, and the running "
+                "requests are scheduled before yours is called",
+            )
         want_computed, want_new, want_blocks = want_by_id[rid]
         if (computed, new) != (want_computed, want_new):
             problem = (
@@ -225,20 +249,37 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
     return f"{where}: differs", ""
 
 
-def _run_scenario(schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False) -> None:
-    reference, learner = _Run(scenario, None), _Run(scenario, schedule_waiting)
+def _run_scenario(schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False,
+                  copies: int = 1) -> None:
+    """Step the reference and ``copies`` schedulers with the learner's admission side by side.
+
+    With two copies the learner's schedulers run interleaved, as two engines in one process do:
+    state kept outside the scheduler (a mutable default, a global) shows up as a difference.
+    """
+    reference = _Run(scenario, None)
+    learners = [_Run(scenario, schedule_waiting) for _ in range(copies)]
     for step in range(500):
         if reference.done():
             break
         want = reference.step()
-        got = learner.step()
-        if got != want:
-            problem, hint = _diagnose(scenario, step, got, want)
-            check.expect(False, problem, hint, random_case=random_case)
+        for copy_index, learner in enumerate(learners):
+            check.case = f"scenario '{scenario.name}', step {step}"
+            got = learner.step()
+            if got != want:
+                problem, hint = _diagnose(scenario, step, got, want)
+                if copy_index > 0:
+                    problem = f"two schedulers running side by side, the second one: {problem}"
+                    hint = (
+                        "the first scheduler was right, the second differs: your function keeps state outside "
+                        "the scheduler it is given (a mutable default argument such as seen=[], a global, a "
+                        "function attribute). Use only the scheduler and its kv_cache_manager. Then: " + hint
+                    )
+                check.expect(False, problem, hint, random_case=random_case)
     else:
-        raise AssertionError(f"scenario '{scenario.name}' did not finish in 500 steps (with the reference)")
-    check.expect(learner.done(), f"scenario '{scenario.name}': requests are left unfinished",
-                 random_case=random_case)
+        check.fail(f"scenario '{scenario.name}' did not finish in 500 steps (with the reference)")
+    for learner in learners:
+        check.expect(learner.done(), f"scenario '{scenario.name}': requests are left unfinished",
+                     random_case=random_case)
 
 
 def _tokens(start: int, n: int) -> list[int]:
@@ -295,7 +336,7 @@ def fixed_scenarios() -> list[Scenario]:
 
 
 def random_scenario(rng, index: int) -> Scenario:
-    block_size = rng.choice([2, 4])
+    block_size = rng.choice([2, 3, 4])  # 3: the engine accepts any block size, not only powers of two
     num_blocks = rng.randint(6, 16)
     prefixes = [_tokens(1000 * (p + 1), rng.randint(0, 3 * block_size)) for p in range(3)]
     arrivals = []
@@ -317,9 +358,12 @@ def random_scenario(rng, index: int) -> Scenario:
     )
 
 
+@guarded_check(part="schedule_waiting")
 def check_schedule_waiting(schedule_waiting: Callable) -> None:
     """Your ``schedule_waiting(scheduler, token_budget, output) -> int`` (Scheduler._schedule_waiting)."""
     check = Checker("schedule_waiting")
+    # Two engines at once must not interfere (first: state kept between calls shows up here by name).
+    _run_scenario(schedule_waiting, check, fixed_scenarios()[0], copies=2)
     for scenario in fixed_scenarios():
         _run_scenario(schedule_waiting, check, scenario)
     for index in range(40):

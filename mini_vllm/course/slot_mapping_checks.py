@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model_runner import compute_slot_mapping as reference_slot_mapping
-from ._harness import Checker
+from ._harness import Checker, guarded_check, snapshot
 
 
 # What each typical mistake computes, with the hint that names it.
@@ -43,6 +43,12 @@ def _no_multiply(block_ids, start, end, block_size):
 def _divide_the_slot(block_ids, start, end, block_size):
     # The table indexed with a slot-like number instead of the logical block.
     return [block_ids[min(p // block_size, len(block_ids) - 1)] * block_size + p for p in range(start, end)]
+
+
+def _bit_tricks(block_ids, start, end, block_size):
+    # p >> log2(block_size) and p & (block_size - 1): right only for powers of two.
+    shift = block_size.bit_length() - 1
+    return [block_ids[p >> shift] * block_size + (p & (block_size - 1)) for p in range(start, end)]
 
 
 def _inclusive_end(block_ids, start, end, block_size):
@@ -80,6 +86,11 @@ _MISTAKES = [
         "offset p % block_size, not the whole position",
     ),
     (
+        _bit_tricks,
+        "shifts and masks (p >> 4, p & (block_size - 1)) compute p // block_size and p % block_size only "
+        "when block_size is a power of two; the engine accepts any block size: use // and %",
+    ),
+    (
         _inclusive_end,
         "`end` is exclusive: the slots of positions start, start+1, ..., end-1 (range(start, end))",
     ),
@@ -99,6 +110,26 @@ def _diagnose(got, block_ids, start, end, block_size) -> str:
     return "slot = block_ids[p // block_size] * block_size + p % block_size, for p in range(start, end)"
 
 
+def _run(check: Checker, compute_slot_mapping: Callable, args: tuple, case: str, random_case: bool = False) -> None:
+    block_ids, start, end, block_size = args
+    given = list(block_ids)
+    before = snapshot(given)
+    got = check.call(
+        compute_slot_mapping, given, start, end, block_size, what=f"{case}: compute_slot_mapping{args}",
+        expected=f"{end - start} slots, one per position in range({start}, {end})",
+    )
+    got = check.expect_list(got, f"{case}: compute_slot_mapping{args}", int, "int slot numbers", random_case)
+    check.expect_unchanged(
+        before, given, f"{case}: compute_slot_mapping{args}", "block table (block_ids)",
+        "the block table belongs to the request (the scheduler reuses it next step): read it, never "
+        "append to it, pop from it or sort it",
+    )
+    expected = reference_slot_mapping(*args)
+    hint = "" if got == expected else _diagnose(got, *args)
+    check.expect_equal(got, expected, f"{case}: compute_slot_mapping{args}", hint, random_case)
+
+
+@guarded_check(part="slot_mapping")
 def check_slot_mapping(compute_slot_mapping: Callable) -> None:
     """The learner's ``compute_slot_mapping(block_ids, start, end, block_size) -> list[int]``."""
     check = Checker("compute_slot_mapping")
@@ -111,28 +142,20 @@ def check_slot_mapping(compute_slot_mapping: Callable) -> None:
         ("a chunk that starts mid-block (positions 20..45)", ([5, 1, 8, 3], 20, 45, 16)),
         ("a second chunk, block_size 4 (positions 6..13)", ([9, 3, 0, 7, 5], 6, 14, 4)),
         ("an identity table [0, 1, 2] with a chunk at 5..11, block_size 4", ([0, 1, 2], 5, 11, 4)),
+        ("block_size 6 (not a power of two), positions 4..17", ([3, 0, 8], 4, 18, 6)),
+        ("block_size 12 (not a power of two), a decode token at 25", ([2, 7, 1], 25, 26, 12)),
     ]
     for case, args in cases:
-        block_ids, start, end, block_size = args
-        got = compute_slot_mapping(list(block_ids), start, end, block_size)
-        got = list(got) if isinstance(got, tuple) else got
-        expected = reference_slot_mapping(*args)
-        hint = "" if got == expected else _diagnose(got, *args)
-        check.expect_equal(got, expected, f"{case}: compute_slot_mapping{args}", hint)
+        _run(check, compute_slot_mapping, args, case)
 
     for _ in range(200):
-        block_size = check.rng.choice([1, 2, 4, 16])
+        block_size = check.rng.choice([1, 2, 3, 4, 5, 12, 16])
         num_blocks = check.rng.randint(1, 6)
         block_ids = check.rng.sample(range(64), num_blocks)
         capacity = num_blocks * block_size
         start = check.rng.randrange(capacity)
         end = check.rng.randint(start + 1, capacity)
-        args = (block_ids, start, end, block_size)
-        got = compute_slot_mapping(list(block_ids), start, end, block_size)
-        got = list(got) if isinstance(got, tuple) else got
-        expected = reference_slot_mapping(*args)
-        hint = "" if got == expected else _diagnose(got, *args)
-        check.expect_equal(got, expected, f"random case compute_slot_mapping{args}", hint, random_case=True)
+        _run(check, compute_slot_mapping, (block_ids, start, end, block_size), "random case", random_case=True)
     check.passed()
 
 

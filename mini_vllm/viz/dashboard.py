@@ -5,6 +5,7 @@
     >>> dash.add_requests(["Once upon a time", "Once upon a time there"])
     >>> # click Step to watch one engine step at a time, or just:
     >>> llm.generate([...])                    # the dashboard follows along, live
+    >>> dash.outputs["r0"]                     # the RequestOutput of a request it stepped to the end
     >>> dash.close()                           # detach (a new dashboard on the same engine does it too)
 
 It shows the pool, the block tables, the free queue and the hash chain of the
@@ -12,10 +13,21 @@ last prompt added, all read from the engine, plus a metrics line and a small
 hit-rate plot. It only *listens* (``engine.add_listener``): the engine does
 exactly the same with or without it. Re-rendering is throttled (at most every
 ``min_interval`` seconds, always when the engine goes idle).
+
+Every button works at any time and in any order (Step or Run on an idle
+engine, Reset while requests run: each says what it did or why not), and
+what a later cell reads does not depend on which buttons were pressed:
+``outputs`` keeps every request the dashboard stepped to the end, whoever
+pressed. The widget's HTML scrolls inside a box of ``max_height`` pixels
+under the buttons, so they stay in view on a laptop screen. ``close()``
+freezes the widget on its last state (it stays on the page and in the saved
+notebook), and a saved notebook keeps the static HTML where the live widget
+cannot be restored.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections import deque
 from typing import Any, Optional, Sequence
@@ -30,6 +42,11 @@ from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot
 # id(engine) -> its open dashboard: a new dashboard on the same engine closes the old one,
 # so re-running a notebook cell never leaves a stale listener behind.
 _OPEN_DASHBOARDS: "weakref.WeakValueDictionary[int, EngineDashboard]" = weakref.WeakValueDictionary()
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 token``, ``2 tokens``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 class EngineDashboard:
@@ -52,6 +69,7 @@ class EngineDashboard:
         max_cells: int = 160,
         max_finished: int = 6,
         replace_previous: bool = True,
+        max_height: Optional[int] = 380,
     ) -> None:
         self.source = StateSource(llm, tokenizer=tokenizer)
         if self.source.engine is None:
@@ -69,8 +87,16 @@ class EngineDashboard:
         self.usage_history: deque[float] = deque(maxlen=history)
         self.finished: deque[dict] = deque(maxlen=max_finished)
         self.last_outputs: list = []  # the RequestOutputs the last step()/run() returned
+        self.outputs: dict[str, Any] = {}  # request id -> RequestOutput, for every request step()/run() finished
+        self.max_height = max_height
+        # TTFT counts engine time only: the steps from the request's arrival to its first
+        # token, each timed from its start (not the time a learner took to press Step).
         self.last_ttft: Optional[float] = None
         self.last_ttft_steps: Optional[int] = None
+        self._step_seconds: dict[int, float] = {}  # engine step -> its duration, for the last `history` steps
+        self._pending_ttft: Optional[tuple[int, int]] = None  # (arrival step, first-token step)
+        self._driven_step_start: Optional[float] = None  # set while step()/run() is inside engine.step()
+        self._idle_since = time.monotonic()  # the end of the last step, or the last request added
         self.last_step: Optional[StepFinished] = None
         self.message = "Add requests with dashboard.add_requests([...]) and press Step, or call llm.generate(...)."
         self._chain_prompt: Optional[list[int]] = None
@@ -96,7 +122,7 @@ class EngineDashboard:
         self.step_button.on_click(lambda _button: self._guarded(self.step))
         self.run_button.on_click(lambda _button: self._guarded(self.run))
         self.reset_button.on_click(lambda _button: self._guarded(self.reset))
-        self._live = LiveBinding(self.engine, self.to_html, min_interval, on_event=self._on_event)
+        self._live = LiveBinding(self.engine, self._widget_html, min_interval, on_event=self._on_event)
         self.html = self._live.widget
         self.buttons = widgets.HBox([self.step_button, self.run_button, self.reset_button])
         self.box = widgets.VBox([self.buttons, self.html])
@@ -108,6 +134,8 @@ class EngineDashboard:
         engine = self.engine
         self.source.observe(event)
         if isinstance(event, RequestAdded):
+            if self._driven_step_start is None:
+                self._idle_since = time.monotonic()  # an external step starts no earlier than this
             request = engine.requests.get(event.request_id)
             if request is not None and not self._chain_pinned:
                 self._chain_prompt = list(request.prompt_token_ids)
@@ -117,6 +145,13 @@ class EngineDashboard:
         elif isinstance(event, RequestFinished):
             self._record_finished(event)
         elif isinstance(event, StepFinished):
+            now = time.monotonic()
+            # A step the dashboard drove is timed from its start; one driven elsewhere
+            # (llm.generate) from the end of the previous step or the last request added.
+            started = self._driven_step_start if self._driven_step_start is not None else self._idle_since
+            self._step_seconds[event.step] = now - started
+            self._step_seconds.pop(event.step - self.hit_rate_history.maxlen, None)
+            self._idle_since = now
             self.last_step = event
             self.message = self._step_message()  # also when llm.generate(...) drives the engine
             stats = engine.kv_cache_manager.prefix_cache_stats
@@ -124,11 +159,18 @@ class EngineDashboard:
             self.usage_history.append(engine.kv_cache_manager.usage)
             for request_id, _ in event.num_scheduled_tokens:
                 self._record_ttft(engine.metrics.get(request_id), event.step)
+            if self._pending_ttft is not None:
+                arrival_step, first_token_step = self._pending_ttft
+                self._pending_ttft = None
+                self.last_ttft_steps = first_token_step - arrival_step
+                steps = range(arrival_step + 1, first_token_step + 1)
+                known = [self._step_seconds[s] for s in steps if s in self._step_seconds]
+                self.last_ttft = sum(known) if len(known) == len(steps) else None
 
     def _record_ttft(self, metrics: Any, step: int) -> None:
+        # The step's duration is known only at its StepFinished: the TTFT is computed there.
         if metrics is not None and metrics.first_token_step == step:
-            self.last_ttft = metrics.time_to_first_token
-            self.last_ttft_steps = metrics.steps_to_first_token
+            self._pending_ttft = (metrics.arrival_step, step)
 
     def _record_finished(self, event: RequestFinished) -> None:
         engine = self.engine
@@ -170,10 +212,21 @@ class EngineDashboard:
             self.message = "Idle: no request to step. Add some with dashboard.add_requests([...])."
             self.refresh()
             return []
-        outputs = self.engine.step()
+        outputs = self._engine_step()
         self.last_outputs = outputs
         self.message = self._step_message()
         self.refresh()
+        return outputs
+
+    def _engine_step(self) -> list:
+        """One ``engine.step()``, timed from its start; keeps the outputs of what finished."""
+        self._driven_step_start = time.monotonic()
+        try:
+            outputs = self.engine.step()
+        finally:
+            self._driven_step_start = None
+        for output in outputs:
+            self.outputs[output.request_id] = output
         return outputs
 
     def run(self, max_steps: int = 100_000) -> list:
@@ -181,10 +234,16 @@ class EngineDashboard:
         finished = []
         steps = 0
         while self.engine.has_unfinished_requests() and steps < max_steps:
-            finished += self.engine.step()
+            finished += self._engine_step()
             steps += 1
         self.last_outputs = finished
-        self.message = f"Ran {steps} step{'s' if steps != 1 else ''}; {len(finished)} request(s) finished."
+        if steps == 0:
+            self.message = "Idle: nothing to run. Add requests with dashboard.add_requests([...])."
+        else:
+            self.message = (
+                f"Ran {_count(steps, 'step')}; {_count(len(finished), 'request')} finished "
+                f"({', '.join(o.request_id for o in finished) or 'none'})."
+            )
         self.refresh()
         return finished
 
@@ -205,7 +264,7 @@ class EngineDashboard:
             return "Stepped."
         parts = ", ".join(f"{rid} +{n}" for rid, n in event.num_scheduled_tokens)
         total = sum(n for _, n in event.num_scheduled_tokens)
-        return f"Step {event.step}: computed {total} tokens ({parts or 'nothing scheduled'})."
+        return f"Step {event.step}: computed {_count(total, 'token')} ({parts or 'nothing scheduled'})."
 
     def add_requests(self, prompts: Any, sampling_params: Any = None, request_ids: Optional[Sequence[str]] = None) -> list[str]:
         """Queue requests without running them (press Step to watch them); returns their ids.
@@ -213,27 +272,20 @@ class EngineDashboard:
         ``prompts``: a string, a ``{"prompt_token_ids": [...], "cache_salt": ...}`` dict or a list
         of them, as for ``LLM.generate``. With ``n > 1`` each completion is its own request.
         """
-        from ..sampling_params import SamplingParams
-
+        # Validation and queueing are the engine's (one path for every entry point):
+        # a bad prompt raises before anything is queued.
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        params_list = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(params_list) != len(prompts):
-            raise ValueError(f"got {len(params_list)} sampling_params for {len(prompts)} prompts")
-        if request_ids is not None and len(request_ids) != len(prompts):
-            raise ValueError(f"got {len(request_ids)} request_ids for {len(prompts)} prompts")
-        inputs = [self._to_inputs(prompt) for prompt in prompts]
-        for (token_ids, salt, _), p in zip(inputs, params_list):
-            self.engine.validate_request(token_ids, p, salt)
-        added = []
-        for index, ((token_ids, salt, shown), p) in enumerate(zip(inputs, params_list)):
-            base = request_ids[index] if request_ids is not None else self._next_request_id()
-            ids = [base] if p.n == 1 else [f"{base}-{k}" for k in range(p.n)]
-            for request_id in ids:
-                self.engine.add_request(request_id, list(token_ids), p, cache_salt=salt, prompt=shown)
-                added.append(request_id)
+        counter_before = self._request_counter
+        if request_ids is None:
+            request_ids = [self._next_request_id() for _ in prompts]
+        try:
+            child_ids = self.engine.add_requests(prompts, sampling_params, request_ids)
+        except BaseException:
+            self._request_counter = counter_before  # nothing was queued: the ids are free again
+            raise
+        added = [request_id for ids in child_ids.values() for request_id in ids]
         self.message = f"Queued {', '.join(added)}: press Step (one engine step) or Run."
         self.refresh()
         return added
@@ -282,7 +334,12 @@ class EngineDashboard:
             "running": snap.num_running,
             "waiting": snap.num_waiting,
             "hit_rate": f"{100 * snap.hit_rate:.1f}%",
-            "hits": f"{snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens",
+            "hits": f"{snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens"
+            + (
+                f" (+{snap.prefix_cache_preempted_hits}/{snap.prefix_cache_preempted_queries} re-admitted)"
+                if snap.prefix_cache_preempted_queries
+                else ""
+            ),
             "blocks": f"{snap.num_blocks_in_use}/{snap.num_blocks}",
             "evictions": snap.num_evictions,
             "preemptions": snap.num_preemptions,
@@ -301,7 +358,7 @@ class EngineDashboard:
         item = style(display="inline-block", margin="0 14px 2px 0", white_space="nowrap")
         ttft = "–"
         if self.last_ttft_steps is not None:
-            ttft = f"{self.last_ttft_steps} step{'s' if self.last_ttft_steps != 1 else ''}"
+            ttft = _count(self.last_ttft_steps, "step")
             if self.last_ttft is not None:
                 ttft += f", {1000 * self.last_ttft:.1f} ms"
         metrics = [
@@ -312,7 +369,7 @@ class EngineDashboard:
             ("blocks in use", m["blocks"]),
             ("evictions", m["evictions"]),
             ("preemptions", m["preemptions"]),
-            ("last TTFT", ttft),
+            ("last TTFT (engine time)", ttft),
         ]
         line = "".join(
             f'<span class="mv-metric" style="{item}"><span style="{style(color=MUTED)}">{esc(name)}</span> '
@@ -330,17 +387,21 @@ class EngineDashboard:
             f"{100 * snap.num_blocks_in_use / snap.num_blocks:.0f}% &nbsp; "
             f"(per step, last {self.hit_rate_history.maxlen})</span>"
         )
+        # Title on the left, the hit-rate plot on the right: one row, so the dashboard stays short.
         title = (
-            f'<div style="{style(font_size="15px", font_weight="700", margin_bottom="4px")}">mini-vLLM engine '
+            f'<div style="{style(display="flex", flex_wrap="wrap", justify_content="space-between", align_items="center")}">'
+            f'<div style="{style(font_size="15px", font_weight="700")}">mini-vLLM engine '
             f'<span style="{style(font_weight="400", font_size="12px", color=MUTED)}">'
             f"{snap.num_blocks} blocks × {snap.block_size} tokens, read live from the engine</span></div>"
+            f"<div>{plot}{key}</div></div>"
         )
         message_style = style(
-            margin_top="6px", padding="3px 8px", background="#f3f6f9", border_left=f"3px solid {BLUE}", font_weight="600"
+            margin_top="4px", padding="3px 8px", background="#f3f6f9", border_left=f"3px solid {BLUE}", font_weight="600"
         )
         message = f'<div class="mv-message" style="{message_style}">{esc(self.message)}</div>'
-        metrics_html = f'<div class="mv-metrics">{line}</div><div>{plot}{key}</div>'
-        return title + metrics_html + message + legend(include_tables=True, block_size=snap.block_size)
+        metrics_html = f'<div class="mv-metrics">{line}</div>'
+        k_norm_layer = self.layer if self.k_norm else None
+        return title + metrics_html + message + legend(include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer)
 
     def _finished_html(self) -> str:
         if not self.finished:
@@ -360,12 +421,15 @@ class EngineDashboard:
             "mv-finished",
         )
 
-    def to_html(self) -> str:
-        """The whole dashboard as one self-contained HTML snapshot (the widget shows the same)."""
+    def to_html(self, max_height: Optional[int] = None) -> str:
+        """The whole dashboard as one self-contained HTML snapshot (the widget shows the same).
+
+        ``max_height``: the views under the header scroll inside a box that high (the
+        live widget uses it, so the header and the buttons above stay in view).
+        """
         snap = self.snapshot()
         chain = self._hash_chain()
         parts = [
-            container(self._header_html(snap), "mv-header"),
             self.table_view.render_html(snap),
             self.pool_view.render_html(snap),
             self.queue_view.render_html(snap),
@@ -373,7 +437,14 @@ class EngineDashboard:
         if chain is not None:
             parts.append(chain.render_html(snap))
         parts.append(self._finished_html())
-        return f'<div class="mv-dashboard" style="{style(max_width="1200px")}">{"".join(parts)}</div>'
+        body = "".join(parts)
+        if max_height is not None:
+            body = f'<div class="mv-scroll" style="{style(max_height=f"{max_height}px", overflow_y="auto")}">{body}</div>'
+        header = container(self._header_html(snap), "mv-header")
+        return f'<div class="mv-dashboard" style="{style(max_width="1200px")}">{header}{body}</div>'
+
+    def _widget_html(self) -> str:
+        return self.to_html(self.max_height)
 
     def to_text(self) -> str:
         """Deterministic plain text (no timings, no K norms): what strict nbval compares."""
@@ -425,10 +496,18 @@ class EngineDashboard:
         return self._live.attached
 
     def close(self) -> None:
-        """Detach from the engine and close the widgets (safe to call twice)."""
-        self._live.close()
-        for widget in (self.step_button, self.run_button, self.reset_button, self.buttons, self.box):
-            widget.close()
+        """Stop following the engine (safe to call twice): the widget stays, frozen on its last state.
+
+        The buttons disappear and the message says the dashboard is closed; the
+        output that shows it keeps that final picture (a closed widget would
+        leave an empty cell behind). A new ``EngineDashboard`` on the same
+        engine closes the previous one this way.
+        """
+        if self.is_open:
+            self.message = "Closed: this dashboard no longer follows the engine (create a new one to watch it)."
+            self._live.refresh()
+            self._live.detach()
+            self.buttons.layout.display = "none"
         if _OPEN_DASHBOARDS.get(id(self.engine)) is self:
             del _OPEN_DASHBOARDS[id(self.engine)]
 

@@ -134,8 +134,8 @@ def swatch(state: str, label: str, shared: bool = False, next_evict: bool = Fals
     return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
 
 
-def legend(include_tables: bool = False, block_size: int = 16) -> str:
-    """What the letters, patterns and borders mean."""
+def legend(include_tables: bool = False, block_size: int = 16, k_norm_layer: Optional[int] = None) -> str:
+    """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it)."""
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
     items.append(swatch(CACHED, "thick border = evicted next", next_evict=True))
@@ -146,6 +146,8 @@ def legend(include_tables: bool = False, block_size: int = 16) -> str:
             f'{badge("HIT", GREEN)} prefix-cache hit</span>'
         )
         extra += f" · n/{block_size}: filled slots of a partial block"
+    if k_norm_layer is not None:
+        extra += f" · ‖K‖: L2 norm of the block's keys in layer {k_norm_layer}, read from the cache: same number, same K/V"
     note = f'<div style="{style(color=MUTED, font_size="11px", margin_top="2px")}">{esc(extra)}</div>'
     return f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
 

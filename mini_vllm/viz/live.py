@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ..events import RequestFinished, StepFinished
+from ..events import AllBlocksCleared, RequestFinished, StepFinished
 
 logger = logging.getLogger("mini_vllm.viz")
 
@@ -24,7 +24,8 @@ class LiveBinding:
     """Owns one engine listener and the ``ipywidgets.HTML`` it updates.
 
     Invariant: while ``attached`` the listener is registered on ``engine``;
-    ``close()`` removes it (idempotent) and closes the widget.
+    ``detach()`` removes it (idempotent) and leaves the widget as it is,
+    ``close()`` also closes the widget.
     """
 
     def __init__(
@@ -66,6 +67,8 @@ class LiveBinding:
                     self.refresh()
             elif isinstance(event, RequestFinished) and self._outside_a_step() and not self.engine.has_unfinished_requests():
                 self.refresh()  # the last request was aborted between steps: no StepFinished follows
+            elif isinstance(event, AllBlocksCleared):
+                self.refresh()  # reset_prefix_cache() runs between steps: show the emptied cache now
         except Exception:  # a widget must never break the engine it watches
             self.last_error = traceback.format_exc()
             logger.exception("mini_vllm.viz: a live view failed to update")
@@ -96,9 +99,18 @@ class LiveBinding:
         if self._dirty:
             self.refresh()
 
-    def close(self) -> None:
-        """Detach from the engine and close the widget (safe to call twice)."""
+    def detach(self) -> None:
+        """Stop following the engine; the widget keeps its last rendering (safe to call twice).
+
+        The widget stays open on purpose: an output that shows it keeps showing
+        that last state (and a saved notebook can restore it), where a closed
+        widget would vanish from the page.
+        """
         if self.attached:
             self.engine.remove_listener(self._listener)
             self.attached = False
+
+    def close(self) -> None:
+        """Detach from the engine and close the widget: outputs showing it go blank (safe to call twice)."""
+        self.detach()
         self.widget.close()

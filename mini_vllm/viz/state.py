@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..events import BlockCached
+from ..events import BlockStored
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 
@@ -97,6 +97,9 @@ class CacheSnapshot:
     hit_rate: float = 0.0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Re-admissions after preemption, counted apart (vLLM 0.33's preempted_* counters).
+    prefix_cache_preempted_queries: int = 0
+    prefix_cache_preempted_hits: int = 0
     num_evictions: int = 0
     num_preemptions: int = 0
 
@@ -168,23 +171,16 @@ class StateSource:
     def observe(self, event: Any) -> None:
         """Remember what a block holds the moment it is cached (live views call this per event).
 
-        Recording at ``BlockCached`` time, not at render time, keeps the
+        Recording at ``BlockStored`` time, not at render time, keeps the
         rendering independent of when the throttled widget happened to redraw:
         a cached block keeps its token text after its request has finished.
         """
-        if not isinstance(event, BlockCached) or event.block_hash in self._tokens_by_hash:
+        if not isinstance(event, BlockStored):
             return
-        known = self.known_requests()
-        block_size = self.block_size
-        for request_id, table in self.manager.req_to_blocks.items():
-            request = known.get(request_id)
-            if request is None:
-                continue
-            for index, block in enumerate(table):
-                if block.block_id == event.block_id:
-                    start = index * block_size
-                    self._tokens_by_hash[event.block_hash] = tuple(request.all_token_ids[start : start + block_size])
-                    return
+        size = event.block_size
+        for index, block_hash in enumerate(event.block_hashes):
+            if block_hash not in self._tokens_by_hash:
+                self._tokens_by_hash[block_hash] = tuple(event.token_ids[index * size : (index + 1) * size])
 
     def add_requests(self, requests: Any) -> None:
         """Make more scenario requests known (a dict by id, or an iterable of ``Request``)."""
@@ -310,6 +306,8 @@ class StateSource:
             hit_rate=stats.hit_rate,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,
+            prefix_cache_preempted_queries=stats.preempted_queries,
+            prefix_cache_preempted_hits=stats.preempted_hits,
             num_evictions=pool.num_evictions,
             num_preemptions=engine.scheduler.num_preemptions if engine is not None else 0,
         )

@@ -142,9 +142,9 @@ class View:
             self._live.refresh()
 
     def close(self) -> None:
-        """Stop following the engine (a no-op for a static view)."""
+        """Stop following the engine; the widget stays on the page with its last state (a no-op for a static view)."""
         if self._live is not None:
-            self._live.close()
+            self._live.detach()
 
 
 def _owners_label(owners: Sequence[str], limit: int = 2) -> str:
@@ -202,7 +202,7 @@ class PoolView(View):
         next_evict = block.block_id == snap.next_to_evict
         ref_color = BLUE if block.ref_cnt > 1 else (INK if block.ref_cnt else MUTED)
         ref = f'<span style="{style(color=ref_color, font_weight="700" if block.ref_cnt > 1 else "400")}">ref {block.ref_cnt}</span>'
-        if block.k_norm:  # an empty, never-written block has ‖K‖ 0: not worth a label
+        if block.k_norm and block.state != FREE:  # a free, empty block's slots hold nothing anyone reads
             ref += f'<span class="mv-knorm" style="{style(color=MUTED, font_size="10px")}">‖K‖{block.k_norm:.4g}</span>'
         ref_line = f'<div style="{style(display="flex", justify_content="space-between", white_space="nowrap")}">{ref}</div>'
         head = (
@@ -240,7 +240,7 @@ class PoolView(View):
         )
         body = (
             heading("Block pool", self._counts(snap))
-            + (legend(block_size=snap.block_size) if self.show_legend else "")
+            + (legend(block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None) if self.show_legend else "")
             + f'<div style="{style(line_height="0")}">{cells}</div>'
             + hidden_note
             + _next_line_html(snap)
@@ -354,8 +354,11 @@ class BlockTableView(View):
         rows = []
         for request in snap.requests:
             entries = "".join(self.render_entry(request, i, snap) for i in range(len(request.block_ids)))
-            if not entries:
-                entries = f'<span style="{style(color=MUTED)}">no blocks ({esc(request.status)})</span>'
+            if not entries:  # in the row's own line (the cells' box has line-height 0)
+                entries = (
+                    f'<span style="{style(color=MUTED, display="inline-block", line_height="1.35", padding_top="4px")}">'
+                    f"no blocks yet ({esc(request.status)})</span>"
+                )
             shares = _shares_text(request, snap)
             shares_html = f'<div class="mv-shares" style="{style(color=BLUE, font_weight="600")}">{esc(shares)}</div>'
             info = (
@@ -375,7 +378,7 @@ class BlockTableView(View):
             )
         body = heading("Block tables", "logical block → physical block, per request")
         if self.show_legend:
-            body += legend(include_tables=True, block_size=snap.block_size)
+            body += legend(include_tables=True, block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None)
         body += "".join(rows) if rows else f'<div style="{style(color=MUTED)}">no requests</div>'
         return container(body, self.css_class)
 

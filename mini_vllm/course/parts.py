@@ -1,0 +1,258 @@
+"""The learner's parts: every exercise implementation that passed its check, kept on disk.
+
+When a check passes on code written in a notebook (or a script), the check
+calls :func:`keep`: the code's source, with what it needs from the notebook
+(imports, constants, the learner's own helper functions), is written to
+``<parts folder>/<part>.py``. Later chapters build the learner's engine from
+these files (:func:`mini_vllm.course.learner_engine`); the reference fills in
+every part that is not there.
+
+The parts folder is ``$MINI_VLLM_PARTS`` when that is set, else
+``my-course/parts/`` in the course's checkout (git-ignored), else
+``~/.cache/mini-vllm/parts``. :func:`reset_parts` deletes kept parts: the
+engine goes back to the reference for them. The files are plain Python: a
+learner may read them, and an instructor may collect them.
+
+Only code defined in ``__main__`` (a notebook's cells, a script) is kept: a
+check run on the reference itself, or from the test suite, writes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import dis
+import importlib.util
+import inspect
+import linecache
+import os
+import sys
+import textwrap
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+PARTS_ENV = "MINI_VLLM_PARTS"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One piece of the engine a learner writes: where, under which name, and what it does."""
+
+    key: str
+    chapter: str
+    name: str  # the function's or class's name in the exercise
+    role: str  # what it does in the engine
+
+
+PARTS: list[Part] = [
+    Part("free_queue", "02", "FreeKVCacheBlockQueue", "the free-block queue (LRU order, O(1) remove)"),
+    Part("slot_mapping", "03", "compute_slot_mapping", "token positions -> cache slots"),
+    Part("hash_block_tokens", "04", "hash_block_tokens", "one block's hash"),
+    Part("hash_request_tokens", "04", "hash_request_tokens", "a request's chain of block hashes"),
+    Part("find_longest_cache_hit", "05", "find_longest_cache_hit", "the prefix lookup"),
+    Part("free_blocks", "06", "free_blocks", "freeing blocks (tail or head of the queue)"),
+    Part("free_request_blocks", "06", "free_request_blocks", "freeing a request's table, last block first"),
+    Part("get_new_blocks", "06", "get_new_blocks", "popping blocks, with lazy eviction"),
+    Part("store_kv", "07", "store_kv", "the Triton kernel that writes K/V into the cache"),
+    Part("paged_decode", "07", "paged_decode", "decode attention over the paged cache"),
+    Part("schedule_waiting", "08", "schedule_waiting", "admission of waiting requests with prefix lookup"),
+    Part("build_messages", "09", "build_messages", "the cache-friendly prompt of the story app"),
+]
+PARTS_BY_KEY = {part.key: part for part in PARTS}
+
+
+def parts_dir() -> Path:
+    """Where parts are kept: ``$MINI_VLLM_PARTS``, the checkout's ``my-course/parts``, or ``~/.cache``."""
+    configured = os.environ.get(PARTS_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists() and (checkout / "solutions").is_dir():
+        return checkout / "my-course" / "parts"
+    return Path.home() / ".cache" / "mini-vllm" / "parts"
+
+
+# -- keeping a part ------------------------------------------------------------------
+def keep(key: str, obj: Any) -> Optional[Path]:
+    """Write ``obj`` (the learner's passing implementation of part ``key``) to the parts folder.
+
+    Returns the file, or None when nothing was kept (``obj`` is not the
+    learner's code, or it uses something from the notebook that cannot be
+    written as source; then a line says so).
+    """
+    part = PARTS_BY_KEY[key]
+    if not _is_learners(obj):
+        return None
+    try:
+        source = freeze(obj, part.name)
+    except _CannotFreeze as reason:
+        print(f"  (not kept as your part '{key}': {reason})")
+        return None
+    folder = parts_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.py"
+    path.write_text(source)
+    print(f"  kept as your part '{key}': from now on, the engine of your parts uses it "
+          "(mini_vllm.course.reset_parts() goes back to the reference)")
+    return path
+
+
+def _is_learners(obj: Any) -> bool:
+    fn = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the function
+    return getattr(fn, "__module__", None) == "__main__"
+
+
+class _CannotFreeze(Exception):
+    pass
+
+
+def freeze(obj: Any, name: str) -> str:
+    """Python source that defines ``name`` as ``obj`` does, with what it uses from its notebook.
+
+    Imports are written for modules and for functions from packages;
+    constants (numbers, strings, bytes, tuples of them) as assignments; the
+    notebook's own functions and classes as their source, before their users.
+    """
+    header = [
+        f'"""Your part: {name}, kept when its check passed. Edit it here, or re-run the exercise."""',
+        "",
+        "import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)",
+    ]
+    imports: list[str] = []
+    definitions: list[str] = []
+    _freeze_into(obj, name, imports, definitions, seen=set())
+    lines = header + sorted(set(imports)) + [""] + definitions
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _freeze_into(obj: Any, name: str, imports: list[str], definitions: list[str], seen: set) -> None:
+    if id(obj) in seen:
+        return
+    seen.add(id(obj))
+    source, fn_globals, code_objects = _source_of(obj, name)
+    for global_name in sorted(_global_names(code_objects)):
+        if global_name not in fn_globals or global_name == name:
+            continue
+        _freeze_global(global_name, fn_globals[global_name], imports, definitions, seen)
+    definitions.append(source.rstrip() + "\n\n")
+
+
+def _source_of(obj: Any, name: str) -> tuple[str, dict, list[types.CodeType]]:
+    """(source, globals, code objects) of a function, a Triton kernel or a class."""
+    if inspect.isfunction(getattr(obj, "fn", None)):  # a @triton.jit kernel (compiled or interpreted)
+        fn = obj.fn
+        return textwrap.dedent(inspect.getsource(fn)), fn.__globals__, [fn.__code__]
+    if inspect.isfunction(obj):
+        return textwrap.dedent(inspect.getsource(obj)), obj.__globals__, [obj.__code__]
+    if inspect.isclass(obj):
+        functions = [v for v in vars(obj).values() if inspect.isfunction(v)]
+        functions += [v.fget for v in vars(obj).values() if isinstance(v, property) and v.fget]
+        if not functions:
+            raise _CannotFreeze(f"class {name} has no methods to find its source by")
+        return _class_source(obj, functions[0]), functions[0].__globals__, [f.__code__ for f in functions]
+    raise _CannotFreeze(f"{name} is a {type(obj).__name__}, not a function or a class")
+
+
+def _class_source(cls: type, method: types.FunctionType) -> str:
+    """A notebook class's source, found through one of its methods' cell (inspect cannot in Jupyter)."""
+    filename = method.__code__.co_filename
+    text = "".join(linecache.getlines(filename))
+    if not text:
+        raise _CannotFreeze(f"the source of class {cls.__name__} is not available")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            lines = text.splitlines()[start - 1 : node.end_lineno]
+            return textwrap.dedent("\n".join(lines))
+    raise _CannotFreeze(f"class {cls.__name__} not found in its cell")
+
+
+def _global_names(code_objects: list[types.CodeType]) -> set[str]:
+    """The global names the code reads (not attribute names), nested functions and comprehensions included."""
+    names: set[str] = set()
+    stack = list(code_objects)
+    while stack:
+        code = stack.pop()
+        for instruction in dis.get_instructions(code):
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                names.add(instruction.argval)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+_CONSTANT_TYPES = (int, float, str, bytes, bool, type(None))
+
+
+def _freeze_global(name: str, value: Any, imports: list[str], definitions: list[str], seen: set) -> None:
+    if isinstance(value, types.ModuleType):
+        module = value.__name__
+        imports.append(f"import {module}" if module == name else f"import {module} as {name}")
+        return
+    if _is_constant(value):
+        definitions.append(f"{name} = {value!r}\n")
+        return
+    module = getattr(getattr(value, "fn", value), "__module__", None)
+    if module == "__main__":
+        _freeze_into(value, name, imports, definitions, seen)
+        return
+    if module and (inspect.isfunction(value) or inspect.isclass(value) or inspect.isbuiltin(value)):
+        original = getattr(value, "__name__", name)
+        imports.append(f"from {module} import {original}" + ("" if original == name else f" as {name}"))
+        return
+    raise _CannotFreeze(f"it uses {name}, a {type(value).__name__} from the notebook that cannot be written as source")
+
+
+def _is_constant(value: Any) -> bool:
+    if isinstance(value, _CONSTANT_TYPES):
+        return True
+    return isinstance(value, (tuple, frozenset)) and all(_is_constant(v) for v in value)
+
+
+# -- loading and resetting -----------------------------------------------------------
+def kept_parts() -> list[str]:
+    """Keys of the parts kept in the parts folder, in course order."""
+    folder = parts_dir()
+    return [part.key for part in PARTS if (folder / f"{part.key}.py").exists()]
+
+
+def load_part(key: str) -> Any:
+    """The learner's kept implementation of ``key`` (ImportError if it is not kept or does not load)."""
+    part = PARTS_BY_KEY[key]
+    path = parts_dir() / f"{key}.py"
+    if not path.exists():
+        raise ImportError(f"part '{key}' is not kept ({path.name} is not in the parts folder)")
+    module_name = f"mini_vllm_course_parts.{key}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - a broken part falls back to the reference
+        raise ImportError(f"part '{key}' does not load: {type(error).__name__}: {error}") from error
+    return getattr(module, part.name)
+
+
+def learner_parts(keys: Optional[list[str]] = None) -> dict[str, Any]:
+    """Every kept part that loads (or those of ``keys``); a part that fails to load is skipped, with a line."""
+    parts = {}
+    for key in keys if keys is not None else kept_parts():
+        try:
+            parts[key] = load_part(key)
+        except ImportError as error:
+            print(f"  using the reference for '{key}': {error}")
+    return parts
+
+
+def reset_parts(*keys: str) -> list[str]:
+    """Forget kept parts (all of them when no key is given): the reference takes their place. Returns the keys."""
+    unknown = [key for key in keys if key not in PARTS_BY_KEY]
+    if unknown:
+        raise ValueError(f"unknown part(s) {unknown}; the parts are {[p.key for p in PARTS]}")
+    removed = []
+    for key in keys or [part.key for part in PARTS]:
+        path = parts_dir() / f"{key}.py"
+        if path.exists():
+            path.unlink()
+            removed.append(key)
+    return removed

@@ -1,0 +1,395 @@
+"""A learner's first hour, in a real browser: ``make lab``'s server, chapter 00, the buttons, an exercise.
+
+Headless Chromium drives JupyterLab exactly as ``make lab`` starts it
+(``mini_vllm.course.lab.server_command``: the same options, on a free
+localhost port, without a token), on a temporary copy of the course:
+
+1. the root address opens chapter 00 of the learner's working copy, and the
+   file browser shows every folder; chapter 00 is opened from the file browser;
+2. Run All: no traceback, no error output, no "Error displaying widget", and
+   the live dashboard is still there at the end;
+3. Step, Run and Reset on the idle dashboard, then the following cells again
+   with a Step and a Run pressed in between (once an IndexError);
+4. save and reload: the widget comes back (live or static), never an error;
+   with the kernel shut down, the saved notebook shows the static snapshot;
+5. an exercise opened from the file browser runs to its first check, which
+   fails with the stub's NotImplementedError and nothing else.
+
+The committed notebooks are never touched (checked). Screenshots:
+``build/screenshots/learner_*.png``. Needs Debian's Chromium at
+/usr/bin/chromium (``scripts/ensure_chromium.sh``) and Playwright for Python
+(never its own browser download); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from mini_vllm.course import lab
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "build" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# What must never show on the page (the exercise's own NotImplementedError is checked apart).
+BAD_OUTPUT = ("Loading widget", "Error displaying widget", "model not found", "Traceback", "Error:")
+EXERCISE = "02_paged_pool.ipynb"
+WIDGET_HTML = ".mv-dashboard-widget .widget-html-content"
+
+pytestmark = pytest.mark.slow
+
+
+def _requirements() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/ensure_chromium.sh (apt-get install chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed: pip install playwright (no `playwright install` needed)")
+    from mini_vllm import default_model_path
+
+    if not Path(default_model_path(), "config.json").exists():
+        pytest.skip("the default model is not there")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _fingerprint(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for folder in lab.COPIED_FOLDERS
+        for p in sorted((root / folder).glob("*.ipynb"))
+    }
+
+
+def _wait_for_server(url: str, process: subprocess.Popen, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited early with code {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"jupyter lab did not answer {url} within {timeout:.0f} s")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def _redirect_target(url: str) -> str:
+    try:
+        urllib.request.build_opener(_NoRedirect).open(url, timeout=10)
+    except urllib.error.HTTPError as err:
+        return err.headers.get("Location", "")
+    return ""
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()  # the server shuts its kernels down on SIGTERM
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+# -- page helpers -----------------------------------------------------------------
+def _check_page(page, when: str) -> None:
+    text = page.inner_text(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    for bad in BAD_OUTPUT:
+        assert bad not in text, f"{bad!r} on the page {when}:\n{text[:4000]}"
+    errors = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) [data-mime-type='application/vnd.jupyter.stderr']")
+    assert errors.count() == 0, f"error output {when}: {errors.first.inner_text()[:2000]}"
+
+
+def _wait_kernel_idle(page, timeout: float = 90.0) -> None:
+    """Until the notebook's kernel says idle (choosing the default kernel if JupyterLab asks)."""
+    idle = ("() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator,"
+            " .jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelStatus')]"
+            ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))")
+    deadline = time.monotonic() + timeout
+    while not page.evaluate(idle):
+        assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s"
+        _accept_kernel_dialog(page)
+        page.wait_for_timeout(300)
+
+
+def _wait_all_run(page, timeout: float = 240_000) -> None:
+    """Every code cell has a number in its prompt, none is queued or running."""
+    page.wait_for_function(
+        "() => { const p = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')];"
+        " return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }",
+        timeout=timeout,
+    )
+
+
+def _menu(page, menu: str, item: str) -> None:
+    page.click(f".lm-MenuBar-item:has-text('{menu}')")
+    page.click(f".lm-Menu-itemLabel:text-is('{item}')")
+
+
+def _accept_kernel_dialog(page) -> None:
+    """A "Select Kernel" dialog can come up while a notebook opens: choose the default, as a learner would."""
+    dialog = page.locator(".jp-Dialog:has-text('Select Kernel') .jp-Dialog-button.jp-mod-accept")
+    if dialog.count():
+        dialog.first.click()
+
+
+def _run_all(page, attempts: int = 4) -> None:
+    """Edit > Clear Outputs of All Cells, then Run > Run All Cells, until the first cell really runs.
+
+    Clearing first makes "the first cell ran" visible (the shipped notebook's
+    prompts already have numbers). A status bar can say "Idle" a moment before
+    the kernel is attached; Run All issued then runs nothing. So: click, check, retry.
+    """
+    started = ("() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt');"
+               " return !!p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }")
+    for _ in range(attempts):
+        _accept_kernel_dialog(page)
+        page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+        page.click(".lm-MenuBar-item:has-text('Edit')")
+        page.click(".lm-Menu-itemLabel:text-matches('^Clear (Outputs of All Cells|All Outputs)$')")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]"
+            ".every(e => !/\\d/.test(e.textContent))",
+            timeout=10_000,
+        )
+        _menu(page, "Run", "Run All Cells")
+        try:
+            page.wait_for_function(started, timeout=15_000)
+            return
+        except Exception:  # playwright's TimeoutError: not started yet, try again
+            continue
+    raise AssertionError(f"Run All Cells did not start the first cell in {attempts} tries")
+
+
+def _run_cell(page, index: int, timeout: float = 120_000) -> None:
+    """Select code cell ``index`` (0-based), Shift+Enter, wait until it has run."""
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").nth(index)
+    before = cell.locator(".jp-InputPrompt").inner_text()
+    cell.locator(".jp-InputPrompt").click()
+    page.keyboard.press("Escape")
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "([i, before]) => { const c = document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell')[i];"
+        " const t = c.querySelector('.jp-InputPrompt').textContent; return /\\[\\d+\\]/.test(t) && t !== before; }",
+        arg=[index, before],
+        timeout=timeout,
+    )
+
+
+def _press(page, button: str, expect: str, timeout: float = 60_000) -> None:
+    """Click a dashboard button and wait for the message it produces."""
+    page.click(f".mv-dashboard-widget button:has-text('{button}')")
+    page.wait_for_function(
+        "([sel, text]) => { const w = document.querySelector(sel); return !!w &&"
+        " w.querySelector('.mv-message').textContent.includes(text); }",
+        arg=[WIDGET_HTML, expect],
+        timeout=timeout,
+    )
+
+
+def _listing_item(page, name: str):
+    """The file browser's row for ``name`` (exactly that name) in the folder it shows."""
+    return page.locator(".jp-DirListing-item").filter(has=page.get_by_text(name, exact=True)).first
+
+
+def _open_from_file_browser(page, *names: str) -> None:
+    """Double-click through the file browser from its root: folder, folder, ..., file."""
+    page.click(".jp-BreadCrumbs-home")
+    _listing_item(page, "my-course").wait_for(timeout=30_000)  # at the root
+    for name, following in zip(names, names[1:] + (None,)):
+        _listing_item(page, name).wait_for(timeout=30_000)
+        _listing_item(page, name).dblclick()
+        if following is None:
+            break
+        # The listing is re-drawn for the new folder: wait for it (the folder's own row gone,
+        # the next one there), or the next double-click hits a stale row.
+        page.wait_for_function(
+            "([gone, there]) => { const names = [...document.querySelectorAll('.jp-DirListing-itemText')]"
+            ".map(e => e.textContent.trim()); return !names.includes(gone) && names.includes(there); }",
+            arg=[name, following], timeout=30_000,
+        )
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
+
+
+def _shot(page, name: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"learner_{name}.png"), full_page=True)
+
+
+def _learner_path(page, base: str, root: Path) -> None:
+    # 1. The root address lands in chapter 00 of the working copy; the file browser shows every folder.
+    page.goto(f"{base}/lab", wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-DirListing-content", timeout=60_000)
+    page.click(".jp-BreadCrumbs-home")
+    for folder in ("exercises", "my-course", "notebooks", "solutions"):
+        _listing_item(page, folder).wait_for(timeout=30_000)
+    _open_from_file_browser(page, "my-course", "notebooks", "00_welcome.ipynb")
+    _wait_kernel_idle(page)
+
+    # 2. Run All: every cell runs, nothing fails, the live dashboard is there at the end.
+    _run_all(page)
+    _wait_all_run(page)
+    page.wait_for_selector(f"{WIDGET_HTML} .mv-dashboard", timeout=60_000)
+    _check_page(page, "after Run All")
+    _shot(page, "00_after_run_all")
+
+    # 3. Every button on the idle engine, in any order; then the following cells again.
+    _press(page, "Step", "Idle")
+    _press(page, "Run", "Idle")
+    _press(page, "Reset cache", "Prefix cache reset")
+    _run_cell(page, 4)  # queue the fifth request and step once
+    assert "Step" in page.inner_text(f"{WIDGET_HTML} .mv-message")
+    _press(page, "Step", "computed")  # a decode step, pressed by the learner
+    _press(page, "Run", "finished")
+    assert "Finished recently" in page.inner_text(WIDGET_HTML)
+    _run_cell(page, 5)  # reads the finished request (was: IndexError after a Run click)
+    _run_cell(page, 6)
+    _check_page(page, "after the buttons and the cells run again")
+    page.locator(".mv-dashboard-widget").screenshot(path=str(SCREENSHOTS / "learner_00_dashboard.png"))
+
+    # The dashboard on a 1280x800 laptop screen: buttons and header in view with the views below.
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.locator(".mv-dashboard-widget").scroll_into_view_if_needed()
+    height = page.locator(".mv-dashboard-widget").bounding_box()["height"]
+    assert height < 720, f"the dashboard is {height:.0f} px tall: its buttons scroll away on a 1280x800 screen"
+    page.screenshot(path=str(SCREENSHOTS / "learner_00_dashboard_1280x800.png"))
+    page.set_viewport_size({"width": 1400, "height": 4000})
+
+    # 4. Save, reload: the widget is restored (live or as its saved state), never an error.
+    saved_file = root / lab.START_NOTEBOOK
+    before_save = saved_file.stat().st_mtime_ns
+    page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    page.click(".lm-MenuBar-item:has-text('File')")
+    page.click(".lm-Menu-itemLabel:text-matches('^Save( Notebook)?$')")
+    deadline = time.monotonic() + 30
+    while saved_file.stat().st_mtime_ns == before_save:
+        assert time.monotonic() < deadline, "File > Save did not write the notebook"
+        time.sleep(0.2)
+    time.sleep(1)  # the rest of the write
+    saved = json.loads(saved_file.read_text())
+    assert saved["cells"][4]["outputs"], "the saved dashboard cell is empty"
+    page.reload(wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
+    _wait_kernel_idle(page)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .mv-dashboard", timeout=60_000)
+    page.wait_for_timeout(3000)  # a widget that cannot be restored says so within ~2 s
+    _check_page(page, "after save and reload")
+    _shot(page, "00_after_reload")
+
+    # 5. An exercise from the file browser, run to its first check.
+    _open_from_file_browser(page, "my-course", "exercises", EXERCISE)
+    _wait_kernel_idle(page)
+    _run_all(page)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) [data-mime-type='application/vnd.jupyter.stderr']",
+                           timeout=120_000)
+    page.wait_for_timeout(1000)
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
+    errors = [i for i in range(cells.count())
+              if cells.nth(i).locator("[data-mime-type='application/vnd.jupyter.stderr']").count()]
+    assert len(errors) == 1, f"error outputs in code cells {errors}"
+    failed = cells.nth(errors[0])
+    assert failed.locator(".jp-InputArea-editor").inner_text().strip().startswith("check_")  # the first check cell
+    message = failed.locator("[data-mime-type='application/vnd.jupyter.stderr']").inner_text()
+    assert "NotImplementedError" in message and "your code here" in message, message[:2000]
+    for i in range(errors[0]):
+        assert re.search(r"\[\d+\]", cells.nth(i).locator(".jp-InputPrompt").inner_text()), f"cell {i} did not run"
+    assert "Error displaying widget" not in page.inner_text(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    _shot(page, "exercise_first_check")
+
+
+def _static_after_the_kernel_is_gone(page, base: str) -> None:
+    """Shut every kernel down, reopen chapter 00: the saved dashboard shows as its static snapshot."""
+    stopped = page.evaluate(
+        """async () => {
+            const xsrf = decodeURIComponent((document.cookie.match(/_xsrf=([^;]+)/) || [])[1] || "");
+            const kernels = await (await fetch("/api/kernels")).json();
+            for (const k of kernels) {
+                await fetch("/api/kernels/" + k.id, {method: "DELETE", headers: {"X-XSRFToken": xsrf}});
+            }
+            return (await (await fetch("/api/kernels")).json()).length === 0 ? kernels.length : -1;
+        }"""
+    )
+    assert stopped >= 1, f"could not shut the kernels down ({stopped})"
+    page.goto(f"{base}/lab/tree/{lab.START_NOTEBOOK}", wait_until="domcontentloaded")
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .mv-dashboard", timeout=60_000)
+    page.wait_for_timeout(4000)
+    _check_page(page, "after reopening with a new kernel")
+    _shot(page, "00_reopened_new_kernel")
+
+
+def test_a_learner_goes_through_chapter_00_and_an_exercise():
+    _requirements()
+    from playwright.sync_api import sync_playwright
+
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    committed = _fingerprint(ROOT)
+    workdir = Path(tempfile.mkdtemp(prefix="mv-learner-"))
+    root = workdir / "course"
+    for folder in lab.COPIED_FOLDERS:  # a checkout of the course's notebooks
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    created = lab.prepare_working_copy(root)  # what `make lab` does first
+    assert root / lab.START_NOTEBOOK in created
+    port = _free_port()
+    # Private Jupyter folders: no user settings, a fresh workspace, no news prompt over the page.
+    settings = workdir / "settings"
+    env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTER_CONFIG_DIR=str(workdir / "config"),
+               JUPYTER_RUNTIME_DIR=str(workdir / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"))
+    command = lab.server_command(root, [
+        "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+        "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.terminals_enabled=False",
+    ])
+    server_log = open(workdir / "server.log", "w")
+    server = subprocess.Popen(command, cwd=root, env=env, stdout=server_log, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for_server(f"{base}/api/status", server)
+        assert _redirect_target(f"{base}/").rstrip("?").endswith(f"/lab/tree/{lab.START_NOTEBOOK}")  # the printed address
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(workdir / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+                args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 4000},
+            )
+            try:
+                page = context.pages[0] if context.pages else context.new_page()
+                try:
+                    _learner_path(page, base, root)
+                    _static_after_the_kernel_is_gone(page, base)
+                except Exception as err:
+                    page.screenshot(path=str(SCREENSHOTS / "learner_failure.png"), full_page=True)
+                    shown = page.inner_text("body")[:4000]
+                    raise AssertionError(f"{err}\n--- the page showed (build/screenshots/learner_failure.png):\n{shown}") from err
+            finally:
+                context.close()
+    finally:
+        _stop(server)
+        server_log.close()
+        shutil.copy(workdir / "server.log", SCREENSHOTS / "learner_jupyter_server.log")  # for a failed run
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert _fingerprint(ROOT) == committed, "the committed notebooks changed"

@@ -1,0 +1,72 @@
+"""Every chapter in notebooks/ is listed in the three chapter tables (README.md,
+notebooks/README.md, chapter 00), and a chapter's closing "Next: chapter NN" names the
+chapter that follows it. Adding or splitting a chapter (06b, 09b) must update all of them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9A-Z][0-9_]*.ipynb"))  # the Makefile's NOTEBOOKS glob
+
+
+def chapter_number(path: Path) -> str:
+    """``09b_sharing_a_cache_safely.ipynb`` -> ``09b``; ``A_from_...`` -> ``A``."""
+    return path.name.split("_", 1)[0]
+
+
+def table_numbers(markdown: str) -> set[str]:
+    """The first column of every ``| 09b | ... |`` row of a chapter table."""
+    return set(re.findall(r"^\| (\d\d[a-z]?|[A-Z]) \|", markdown, flags=re.MULTILINE))
+
+
+def welcome_markdown() -> str:
+    nb = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def closing_next(path: Path) -> str | None:
+    """The chapter named by "Next: chapter NN" / "Next, chapter NN" in the last markdown cell."""
+    nb = nbformat.read(path, as_version=4)
+    last = [c.source for c in nb.cells if c.cell_type == "markdown"][-1]
+    found = re.search(r"Next[:,] \**chapter (\w+)\**", last)
+    return found.group(1) if found else None
+
+
+def test_the_glob_finds_the_split_chapters():
+    numbers = [chapter_number(p) for p in CHAPTERS]
+    assert numbers.index("09") + 1 == numbers.index("09b")  # sorted: "_" < "b"
+    assert {"00", "06b", "09", "09b", "10", "A"} <= set(numbers)
+
+
+@pytest.mark.parametrize("table", ["README.md", "notebooks/README.md", "00_welcome"])
+def test_every_chapter_is_in_every_chapter_table(table):
+    markdown = welcome_markdown() if table == "00_welcome" else (ROOT / table).read_text()
+    listed = table_numbers(markdown)
+    missing = [chapter_number(p) for p in CHAPTERS if chapter_number(p) not in listed]
+    assert not missing, f"{table} has no row for chapter(s) {missing}"
+
+
+def test_a_missing_row_is_caught():
+    table = "| # | chapter |\n|---|---|\n| 09 | prompt caching |\n| 10 | benchmarks |\n"
+    assert "09b" not in table_numbers(table)  # so the test above would fail without the 09b row
+    assert table_numbers(table + "| 09b | sharing |\n") == {"09", "10", "09b"}
+
+
+@pytest.mark.parametrize("index", range(len(CHAPTERS) - 1), ids=[p.stem for p in CHAPTERS[:-1]])
+def test_next_names_the_following_chapter(index):
+    named = closing_next(CHAPTERS[index])
+    if named is not None:
+        assert named == chapter_number(CHAPTERS[index + 1]), f"{CHAPTERS[index].name} says Next: chapter {named}"
+
+
+def test_a_wrong_next_is_caught(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 09"), nbformat.v4.new_markdown_cell("Next: **chapter 10** measures.")]
+    path = tmp_path / "09_x.ipynb"
+    nbformat.write(nb, path)
+    assert closing_next(path) == "10" != "09b"  # 09's Next must name 09b, so this one would fail

@@ -1,0 +1,215 @@
+"""The learner's own engine: passing parts are kept, later engines use them, a reset goes back.
+
+A learner's notebook is played by a script run as ``__main__`` (what a
+notebook's cells are), so the checks keep its code exactly as they keep a
+notebook's.
+"""
+
+from __future__ import annotations
+
+import runpy
+import textwrap
+
+import pytest
+
+import mini_vllm.model_runner as model_runner
+import mini_vllm.request as request_module
+from mini_vllm import LLM, SamplingParams
+from mini_vllm.course import (
+    check_find_longest_cache_hit,
+    check_slot_mapping,
+    compare_with_reference,
+    kept_parts,
+    learner_engine,
+    parts_dir,
+    reset_parts,
+    show_parts,
+)
+from mini_vllm.course import parts as parts_module
+from mini_vllm.course.lookup_checks import reference_find_longest_cache_hit
+
+LEARNER_NOTEBOOK = '''
+import math
+from mini_vllm.block_pool import KVCacheBlock
+from mini_vllm.course import check_find_longest_cache_hit, check_free_queue, check_slot_mapping
+
+NO_BLOCK = None
+
+
+def physical_block(block_ids, position, block_size):
+    return block_ids[math.floor(position / block_size)]
+
+
+def compute_slot_mapping(block_ids, start, end, block_size):
+    return [physical_block(block_ids, p, block_size) * block_size + p % block_size for p in range(start, end)]
+
+
+def find_longest_cache_hit(block_pool, block_hashes, max_num_blocks):
+    hits = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash)
+        if block is NO_BLOCK:
+            break
+        hits.append(block)
+    return hits
+
+
+class FreeKVCacheBlockQueue:
+    def __init__(self, blocks):
+        self.fake_head, self.fake_tail = KVCacheBlock(-1), KVCacheBlock(-1)
+        self.fake_head.next_free_block, self.fake_tail.prev_free_block = self.fake_tail, self.fake_head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self):
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        block = self.fake_head.next_free_block
+        self.remove(block)
+        return block
+
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def _insert_after(self, before, block):
+        after = before.next_free_block
+        before.next_free_block, block.prev_free_block = block, before
+        block.next_free_block, after.prev_free_block = after, block
+        self.num_free_blocks += 1
+
+    def append(self, block):
+        self._insert_after(self.fake_tail.prev_free_block, block)
+
+    def appendleft(self, block):
+        self._insert_after(self.fake_head, block)
+
+    def get_all_free_blocks(self):
+        blocks, block = [], self.fake_head.next_free_block
+        while block is not self.fake_tail:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+
+check_slot_mapping(compute_slot_mapping)
+check_find_longest_cache_hit(find_longest_cache_hit)
+check_free_queue(FreeKVCacheBlockQueue)
+'''
+
+
+@pytest.fixture
+def parts_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "parts"
+    monkeypatch.setenv(parts_module.PARTS_ENV, str(folder))
+    return folder
+
+
+def _play_notebook(tmp_path, source: str = LEARNER_NOTEBOOK) -> dict:
+    script = tmp_path / "learner_notebook.py"
+    script.write_text(textwrap.dedent(source))
+    return runpy.run_path(str(script), run_name="__main__")
+
+
+def _engine_args():
+    return dict(device="cpu", num_blocks=24, max_num_batched_tokens=64)
+
+
+PROMPTS = [
+    "You are a storyteller for children. Tell short, kind stories with animals. " * 2 + f"Animal {i}."
+    for i in range(4)
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def test_the_parts_folder_is_the_env_var_when_set(parts_folder):
+    assert parts_dir() == parts_folder
+
+
+def test_a_check_on_code_outside_a_notebook_keeps_nothing(parts_folder, capsys):
+    check_find_longest_cache_hit(reference_find_longest_cache_hit)
+    assert kept_parts() == [] and not parts_folder.exists()
+    assert "kept as your part" not in capsys.readouterr().out
+
+
+def test_passing_notebook_code_is_kept_with_what_it_uses(parts_folder, tmp_path, capsys):
+    _play_notebook(tmp_path)
+    assert "kept as your part 'slot_mapping'" in capsys.readouterr().out
+    assert kept_parts() == ["free_queue", "slot_mapping", "find_longest_cache_hit"]
+    source = (parts_folder / "slot_mapping.py").read_text()
+    assert "import math" in source and "def physical_block" in source  # its helper and its import came along
+    lookup_source = (parts_folder / "find_longest_cache_hit.py").read_text()
+    assert "NO_BLOCK = None" in lookup_source  # a constant of the notebook
+    slot_mapping = parts_module.load_part("slot_mapping")
+    assert slot_mapping([7, 2], 14, 18, 16) == model_runner.compute_slot_mapping([7, 2], 14, 18, 16)
+    # The kept class passes its check again, loaded from its file.
+    check_slot_mapping(slot_mapping)
+
+
+def test_a_failing_check_keeps_nothing(parts_folder, tmp_path):
+    with pytest.raises(AssertionError):
+        _play_notebook(tmp_path, LEARNER_NOTEBOOK.replace("p % block_size for p", "p for p"))
+    assert "slot_mapping" not in kept_parts()
+
+
+def test_the_learners_engine_runs_their_parts_and_matches_the_reference(parts_folder, tmp_path, capsys):
+    _play_notebook(tmp_path)
+    mine = learner_engine(**_engine_args())
+    assert mine.course_parts["free_queue"] == "yours" and mine.course_parts["schedule_waiting"] == "reference"
+    queue = mine.llm_engine.kv_cache_manager.block_pool.free_block_queue
+    assert type(queue.queue).__module__.startswith("mini_vllm_course_parts")  # wrapped: it has no popleft_n
+    table = show_parts(mine)
+    assert "3 of 11 parts are yours" in repr(table) and "<table>" in table._repr_html_()
+    result = compare_with_reference(mine, LLM(**_engine_args()), PROMPTS, GREEDY)
+    assert result["all equal"] and sum(result["cached tokens (yours)"]) > 0
+    # The module-level swaps hold only while the learner's engine runs.
+    assert model_runner.compute_slot_mapping.__module__ == "mini_vllm.model_runner"
+    assert request_module.hash_new_full_blocks.__module__ == "mini_vllm.hashing"
+
+
+def test_a_wrong_part_shows_up_against_the_reference(parts_folder, capsys):
+    never_hits = {"find_longest_cache_hit": lambda block_pool, block_hashes, max_num_blocks: []}
+    mine = learner_engine(parts=never_hits, **_engine_args())
+    result = compare_with_reference(mine, LLM(**_engine_args()), PROMPTS, GREEDY)
+    assert not result["all equal"] and sum(result["cached tokens (yours)"]) == 0
+
+
+def test_module_level_parts_are_used_while_the_learners_engine_runs(parts_folder):
+    calls = []
+
+    def recording_slot_mapping(block_ids, start, end, block_size):
+        calls.append((start, end))
+        return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+    mine = learner_engine(parts={"slot_mapping": recording_slot_mapping}, **_engine_args())
+    mine.generate(PROMPTS[:1], GREEDY)
+    assert calls, "the learner's compute_slot_mapping was not called"
+    before = len(calls)
+    LLM(**_engine_args()).generate(PROMPTS[:1], GREEDY)  # a reference engine in the same process
+    assert len(calls) == before
+
+
+def test_reset_goes_back_to_the_reference(parts_folder, tmp_path):
+    _play_notebook(tmp_path)
+    assert reset_parts("slot_mapping") == ["slot_mapping"]
+    assert "slot_mapping" not in kept_parts()
+    assert reset_parts() == ["free_queue", "find_longest_cache_hit"]
+    assert set(learner_engine(**_engine_args()).course_parts.values()) == {"reference"}
+    with pytest.raises(ValueError, match="unknown part"):
+        reset_parts("find_longest_cache_hits")
+
+
+def test_a_part_that_no_longer_loads_falls_back_to_the_reference(parts_folder, capsys):
+    parts_folder.mkdir(parents=True)
+    (parts_folder / "slot_mapping.py").write_text("def compute_slot_mapping(:\n")
+    mine = learner_engine(**_engine_args())
+    assert mine.course_parts["slot_mapping"] == "reference"
+    assert "using the reference for 'slot_mapping'" in capsys.readouterr().out
+
+
+def test_unknown_parts_are_refused(parts_folder):
+    with pytest.raises(ValueError, match="unknown part"):
+        learner_engine(parts={"free_queues": object}, **_engine_args())
