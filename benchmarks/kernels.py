@@ -91,7 +91,6 @@ def copy_bandwidth_gbps(device: torch.device, on_gpu: bool, smoke: bool) -> floa
     source = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_(0, 255)
     target = torch.empty_like(source)
     microseconds = time_us(lambda: target.copy_(source), on_gpu)
-    del source, target
     return 2 * num_bytes / (microseconds * 1e-6) / 1e9
 
 

@@ -1,14 +1,26 @@
-"""Benchmarks: ``python -m mini_vllm bench [--quick] [--json PATH]`` (chapter 10, README).
+"""Benchmarks: ``python -m mini_vllm bench [--quick] [--json PATH] [--model PATH] [--no-vllm]`` (chapter 10, README).
 
-Every comparison runs side by side in this one process and is reported as a
-ratio; absolute times are printed with the device they were measured on.
+Every comparison runs side by side in this one process (real vLLM in
+subprocesses) and is reported as a ratio; absolute times are printed with the
+device they were measured on. Timed comparisons run in rounds that alternate
+which side goes first; each ratio is computed within a round and reported as
+the median over rounds with its range (``*_range``: min, max), because the
+machines this runs on are often shared with other work.
 
-1. shared_prefix   many requests share one long system prompt: caching on vs off
+1. shared_prefix   many requests share one long system prompt: TTFT warm (prefix cached),
+                   cold (caching off) and fresh (a prompt as long as what warm computes)
 2. no_sharing      random prompts: what hashing and bookkeeping cost when nothing hits
 3. multi_turn      a conversation that grows turn by turn: a stable template vs one
                    that injects a timestamp at the top
 4. vs_transformers the same model, prompts and device through transformers' generate
-5. block_manager   the KV-cache manager's own cost per request and per decode step
+5. block_manager   the KV-cache manager's own cost per request and per decode step, next to
+                   vLLM's ``KVCacheManager`` on the same workload (benchmarks/block_manager_vllm.py)
+6. roofline        one request's decode step against reading every weight once
+7. vs_vllm         real vLLM (``make vllm``) on the same token ids: TTFT cold / warm, throughput
+
+``main`` runs 1-5 on the bundled model (or ``--model``), and 6-7 plus a small
+shared-prefix run on SmolLM2-135M too when ``make real-model`` has installed it;
+``--quick`` leaves out vLLM and the second model.
 
 From Python (chapter 10 runs a tiny version live)::
 
@@ -20,9 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,37 +57,71 @@ BENCHMARKS = ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "b
 @dataclass
 class BenchSettings:
     """The size of every benchmark. ``full()`` is ``make bench``; ``quick()`` is ``--quick``;
-    ``tiny()`` is what chapter 10 runs live (well under a minute on a laptop CPU)."""
+    ``tiny()`` is what chapter 10 runs live (well under a minute on a laptop CPU).
+
+    Every timed comparison runs in *rounds* that alternate which side goes
+    first; a ratio is computed per round and the median over rounds is
+    reported with its range (min, max), so a burst of load from another
+    process moves one round, not the result.
+    """
 
     device: str = "auto"
-    num_requests: int = 24
+    model: Optional[str] = None  # a Hugging Face folder; None: the bundled model
+    num_requests: int = 16  # the shared-prefix requests (each user request once: none repeats another)
     max_tokens: int = 16
     num_turns: int = 8
     hf_batch_size: int = 8
     block_manager_requests: int = 400
     no_sharing_prompt_len: tuple[int, int] = (200, 400)
-    no_sharing_rounds: int = 5  # pairs of on/off runs, alternating which goes first; the best of each is kept
+    shared_prefix_rounds: int = 15  # timed rounds of warm / cold / fresh TTFT per request
+    no_sharing_rounds: int = 9  # rounds of on, off, off, on (or off, on, on, off)
+    vs_transformers_rounds: int = 5
+    block_manager_rounds: int = 7  # mini-vLLM and each vLLM, interleaved
+    vs_vllm_rounds: int = 3
+    vs_vllm_max_tokens: int = 32
+    vs_vllm_threads: int = 1  # compute threads for each engine
+    vllm_pythonpaths: tuple[str, ...] = ()  # more vLLM source trees for the block-manager comparison
+    use_vllm: bool = True  # False: no comparison with real vLLM at all (--no-vllm)
+    bandwidth_bytes: int = 256 * 2**20  # the memory-bandwidth buffer: far larger than any CPU cache
     num_blocks: Optional[int] = None  # None: sized from the memory budget
 
     @classmethod
-    def full(cls, device: str = "auto") -> "BenchSettings":
-        return cls(device=device)
+    def full(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
+        return cls(device=device, model=model)
 
     @classmethod
-    def quick(cls, device: str = "auto") -> "BenchSettings":
-        return cls(device=device, num_requests=8, max_tokens=8, num_turns=4, block_manager_requests=100)
+    def quick(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
+        return cls(
+            device=device, model=model, num_requests=8, max_tokens=8, num_turns=4, block_manager_requests=100,
+            shared_prefix_rounds=3, no_sharing_rounds=3, vs_transformers_rounds=3, block_manager_rounds=3,
+        )
 
     @classmethod
-    def tiny(cls, device: str = "auto") -> "BenchSettings":
+    def tiny(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
         return cls(
             device=device,
+            model=model,
             num_requests=4,
             max_tokens=4,
             num_turns=3,
             hf_batch_size=4,
             block_manager_requests=40,
             no_sharing_prompt_len=(100, 150),
+            shared_prefix_rounds=2,
+            no_sharing_rounds=1,
+            vs_transformers_rounds=1,
+            block_manager_rounds=1,
+            bandwidth_bytes=64 * 2**20,
+            use_vllm=False,  # starting vLLM takes longer than this whole run
             num_blocks=256,
+        )
+
+    @classmethod
+    def real_model(cls, model: str, device: str = "auto", quick: bool = False) -> "BenchSettings":
+        """A real model (SmolLM2-135M): prefills cost ~100x the bundled model's, so fewer requests."""
+        return cls(
+            device=device, model=model, num_requests=4 if quick else 6, max_tokens=8, num_turns=4,
+            shared_prefix_rounds=2 if quick else 3, no_sharing_rounds=3, vs_transformers_rounds=3,
         )
 
 
@@ -84,7 +133,17 @@ def no_progress(iterable: Iterable, desc: str) -> Iterable:
 
 
 def _llm(args, **kwargs) -> LLM:
-    return LLM(device=args.device, num_blocks=getattr(args, "num_blocks", None), **kwargs)
+    return LLM(getattr(args, "model", None), device=args.device, num_blocks=getattr(args, "num_blocks", None), **kwargs)
+
+
+def model_name(model: Optional[str]) -> str:
+    """How results name a model: its folder's name (``default_model`` for the bundled one)."""
+    return Path(model or default_model_path()).name
+
+
+def _spread(values: list[float]) -> list[float]:
+    """``[min, max]`` of per-round values: how far one round can be from another."""
+    return [min(values), max(values)]
 
 
 def _warm_up(llm: LLM, num_tokens: int = 256) -> None:
@@ -124,49 +183,99 @@ def _device_name(llm: LLM) -> str:
 
 
 # -- 1. shared prefix ------------------------------------------------------------
+def _random_prompt(rng: random.Random, vocab_size: int, num_tokens: int) -> list[int]:
+    """Token ids that share no block with any chat prompt (and, with high odds, with each other)."""
+    low = min(100, vocab_size // 10)  # skip the special tokens at the start of most vocabularies
+    return [rng.randrange(low, vocab_size) for _ in range(num_tokens)]
+
+
 def bench_shared_prefix(args, progress: Progress = no_progress) -> dict:
+    """Requests share one long system prompt; each request's TTFT is measured three ways.
+
+    For every request after the first (the first one fills the cache and is
+    left out of every figure, on both sides):
+
+    * ``warm``  — caching on: the system prompt's blocks come from the cache,
+      only the rest of the prompt (``uncached`` tokens) is computed;
+    * ``cold``  — caching off, the same prompt: every token is computed;
+    * ``fresh`` — caching on, a prompt of random tokens exactly ``uncached``
+      tokens long: the same amount of new work, with nothing to look up.
+
+    ``cold / warm`` is the speedup caching buys; ``warm / fresh`` is what
+    caching itself costs (looking up the hit, attending over the cached
+    context); ``cold / fresh`` is the best speedup a cache could give, fixed
+    cost of a forward pass included; ``prefill_tokens_off / _on`` is the
+    token-proportional ideal, which ignores that fixed cost.
+
+    Requests arrive one at a time (TTFT is each prompt's own prefill). A first,
+    untimed round gives the outputs and token counts; then every timed round
+    resets the cache, and for each request runs warm, cold and fresh in a
+    rotating order. Ratios are computed per round (medians over requests) and
+    reported as the median over rounds, with their range.
+    """
     data = _prompt_data()
     system = data["system_prompts"][0]
-    users = [data["user_requests"][i % len(data["user_requests"])] for i in range(args.num_requests)]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    result: dict = {}
-    for caching in (True, False):
-        llm = _llm(args, enable_prefix_caching=caching)
-        prompts = [{"prompt_token_ids": _chat_ids(llm, system, u)} for u in users]
+    users = data["user_requests"][: args.num_requests]
+    engines = {"on": _llm(args, enable_prefix_caching=True), "off": _llm(args, enable_prefix_caching=False)}
+    on, off = engines["on"], engines["off"]
+    prompts = [_chat_ids(on, system, u) for u in users]
+    vocab_size = on.llm_engine.model_config.vocab_size
+    for llm in engines.values():
         _warm_up(llm)
-        # Requests arrive one after another, so TTFT is each prompt's own prefill.
-        start = time.perf_counter()
-        outputs = [llm.generate([p], params)[0] for p in progress(prompts, f"shared prefix, caching {'on' if caching else 'off'}")]
-        total = time.perf_counter() - start
-        label = "on" if caching else "off"
-        ttfts = [o.metrics.time_to_first_token for o in outputs]
-        result[label] = {
-            "ttft_p50": statistics.median(ttfts),
-            "ttft_p90": _percentile(ttfts, 0.9),
-            "ttfts": ttfts,
-            "total_s": total,
-            "prefill_tokens": sum(len(o.prompt_token_ids) - o.num_cached_tokens for o in outputs),
-            # From the outputs, not the engine's counters: those include the warm-up request.
-            "hit_rate": sum(o.num_cached_tokens for o in outputs) / sum(len(o.prompt_token_ids) for o in outputs),
-            "outputs": [o.outputs[0].token_ids for o in outputs],
-        }
-    on, off = result["on"], result["off"]
+
+    # Untimed round: the outputs (caching must not change them) and what each request computes.
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    first = {label: [llm.generate([{"prompt_token_ids": p}], params)[0] for p in prompts] for label, llm in engines.items()}
+    uncached = [len(o.prompt_token_ids) - o.num_cached_tokens for o in first["on"]]
+    warm_ids = range(1, len(prompts))  # every request but the one that fills the cache
+
+    one_token = SamplingParams(temperature=0, max_tokens=1)
+    rng = random.Random(1)
+    ttft: dict[str, list[list[float]]] = {kind: [[] for _ in prompts] for kind in ("warm", "cold", "fresh")}
+    for round_index in progress(range(args.shared_prefix_rounds), "shared prefix"):
+        on.reset_prefix_cache()  # every round starts cold: request 0 fills the cache again
+        for i, prompt in enumerate(prompts):
+            # A fresh prompt per round: one seen in an earlier round would be a hit.
+            runs = [("warm", on, prompt), ("cold", off, prompt), ("fresh", on, _random_prompt(rng, vocab_size, uncached[i]))]
+            shift = (round_index + i) % len(runs)  # rotate which one runs first
+            for kind, llm, ids in runs[shift:] + runs[:shift]:
+                output = llm.generate([{"prompt_token_ids": ids}], one_token)[0]
+                ttft[kind][i].append(output.metrics.time_to_first_token)
+
+    def per_round(kind: str, r: int) -> float:
+        return statistics.median(ttft[kind][i][r] for i in warm_ids)
+
+    rounds = range(args.shared_prefix_rounds)
+    speedups = [per_round("cold", r) / per_round("warm", r) for r in rounds]
+    overheads = [per_round("warm", r) / per_round("fresh", r) for r in rounds]
+    attainable = [per_round("cold", r) / per_round("fresh", r) for r in rounds]
+    samples = {kind: [t for i in warm_ids for t in ttft[kind][i]] for kind in ttft}
+    prompt_tokens = sum(len(prompts[i]) for i in warm_ids)
+    tokens_on = sum(uncached[i] for i in warm_ids)
     return {
-        "ttft_speedup": off["ttft_p50"] / on["ttft_p50"],
+        "ttft_speedup": statistics.median(speedups),
+        "ttft_speedup_range": _spread(speedups),
         # If prefill time were proportional to tokens computed, TTFT would shrink by this much.
-        "ideal_speedup": off["prefill_tokens"] / on["prefill_tokens"],
-        "hit_rate": on["hit_rate"],
-        "prefill_tokens_on": on["prefill_tokens"],
-        "prefill_tokens_off": off["prefill_tokens"],
-        "ttft_p50_on_ms": 1000 * on["ttft_p50"],
-        "ttft_p50_off_ms": 1000 * off["ttft_p50"],
-        "ttft_p90_on_ms": 1000 * on["ttft_p90"],
-        "ttft_p90_off_ms": 1000 * off["ttft_p90"],
-        "total_on_s": on["total_s"],
-        "total_off_s": off["total_s"],
-        "outputs_equal_on_off": on["outputs"] == off["outputs"],
-        "_ttfts_on": on["ttfts"],
-        "_ttfts_off": off["ttfts"],
+        "ideal_speedup": prompt_tokens / tokens_on,
+        # The best a cache can do when a forward pass also has a fixed cost: cold / fresh.
+        "attainable_speedup": statistics.median(attainable),
+        "cache_overhead_ratio": statistics.median(overheads),
+        "cache_overhead_ratio_range": _spread(overheads),
+        "hit_rate": 1 - tokens_on / prompt_tokens,
+        "prefill_tokens_on": tokens_on,
+        "prefill_tokens_off": prompt_tokens,
+        "num_requests_measured": len(warm_ids),
+        "rounds": args.shared_prefix_rounds,
+        "ttft_p50_on_ms": 1000 * statistics.median(samples["warm"]),
+        "ttft_p50_off_ms": 1000 * statistics.median(samples["cold"]),
+        "ttft_fresh_same_uncached_ms": 1000 * statistics.median(samples["fresh"]),
+        "ttft_p90_on_ms": 1000 * _percentile(samples["warm"], 0.9),
+        "ttft_p90_off_ms": 1000 * _percentile(samples["cold"], 0.9),
+        "outputs_equal_on_off": [o.outputs[0].token_ids for o in first["on"]] == [o.outputs[0].token_ids for o in first["off"]],
+        # Per request, the median over rounds (for the plot).
+        "_ttfts_on": [statistics.median(ttft["warm"][i]) for i in warm_ids],
+        "_ttfts_off": [statistics.median(ttft["cold"][i]) for i in warm_ids],
+        "_ttfts_fresh": [statistics.median(ttft["fresh"][i]) for i in warm_ids],
     }
 
 
@@ -188,15 +297,28 @@ def bench_no_sharing(args, progress: Progress = no_progress) -> dict:
     for llm in engines.values():
         _warm_up(llm)
     times: dict[bool, list[float]] = {True: [], False: []}
-    orders = [(True, False), (False, True)] * args.no_sharing_rounds  # alternate which goes first
-    for order in progress(orders, "no sharing"):
-        for caching in order:
+    for round_index in progress(range(args.no_sharing_rounds), "no sharing"):
+        # A, B, B, A within a round (which side is A alternates), the faster of each side's two runs kept:
+        # a burst of load from another process hits one run, and rarely both.
+        first, second = (True, False) if round_index % 2 == 0 else (False, True)
+        best: dict[bool, float] = {}
+        for caching in (first, second, second, first):
             llm = engines[caching]
             llm.reset_prefix_cache()
             start = time.perf_counter()
             llm.generate(prompts, params)
-            times[caching].append(time.perf_counter() - start)
-    return {"throughput_ratio_on_off": min(times[False]) / min(times[True]), "time_on_s": min(times[True]), "time_off_s": min(times[False])}
+            best[caching] = min(best.get(caching, float("inf")), time.perf_counter() - start)
+        for caching, seconds in best.items():
+            times[caching].append(seconds)
+    # One ratio per round (the runs of a round ran back to back, under the same load).
+    ratios = [off_time / on_time for on_time, off_time in zip(times[True], times[False])]
+    return {
+        "throughput_ratio_on_off": statistics.median(ratios),
+        "throughput_ratio_on_off_range": _spread(ratios),
+        "rounds": len(ratios),
+        "time_on_s": statistics.median(times[True]),
+        "time_off_s": statistics.median(times[False]),
+    }
 
 
 # -- 3. multi-turn -------------------------------------------------------------------
@@ -236,7 +358,7 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
     prompts = [_chat_ids(llm, system, u) for u in users]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
-    hf = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=llm.llm_engine.dtype).to(device).eval()
+    hf = AutoModelForCausalLM.from_pretrained(args.model or default_model_path(), dtype=llm.llm_engine.dtype).to(device).eval()
     pad_id = llm.get_tokenizer().pad_token_id or 0
 
     def run_hf(batch_size: int) -> tuple[float, list[list[int]]]:
@@ -257,23 +379,39 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
 
     run_hf(len(prompts[:2]))  # warm-up
     _warm_up(llm)
-    results = {}
-    for _ in progress(range(1), "vs transformers"):
-        hf_time, hf_outputs = run_hf(args.hf_batch_size)
+
+    def run_ours() -> tuple[float, list[list[int]]]:
         start = time.perf_counter()
         ours = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-        our_time = time.perf_counter() - start
-        ours_tokens = [o.outputs[0].token_ids for o in ours]
-        results = {
-            "throughput_ratio": hf_time / our_time,
-            "time_ours_s": our_time,
-            "time_transformers_s": hf_time,
-            "transformers_batch_size": args.hf_batch_size,
-            "outputs_equal": ours_tokens == hf_outputs,
-            "num_outputs_equal": sum(a == b for a, b in zip(ours_tokens, hf_outputs)),
-            "num_prompts": len(prompts),
-        }
-        results.update(_vs_transformers_continuous_batching(hf, prompts, args.max_tokens, ours_tokens, our_time))
+        return time.perf_counter() - start, [o.outputs[0].token_ids for o in ours]
+
+    # Rounds alternate which engine goes first; one ratio per round. Our prefix
+    # cache is reset each round: every round pays the first request's full prefill.
+    hf_times, our_times, ratios = [], [], []
+    for round_index in progress(range(args.vs_transformers_rounds), "vs transformers"):
+        llm.reset_prefix_cache()
+        if round_index % 2 == 0:
+            hf_time, hf_outputs = run_hf(args.hf_batch_size)
+            our_time, ours_tokens = run_ours()
+        else:
+            our_time, ours_tokens = run_ours()
+            hf_time, hf_outputs = run_hf(args.hf_batch_size)
+        hf_times.append(hf_time)
+        our_times.append(our_time)
+        ratios.append(hf_time / our_time)
+    our_time = statistics.median(our_times)
+    results = {
+        "throughput_ratio": statistics.median(ratios),
+        "throughput_ratio_range": _spread(ratios),
+        "rounds": len(ratios),
+        "time_ours_s": our_time,
+        "time_transformers_s": statistics.median(hf_times),
+        "transformers_batch_size": args.hf_batch_size,
+        "outputs_equal": ours_tokens == hf_outputs,
+        "num_outputs_equal": sum(a == b for a, b in zip(ours_tokens, hf_outputs)),
+        "num_prompts": len(prompts),
+    }
+    results.update(_vs_transformers_continuous_batching(hf, prompts, args.max_tokens, ours_tokens, our_time))
     return results
 
 
@@ -302,19 +440,28 @@ def _vs_transformers_continuous_batching(hf, prompts, max_tokens, ours_tokens, o
 
 
 # -- 5. block manager ---------------------------------------------------------------------
-def bench_block_manager(args, progress: Progress = no_progress) -> dict:
-    """The issue's workload: 4096 blocks of 16, requests of 64 blocks, 48 of them a shared prefix."""
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VLLM_BLOCK_MANAGER_SCRIPT = REPO_ROOT / "benchmarks" / "block_manager_vllm.py"
+
+
+def block_manager_round(num_requests: int, seed: int = 0) -> dict[str, float]:
+    """One pass of the workload on a fresh ``KVCacheManager``; median microseconds per operation.
+
+    The workload (the same in ``benchmarks/block_manager_vllm.py`` for vLLM's
+    manager): 4096 blocks of 16 tokens, requests of 64 blocks whose first 48
+    are a shared prefix, 16 decode steps each, at most 32 requests alive.
+    """
     from .kv_cache_manager import KVCacheManager
     from .request import Request
 
     block_size, prefix_blocks, request_blocks, decode_steps, max_live = 16, 48, 64, 16, 32
-    rng = random.Random(0)
+    rng = random.Random(seed)
     shared = [rng.randrange(50_000) for _ in range(prefix_blocks * block_size)]
     manager = KVCacheManager(num_blocks=4096, block_size=block_size)
     timings: dict[str, list[float]] = {"build": [], "admit": [], "free": [], "append": [], "decode_alloc": []}
     live: list[Request] = []
     clock = time.perf_counter
-    for i in progress(range(args.block_manager_requests), "block manager"):
+    for i in range(num_requests):
         tokens = shared + [rng.randrange(50_000) for _ in range((request_blocks - prefix_blocks) * block_size)]
         t0 = clock()
         request = Request(f"r{i}", tokens, block_size=block_size)
@@ -342,7 +489,70 @@ def bench_block_manager(args, progress: Progress = no_progress) -> dict:
             timings["free"].append(clock() - t6)
     for request in live:
         manager.free(request)
-    us = {name: 1e6 * statistics.median(values) for name, values in timings.items()}
+    return {name: 1e6 * statistics.median(values) for name, values in timings.items()}
+
+
+class VLLMBlockManagerRunner:
+    """``benchmarks/block_manager_vllm.py --serve`` in a subprocess: one vLLM's manager, a round per call."""
+
+    def __init__(self, python: str, pythonpath: Optional[str] = None) -> None:
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        self.process = subprocess.Popen(
+            [python, str(VLLM_BLOCK_MANAGER_SCRIPT), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=env,
+        )
+        ready = self._next_json()
+        if ready is None:
+            self.close()
+            raise RuntimeError(f"{python} could not import vllm (PYTHONPATH={pythonpath!r})")
+        self.version = ready["vllm_version"]
+
+    def _next_json(self) -> Optional[dict]:
+        """The next JSON line of the subprocess (vLLM may print other lines first); None at its end."""
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        return None
+
+    def run_round(self, num_requests: int) -> dict[str, float]:
+        self.process.stdin.write(f"{num_requests}\n")
+        self.process.stdin.flush()
+        answer = self._next_json()
+        if answer is None:
+            raise RuntimeError(f"vLLM {self.version}'s block-manager benchmark stopped")
+        return answer["us"]
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def _vllm_block_manager_runners(args) -> list[VLLMBlockManagerRunner]:
+    """vLLM's managers to measure next to ours: ``make vllm``'s, and each ``--vllm-pythonpath`` tree."""
+    from .compare_vllm import vllm_python
+
+    if not getattr(args, "use_vllm", True):
+        return []
+    python = vllm_python()
+    candidates = [(python, None)] if python else []
+    # Other releases' Python files (benchmarks/get_vllm_source.sh), imported with make vllm's Python.
+    sources = [str(src) for src in sorted(REPO_ROOT.glob(".vllm-*/src"))] if python else []
+    candidates += [(python or sys.executable, path) for path in sources + list(getattr(args, "vllm_pythonpaths", ()))]
+    runners = []
+    for python_exe, pythonpath in candidates:
+        try:
+            runners.append(VLLMBlockManagerRunner(python_exe, pythonpath))
+        except (RuntimeError, OSError, ValueError) as error:
+            print(f"block manager: skipping a vLLM: {error}", file=sys.stderr)
+    return runners
+
+
+def _block_manager_summary(per_round: list[dict[str, float]]) -> dict[str, float]:
+    """Median over rounds of each operation's per-round median, and the sums the table shows."""
+    us = {name: statistics.median(r[name] for r in per_round) for name in per_round[0]}
     return {
         "admit_free_us": us["admit"] + us["free"],
         "decode_step_us": us["append"] + us["decode_alloc"],
@@ -351,15 +561,218 @@ def bench_block_manager(args, progress: Progress = no_progress) -> dict:
         "free_us": us["free"],
         "append_token_us": us["append"],
         "decode_allocate_us": us["decode_alloc"],
-        "vllm_reference_us": {"build_request": 183, "lookup_allocate": 121, "free": 11, "append_token": 1.9, "decode_allocate": 6.8},
+    }
+
+
+def bench_block_manager(args, progress: Progress = no_progress) -> dict:
+    """The KV-cache manager's own cost, next to vLLM's ``KVCacheManager`` on the same workload.
+
+    Rounds interleave mini-vLLM with every vLLM found (each in its own
+    subprocess, started once); ``ratio_vs_vllm[version][op]`` is ours / theirs
+    (< 1: ours is faster). Without an installed vLLM, vLLM 0.11's figures
+    measured once on the course machine are shown instead
+    (``vllm_reference_us``), which a busy machine makes unfair either way.
+    """
+    runners = _vllm_block_manager_runners(args)
+    ours: list[dict[str, float]] = []
+    theirs: dict[str, list[dict[str, float]]] = {runner.version: [] for runner in runners}
+    try:
+        for round_index in progress(range(args.block_manager_rounds), "block manager"):
+            ours.append(block_manager_round(args.block_manager_requests, seed=round_index))
+            for runner in runners:
+                theirs[runner.version].append(runner.run_round(args.block_manager_requests))
+    finally:
+        for runner in runners:
+            runner.close()
+    result: dict[str, Any] = _block_manager_summary(ours)
+    result["rounds"] = len(ours)
+    # vLLM 0.11's KVCacheManager on this workload, measured once on the course machine.
+    result["vllm_reference_us"] = {
+        "build_request": 183, "lookup_allocate": 121, "free": 11, "append_token": 1.9, "decode_allocate": 6.8,
+    }
+    result["vllm"] = {version: _block_manager_summary(rounds) for version, rounds in theirs.items()}
+    result["ratio_vs_vllm"] = {
+        version: {key: result[key] / value for key, value in summary.items()} for version, summary in result["vllm"].items()
+    }
+    return result
+
+
+# -- 6. roofline: a decode step vs reading every weight once ---------------------------------
+def measure_memory_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 7) -> dict[str, float]:
+    """This machine's memory bandwidth as torch sees it, on torch's current number of threads.
+
+    Two measurements on buffers far larger than any CPU cache: ``copy_``
+    (reads and writes every byte: counted twice) and ``sum`` (reads only). The
+    best of ``repeats`` runs is kept (other processes only ever slow it down).
+    """
+    source = torch.ones(num_bytes // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+
+    def best(function) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    copy_gbs = 2 * num_bytes / best(lambda: target.copy_(source)) / 1e9
+    read_gbs = num_bytes / best(lambda: source.sum()) / 1e9
+    return {"copy_gbs": copy_gbs, "read_gbs": read_gbs, "bandwidth_gbs": max(copy_gbs, read_gbs)}
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of every weight a decode step reads: each parameter once (a tied embedding counts once)."""
+    model = llm.llm_engine.model_runner.model
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():  # parameters() already skips a tied duplicate
+        if parameter.data_ptr() not in seen:
+            seen.add(parameter.data_ptr())
+            total += parameter.numel() * parameter.element_size()
+    return total
+
+
+def bench_roofline(args, progress: Progress = no_progress, llm: Optional[LLM] = None) -> dict:
+    """One request's decode step (median over its steps and rounds) against the memory floor.
+
+    A decode step of one sequence must read every weight at least once (the
+    output projection included: it multiplies the whole embedding matrix), so
+    ``weights_read_floor_ms = weight_bytes / bandwidth`` bounds it from below.
+    The step time is ``(finished - first token) / (tokens - 1)`` of a request
+    of 300 random prompt tokens generating ``decode_tokens`` tokens.
+    """
+    llm = llm or _llm(args)
+    _warm_up(llm)
+    vocab_size = llm.llm_engine.model_config.vocab_size
+    rng = random.Random(2)
+    num_tokens = 32
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
+    steps = []
+    for _ in progress(range(max(2, args.shared_prefix_rounds)), "roofline"):
+        output = llm.generate([{"prompt_token_ids": _random_prompt(rng, vocab_size, 300)}], params)[0]
+        metrics = output.metrics
+        steps.append((metrics.finished_time - metrics.first_token_time) / (num_tokens - 1))
+    bandwidth = measure_memory_bandwidth(args.bandwidth_bytes)
+    num_bytes = weight_bytes(llm)
+    floor_s = num_bytes / (bandwidth["bandwidth_gbs"] * 1e9)
+    decode_s = statistics.median(steps)
+    return {
+        "decode_step_ms": 1000 * decode_s,
+        "decode_step_ms_range": [1000 * min(steps), 1000 * max(steps)],
+        "weights_read_floor_ms": 1000 * floor_s,
+        "decode_vs_floor": decode_s / floor_s,
+        "weight_bytes": num_bytes,
+        "memory_bandwidth_gbs": bandwidth["bandwidth_gbs"],
+        "copy_bandwidth_gbs": bandwidth["copy_gbs"],
+        "read_bandwidth_gbs": bandwidth["read_gbs"],
+        "threads": torch.get_num_threads(),
+        "batch_size": 1,
+    }
+
+
+# -- 7. vs real vLLM on the same CPU -------------------------------------------------------
+VS_VLLM_BLOCK_SIZE = 32  # the block size mini_vllm.compare_vllm uses with vLLM on a CPU
+VS_VLLM_NUM_BLOCKS = 128
+
+
+def _vs_vllm_workloads(llm: LLM, rounds: int, max_tokens: int) -> list[dict]:
+    """Per round two workloads (each starts from an empty prefix cache, in both engines).
+
+    ``ttft``: a throw-away random prompt, then 4 requests one by one that share a
+    system prompt: the first is cold (computes everything), the next 3 are warm.
+    ``throughput``: 5 requests with that system prompt in one call,
+    ``max_tokens`` each (``ignore_eos``): prefill with same-step hits, then a batch of 5 decoding.
+    """
+    data = _prompt_data()
+    system = data["system_prompts"][0]
+    vocab_size = llm.llm_engine.model_config.vocab_size
+    one_by_one = [_chat_ids(llm, system, user) for user in data["user_requests"][:4]]
+    batch = [_chat_ids(llm, system, user) for user in data["user_requests"][6:11]]
+    rng = random.Random(3)
+    workloads = []
+    for r in range(rounds):
+        def call(prompts, tokens):
+            return {"prompts": [{"prompt_token_ids": p} for p in prompts],
+                    "sampling": {"temperature": 0.0, "max_tokens": tokens, "ignore_eos": True}}
+
+        warm_up = call([_random_prompt(rng, vocab_size, 64)], 2)
+        workloads.append({"name": f"ttft_{r}", "calls": [warm_up] + [call([p], 8) for p in one_by_one]})
+        workloads.append({"name": f"throughput_{r}", "calls": [warm_up, call(batch, max_tokens)]})
+    return workloads
+
+
+def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
+    """mini-vLLM and real vLLM (``make vllm``): the same token ids, model, dtype (float32),
+    block size, pool size and compute threads; TTFT cold and warm, and batch throughput.
+
+    vLLM runs in its own process (``mini_vllm.compare_vllm.run_vllm``), one per
+    round, alternating with a fresh mini-vLLM engine (which goes first
+    alternates); each side's figure is the median over its rounds.
+    Ratios are mini / vLLM: below 1 means mini-vLLM is faster for TTFT,
+    *slower* for throughput. The first call of each workload (a random prompt)
+    only warms the engine up.
+    """
+    from .compare_vllm import run_mini, run_vllm, vllm_missing_reason, vllm_python
+
+    if vllm_python() is None:
+        return {"skipped": vllm_missing_reason()}
+    threads = args.vs_vllm_threads
+    llm = _llm(args)
+    model_path = str(Path(args.model).expanduser().resolve()) if args.model else default_model_path()
+    workloads = _vs_vllm_workloads(llm, args.vs_vllm_rounds, args.vs_vllm_max_tokens)
+    ours, theirs = [], []
+    for r in progress(range(args.vs_vllm_rounds), "vs vLLM"):
+        # One round = one vLLM process and one mini-vLLM engine; which goes first alternates.
+        engines = [{"block_size": VS_VLLM_BLOCK_SIZE, "num_blocks": VS_VLLM_NUM_BLOCKS, "workloads": workloads[2 * r : 2 * r + 2]}]
+        for side in (("vllm", "mini") if r % 2 == 0 else ("mini", "vllm")):
+            if side == "vllm":
+                theirs_all = run_vllm(model_path, engines, dtype="float32", threads=threads)
+                theirs += theirs_all["engines"][0]["workloads"]
+            else:
+                ours += run_mini(model_path, engines, dtype="float32", threads=threads)[0]["workloads"]
+
+    def figures(results: list[dict]) -> dict[str, float]:
+        cold, warm, throughput = [], [], []
+        for workload in results:
+            requests = [r for r in workload["requests"] if r["call"] > 0]  # call 0: the warm-up
+            if workload["name"].startswith("ttft"):
+                cold.append(requests[0]["ttft_s"])
+                warm.append(statistics.median(r["ttft_s"] for r in requests[1:]))
+            else:
+                generated = sum(len(ids) for r in requests for ids in r["token_ids"])
+                throughput.append(generated / workload["elapsed_s"])
+        return {"ttft_cold_ms": 1000 * statistics.median(cold), "ttft_warm_ms": 1000 * statistics.median(warm),
+                "throughput_tok_s": statistics.median(throughput)}
+
+    def requests_of(results: list[dict]) -> list[dict]:
+        return [r for w in results for r in w["requests"] if r["call"] > 0]
+
+    mini, real = figures(ours), figures(theirs)
+    ours_requests, their_requests = requests_of(ours), requests_of(theirs)
+    return {
+        "vllm_version": theirs_all["vllm_version"],
+        "threads": threads,
+        "throughput_ratio": mini["throughput_tok_s"] / real["throughput_tok_s"],
+        "ttft_cold_ratio": mini["ttft_cold_ms"] / real["ttft_cold_ms"],
+        "ttft_warm_ratio": mini["ttft_warm_ms"] / real["ttft_warm_ms"],
+        "cached_tokens_equal": [r["num_cached_tokens"] for r in ours_requests]
+        == [r["num_cached_tokens"] for r in their_requests],
+        "outputs_equal": [r["token_ids"] for r in ours_requests] == [r["token_ids"] for r in their_requests],
+        "mini": mini,
+        "vllm": real,
+        "rounds": args.vs_vllm_rounds,
+        "block_size": VS_VLLM_BLOCK_SIZE,
+        "dtype": "float32",
     }
 
 
 # -- report ----------------------------------------------------------------------------------
 def plot_ttft(shared: dict, ax) -> None:
-    """Box plot of each request's TTFT, caching on vs off (``shared`` = results["shared_prefix"])."""
-    ax.boxplot([[1000 * t for t in shared["_ttfts_on"]], [1000 * t for t in shared["_ttfts_off"]]])
-    ax.set_xticks([1, 2], ["caching on", "caching off"])
+    """Box plot of each request's TTFT (median over rounds): warm, cold, and a fresh prompt as
+    long as what warm computes (``shared`` = results["shared_prefix"])."""
+    ax.boxplot([[1000 * t for t in shared[key]] for key in ("_ttfts_on", "_ttfts_fresh", "_ttfts_off")])
+    ax.set_xticks([1, 2, 3], ["warm (prefix cached)", "fresh, same uncached", "cold (caching off)"])
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("Shared system prompt: TTFT per request")
 
@@ -382,6 +795,35 @@ def plot_vs_transformers(vs: dict, ax) -> None:
     ax.set_title(f"vs transformers: {vs['throughput_ratio']:.1f}x throughput")
 
 
+def plot_vs_vllm(vs_vllm: dict, ax) -> None:
+    """mini-vLLM / vLLM per model: throughput, TTFT cold, TTFT warm (``vs_vllm`` = results["vs_vllm"])."""
+    models = [name for name, r in vs_vllm.items() if "skipped" not in r]
+    keys = [("throughput_ratio", "throughput"), ("ttft_cold_ratio", "TTFT cold"), ("ttft_warm_ratio", "TTFT warm")]
+    width = 0.8 / max(1, len(models))
+    for index, name in enumerate(models):
+        positions = [k + index * width for k in range(len(keys))]
+        ax.bar(positions, [vs_vllm[name][key] for key, _ in keys], width, label=name)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))], [label for _, label in keys])
+    ax.set_ylabel("mini-vLLM / vLLM")
+    ax.legend(fontsize="small")
+    ax.set_title("vs real vLLM, same CPU, 1 thread each")
+
+
+def plot_roofline(roofline: dict, ax) -> None:
+    """Per model: the measured decode step next to the floor of reading every weight once."""
+    names = list(roofline)
+    positions = range(len(names))
+    ax.bar([x - 0.2 for x in positions], [roofline[n]["decode_step_ms"] for n in names], 0.4, label="decode step")
+    ax.bar([x + 0.2 for x in positions], [roofline[n]["weights_read_floor_ms"] for n in names], 0.4,
+           label="weights-read floor")
+    ax.set_xticks(list(positions), names)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms per step (log scale)")
+    ax.legend(fontsize="small")
+    ax.set_title("One request's decode step vs reading every weight once")
+
+
 def _plots(results: dict, out_dir: Path) -> list[Path]:
     import matplotlib
 
@@ -393,7 +835,11 @@ def _plots(results: dict, out_dir: Path) -> list[Path]:
         ("ttft_on_off.png", plot_ttft, "shared_prefix"),
         ("hit_rate_per_turn.png", plot_hit_rate_per_turn, "multi_turn"),
         ("vs_transformers.png", plot_vs_transformers, "vs_transformers"),
+        ("roofline.png", plot_roofline, "roofline"),
+        ("vs_vllm.png", plot_vs_vllm, "vs_vllm"),
     ):
+        if key in ("roofline", "vs_vllm") and not any("skipped" not in r for r in results.get(key, {}).values()):
+            continue  # nothing measured (e.g. --quick leaves vLLM out)
         fig, ax = plt.subplots(figsize=(6, 3))
         plot(results[key], ax)
         paths.append(out_dir / name)
@@ -403,24 +849,58 @@ def _plots(results: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _shared_prefix_rows(s: dict, label: str) -> list[tuple[str, str, str]]:
+    low, high = s["ttft_speedup_range"]
+    o_low, o_high = s["cache_overhead_ratio_range"]
+    return [
+        (f"{label}shared prefix: TTFT cold / warm (p50)", f"{s['ttft_speedup']:.2f}x",
+         f"rounds {low:.2f}-{high:.2f}x; token ideal {s['ideal_speedup']:.2f}x, attainable (cold / fresh) {s['attainable_speedup']:.2f}x"),
+        (f"{label}shared prefix: cache overhead warm / fresh", f"{s['cache_overhead_ratio']:.3f}",
+         f"rounds {o_low:.3f}-{o_high:.3f}; {s['ttft_p50_on_ms']:.1f} vs {s['ttft_fresh_same_uncached_ms']:.1f} ms; goal <= 1.10"),
+        (f"{label}shared prefix: hit rate", f"{s['hit_rate']:.1%}", f"prefill tokens {s['prefill_tokens_on']} vs {s['prefill_tokens_off']}"),
+        (f"{label}shared prefix: TTFT p50 / p90 warm", f"{s['ttft_p50_on_ms']:.1f} / {s['ttft_p90_on_ms']:.1f} ms",
+         f"cold: {s['ttft_p50_off_ms']:.1f} / {s['ttft_p90_off_ms']:.1f} ms"),
+    ]
+
+
 def format_table(results: dict) -> str:
     s, n, m, v, b = (results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager"))
-    rows = [
-        ("shared prefix: TTFT speedup (p50)", f"{s['ttft_speedup']:.2f}x", f"ideal {s['ideal_speedup']:.2f}x, achieved/ideal {s['ttft_speedup'] / s['ideal_speedup']:.0%}"),
-        ("shared prefix: hit rate", f"{s['hit_rate']:.1%}", f"prefill tokens {s['prefill_tokens_on']} vs {s['prefill_tokens_off']}"),
-        ("shared prefix: TTFT p50 / p90 on", f"{s['ttft_p50_on_ms']:.1f} / {s['ttft_p90_on_ms']:.1f} ms", f"off: {s['ttft_p50_off_ms']:.1f} / {s['ttft_p90_off_ms']:.1f} ms"),
-        ("no sharing: throughput on/off", f"{n['throughput_ratio_on_off']:.3f}", "goal >= 0.97"),
+    rows = _shared_prefix_rows(s, "")
+    rows += [
+        ("no sharing: throughput on/off", f"{n['throughput_ratio_on_off']:.3f}",
+         f"rounds {n['throughput_ratio_on_off_range'][0]:.3f}-{n['throughput_ratio_on_off_range'][1]:.3f}; goal >= 0.97"),
         ("multi-turn: hit rate stable", f"{m['hit_rate_stable']:.1%}", f"timestamped template: {m['hit_rate_timestamped']:.1%}"),
-        ("vs transformers: throughput", f"{v['throughput_ratio']:.2f}x", f"greedy outputs equal: {v['num_outputs_equal']}/{v['num_prompts']}"),
+        ("vs transformers: throughput", f"{v['throughput_ratio']:.2f}x",
+         f"rounds {v['throughput_ratio_range'][0]:.2f}-{v['throughput_ratio_range'][1]:.2f}x; "
+         f"greedy outputs equal: {v['num_outputs_equal']}/{v['num_prompts']}"),
         *(
             [("vs transformers generate_batch (continuous batching)", f"{v['cb_throughput_ratio']:.2f}x", f"greedy outputs equal: {v['cb_num_outputs_equal']}/{v['num_prompts']}")]
             if "cb_throughput_ratio" in v
             else []
         ),
-        ("block manager: admit + free", f"{b['admit_free_us']:.1f} us", f"vLLM 0.11: {121 + 11} us"),
-        ("block manager: build request (hash 64 blocks)", f"{b['build_request_us']:.1f} us", "vLLM 0.11: 183 us"),
-        ("block manager: decode step", f"{b['decode_step_us']:.2f} us", f"vLLM 0.11: {1.9 + 6.8:.1f} us"),
     ]
+    reference = {"admit_free_us": 121 + 11, "build_request_us": 183, "decode_step_us": 1.9 + 6.8, "free_us": 11}
+    for key, label in (("admit_free_us", "admit + free"), ("build_request_us", "build request (hash 64 blocks)"),
+                       ("decode_step_us", "decode step"), ("free_us", "free")):
+        theirs = [f"vLLM {version}: {summary[key]:.1f} us ({b[key] / summary[key]:.2f}x)" for version, summary in b["vllm"].items()]
+        rows.append((f"block manager: {label}", f"{b[key]:.1f} us", "; ".join(theirs + [f"vLLM 0.11 (once): {reference[key]:.1f} us"])))
+    for name, model_results in results.get("models", {}).items():
+        rows += _shared_prefix_rows(model_results["shared_prefix"], f"{name}: ")
+    for name, r in results.get("roofline", {}).items():
+        rows.append((f"{name}: decode step (batch 1)", f"{r['decode_step_ms']:.1f} ms",
+                     f"weights-read floor {r['weights_read_floor_ms']:.1f} ms ({r['weight_bytes'] / 1e6:.0f} MB at "
+                     f"{r['memory_bandwidth_gbs']:.1f} GB/s): {r['decode_vs_floor']:.2f}x the floor; goal <= 2x"))
+    for name, r in results.get("vs_vllm", {}).items():
+        if "skipped" in r:
+            rows.append((f"{name}: vs vLLM", "skipped", r["skipped"]))
+            continue
+        rows += [
+            (f"{name}: vs vLLM {r['vllm_version']}: throughput", f"{r['throughput_ratio']:.2f}x",
+             f"{r['mini']['throughput_tok_s']:.0f} vs {r['vllm']['throughput_tok_s']:.0f} tok/s, {r['threads']} thread(s) each"),
+            (f"{name}: vs vLLM: TTFT cold / warm", f"{r['ttft_cold_ratio']:.2f}x / {r['ttft_warm_ratio']:.2f}x",
+             f"cold {r['mini']['ttft_cold_ms']:.1f} vs {r['vllm']['ttft_cold_ms']:.1f} ms, warm {r['mini']['ttft_warm_ms']:.1f} vs "
+             f"{r['vllm']['ttft_warm_ms']:.1f} ms; cached tokens equal: {r['cached_tokens_equal']}, outputs equal: {r['outputs_equal']}"),
+        ]
     width = max(len(r[0]) for r in rows)
     lines = [f"device: {results['device']}", ""]
     lines += [f"{name:<{width}}  {value:>18}  {note}" for name, value, note in rows]
@@ -448,9 +928,18 @@ def run_benchmarks(
     return {name: functions[name](settings, progress) for name in which}
 
 
-def public(results: dict) -> dict:
-    """``results`` without the raw ``_`` keys: what goes into the JSON file."""
-    return {k: ({kk: vv for kk, vv in v.items() if not kk.startswith("_")} if isinstance(v, dict) else v) for k, v in results.items()}
+def public(results: Any) -> Any:
+    """``results`` without the raw ``_`` keys, at any depth: what goes into the JSON file."""
+    if isinstance(results, dict):
+        return {k: public(v) for k, v in results.items() if not str(k).startswith("_")}
+    return results
+
+
+def _real_model_path() -> Optional[str]:
+    """SmolLM2's folder when ``make real-model`` has converted it, else None."""
+    from .real_model import real_model_path
+
+    return real_model_path()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -459,8 +948,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "bench.json")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--model", default=None,
+        help="a local Hugging Face folder, e.g. models/SmolLM2-135M-Instruct (make real-model); "
+             "default: the bundled model",
+    )
+    parser.add_argument("--no-vllm", action="store_true", help="skip the comparisons with real vLLM (make vllm)")
+    parser.add_argument(
+        "--no-real-model", action="store_true",
+        help="skip the second model (SmolLM2-135M, when make real-model has installed it)",
+    )
+    parser.add_argument(
+        "--vllm-pythonpath", action="append", default=[], metavar="PATHS",
+        help="a vLLM source tree (plus its pure-Python dependencies, joined with ':') whose KVCacheManager "
+             "the block-manager benchmark also measures, e.g. vLLM 0.33's; repeatable",
+    )
     args = parser.parse_args(argv)
-    settings = BenchSettings.quick(args.device) if args.quick else BenchSettings.full(args.device)
+    if args.model is not None:
+        # A real model: every prefill costs ~100x the bundled model's, so fewer requests.
+        settings = BenchSettings.real_model(args.model, args.device, quick=args.quick)
+    else:
+        settings = BenchSettings.quick(args.device) if args.quick else BenchSettings.full(args.device)
 
     from tqdm.auto import tqdm
 
@@ -471,9 +979,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     import transformers
 
     results["versions"]["transformers"] = transformers.__version__
+    settings.vllm_pythonpaths = tuple(args.vllm_pythonpath)
+    settings.use_vllm = not args.no_vllm
     results.update(run_benchmarks(settings, BENCHMARKS, progress))
+    # Per model: the decode step against the memory floor, and real vLLM side by side.
+    # --quick leaves out vLLM (it starts in about a minute per round) and the second model.
+    models = [(model_name(args.model), settings)]
+    second = None if (args.model or args.quick or args.no_real_model) else _real_model_path()
+    if second:
+        second_settings = BenchSettings.real_model(second, args.device, quick=args.quick)
+        models.append((model_name(second), second_settings))
+        results["models"] = {model_name(second): {"shared_prefix": bench_shared_prefix(second_settings, progress)}}
+    results["roofline"] = {name: bench_roofline(model_settings, progress) for name, model_settings in models}
+    results["vs_vllm"] = {}
+    if not (args.quick or args.no_vllm):
+        results["vs_vllm"] = {name: bench_vs_vllm(model_settings, progress) for name, model_settings in models}
+    results["threads"] = torch.get_num_threads()
     results["device"] = _device_name(LLM(device=args.device, num_blocks=8))
     results["quick"] = args.quick
+    results["model"] = model_name(args.model)
     results["date"] = time.strftime("%Y-%m-%d")
 
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,10 @@ class ModelRunner:
         dtype: torch.dtype,
     ) -> None:
         self.model = model
+        # On a CPU in float32: the projections run from oneDNN-packed weight copies
+        # (model.Linear; ~1.5-2.5x faster matrix multiplies, a second copy of the weights).
+        if device.type == "cpu" and dtype == torch.float32:
+            model.pack_linear_weights_for_cpu()
         self.config = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks

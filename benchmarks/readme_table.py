@@ -1,0 +1,112 @@
+"""The README's "Measured results, CPU" table, generated from a ``python -m mini_vllm bench`` JSON file.
+
+    python benchmarks/readme_table.py benchmarks/reference_results/bench-cpu.json
+
+prints the Markdown that goes into README.md between the markers
+``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->``; ``--write``
+replaces that part of README.md itself. Every number comes from the file, so the
+table cannot drift from the committed results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+
+
+def _ok(passed: bool) -> str:
+    return "✓" if passed else "**missed**"
+
+
+def _range(values: list[float], fmt: str) -> str:
+    return f"{format(values[0], fmt)}–{format(values[1], fmt)}"
+
+
+def shared_prefix_rows(s: dict, label: str) -> list[str]:
+    return [
+        f"| {label}shared system prompt, {s['num_requests_measured']} requests: hit rate | {s['hit_rate']:.1%} "
+        f"({s['prefill_tokens_on']} vs {s['prefill_tokens_off']} prefill tokens) | |",
+        f"| … TTFT speedup cold / warm (median of {s['rounds']} rounds) | **{s['ttft_speedup']:.2f}×** "
+        f"({s['ttft_p50_off_ms']:.1f} vs {s['ttft_p50_on_ms']:.1f} ms; rounds {_range(s['ttft_speedup_range'], '.2f')}×); "
+        f"attainable (cold / fresh) {s['attainable_speedup']:.2f}×, token ratio {s['ideal_speedup']:.1f}× | |",
+        f"| … cost of caching: warm / fresh prompt of the same uncached length | **{s['cache_overhead_ratio']:.3f}** "
+        f"({s['ttft_p50_on_ms']:.1f} vs {s['ttft_fresh_same_uncached_ms']:.1f} ms; rounds "
+        f"{_range(s['cache_overhead_ratio_range'], '.3f')}) | ≤ 1.10 {_ok(s['cache_overhead_ratio'] <= 1.10)} |",
+    ]
+
+
+def table(results: dict) -> str:
+    s, n, m, v, b = (results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager"))
+    lines = ["| benchmark | result | goal |", "|---|---|---|"]
+    lines += shared_prefix_rows(s, f"{results.get('model', 'default_model')}: ")
+    for name, model in results.get("models", {}).items():
+        lines += shared_prefix_rows(model["shared_prefix"], f"{name}: ")
+    lines += [
+        f"| no sharing: throughput caching on / off (median of {n['rounds']} rounds) | {n['throughput_ratio_on_off']:.3f} "
+        f"(rounds {_range(n['throughput_ratio_on_off_range'], '.3f')}) | ≥ 0.97 {_ok(n['throughput_ratio_on_off'] >= 0.97)} |",
+        f"| multi-turn chat, hit rate per turn | {m['hit_rate_stable']:.1%} stable template, "
+        f"{m['hit_rate_timestamped']:.1%} with a timestamp on top | |",
+        f"| vs `transformers.generate` (padded batches of {v['transformers_batch_size']}), same prompts | "
+        f"**{v['throughput_ratio']:.2f}×** throughput (rounds {_range(v['throughput_ratio_range'], '.2f')}×), greedy outputs "
+        f"equal {v['num_outputs_equal']}/{v['num_prompts']} | ≥ 2× {_ok(v['throughput_ratio'] >= 2 and v['outputs_equal'])} |",
+    ]
+    for name, r in results.get("vs_vllm", {}).items():
+        if "skipped" in r:
+            lines.append(f"| {name}: vs real vLLM | skipped: {r['skipped']} | |")
+            continue
+        goal, met = "", ""
+        if name.startswith("SmolLM2"):
+            goal = f"throughput ≥ 0.5× {_ok(r['throughput_ratio'] >= 0.5)}; TTFT cold ≤ 1.2× {_ok(r['ttft_cold_ratio'] <= 1.2)}"
+        lines.append(
+            f"| {name}: vs vLLM {r['vllm_version']} (float32, {r['threads']} thread each, median of {r['rounds']} rounds) | "
+            f"throughput **{r['throughput_ratio']:.2f}×** ({r['mini']['throughput_tok_s']:.0f} vs "
+            f"{r['vllm']['throughput_tok_s']:.0f} tok/s, 5 requests); TTFT cold {r['ttft_cold_ratio']:.2f}× "
+            f"({r['mini']['ttft_cold_ms']:.0f} vs {r['vllm']['ttft_cold_ms']:.0f} ms), warm {r['ttft_warm_ratio']:.2f}×; "
+            f"cached tokens equal: {'yes' if r['cached_tokens_equal'] else 'NO'}, outputs equal: "
+            f"{'yes' if r['outputs_equal'] else 'NO'} | {goal}{met} |"
+        )
+    for name, r in results.get("roofline", {}).items():
+        goal = f"≤ 2× {_ok(r['decode_vs_floor'] <= 2)}" if name.startswith("SmolLM2") else ""
+        lines.append(
+            f"| {name}: decode step, 1 request | {r['decode_step_ms']:.1f} ms = **{r['decode_vs_floor']:.2f}×** the floor "
+            f"of reading every weight once ({r['weight_bytes'] / 1e6:.0f} MB at {r['memory_bandwidth_gbs']:.0f} GB/s = "
+            f"{r['weights_read_floor_ms']:.1f} ms) | {goal} |"
+        )
+    ours_vs = {version: ratios for version, ratios in b.get("ratio_vs_vllm", {}).items()}
+    for key, label in (("admit_free_us", "lookup + allocate + free, 64-block request, 48 hit"),
+                       ("free_us", "free (of that request)"), ("build_request_us", "build request (hash 64 blocks)"),
+                       ("decode_step_us", "one decode step (append + allocate)")):
+        theirs = "; ".join(f"vLLM {version}: {b['vllm'][version][key]:.1f} µs ({ratios[key]:.2f}×)"
+                           for version, ratios in ours_vs.items())
+        worst = max((ratios[key] for ratios in ours_vs.values()), default=None)
+        goal = f"≤ vLLM {_ok(worst <= 1.0)}" if worst is not None else ""
+        lines.append(f"| block manager: {label} | {b[key]:.1f} µs ({theirs or 'no vLLM measured'}) | {goal} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("json", type=Path)
+    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
+    args = parser.parse_args()
+    results = json.loads(args.json.read_text())
+    text = table(results)
+    if not args.write:
+        print(text)
+        return
+    readme = ROOT / "README.md"
+    content = readme.read_text()
+    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(content):
+        raise SystemExit(f"README.md has no {START} ... {END} markers")
+    readme.write_text(pattern.sub(lambda _: f"{START}\n{text}\n{END}", content))
+    print(f"wrote the table into {readme}")
+
+
+if __name__ == "__main__":
+    main()
