@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import random
-import statistics
 import sys
-import time
 from pathlib import Path
 
-BLOCK_SIZE, NUM_BLOCKS, PREFIX_BLOCKS, REQUEST_BLOCKS, DECODE_STEPS, MAX_LIVE = 16, 4096, 48, 64, 16, 32
+# The workload itself, shared with mini_vllm.bench; it imports only the standard
+# library, so it is loaded by path (importing the mini_vllm package would need torch).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mini_vllm" / "vllm_side"))
+from block_manager_workload import BLOCK_SIZE, DECODE_STEPS, NUM_BLOCKS, REQUEST_BLOCKS, run_workload  # noqa: E402
 
 
 def _accepted(function, **kwargs) -> dict:
@@ -97,40 +97,7 @@ def make_request_factory():
 
 def run_round(num_requests: int, seed: int = 0) -> dict[str, float]:
     """One pass of the workload on a fresh manager; median microseconds per operation."""
-    manager = make_manager()
-    new_request = make_request_factory()
-    rng = random.Random(seed)
-    shared = [rng.randrange(50_000) for _ in range(PREFIX_BLOCKS * BLOCK_SIZE)]
-    timings: dict[str, list[float]] = {"build": [], "admit": [], "free": [], "append": [], "decode_alloc": []}
-    live = []
-    clock = time.perf_counter
-    for i in range(num_requests):
-        tokens = shared + [rng.randrange(50_000) for _ in range((REQUEST_BLOCKS - PREFIX_BLOCKS) * BLOCK_SIZE)]
-        t0 = clock()
-        request = new_request(f"r{i}", tokens)
-        t1 = clock()
-        hits, num_hit_tokens = manager.get_computed_blocks(request)[:2]
-        manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
-        request.num_computed_tokens = request.num_tokens
-        t2 = clock()
-        timings["build"].append(t1 - t0)
-        timings["admit"].append(t2 - t1)
-        for _ in range(DECODE_STEPS):
-            t3 = clock()
-            request.append_output_token_ids(rng.randrange(50_000))
-            t4 = clock()
-            manager.allocate_slots(request, 1)
-            request.num_computed_tokens += 1
-            t5 = clock()
-            timings["append"].append(t4 - t3)
-            timings["decode_alloc"].append(t5 - t4)
-        live.append(request)
-        if len(live) > MAX_LIVE:
-            old = live.pop(0)
-            t6 = clock()
-            manager.free(old)
-            timings["free"].append(clock() - t6)
-    return {name: 1e6 * statistics.median(values) for name, values in timings.items()}
+    return run_workload(make_manager(), make_request_factory(), num_requests, seed)
 
 
 def main() -> None:

@@ -447,49 +447,21 @@ VLLM_BLOCK_MANAGER_SCRIPT = REPO_ROOT / "benchmarks" / "block_manager_vllm.py"
 def block_manager_round(num_requests: int, seed: int = 0) -> dict[str, float]:
     """One pass of the workload on a fresh ``KVCacheManager``; median microseconds per operation.
 
-    The workload (the same in ``benchmarks/block_manager_vllm.py`` for vLLM's
-    manager): 4096 blocks of 16 tokens, requests of 64 blocks whose first 48
-    are a shared prefix, 16 decode steps each, at most 32 requests alive.
+    The workload is ``mini_vllm/vllm_side/block_manager_workload.py``, which
+    ``benchmarks/block_manager_vllm.py`` runs on vLLM's manager: 4096 blocks of
+    16 tokens, requests of 64 blocks whose first 48 are a shared prefix, 16
+    decode steps each, at most 32 requests alive.
     """
     from .kv_cache_manager import KVCacheManager
     from .request import Request
+    from .vllm_side import block_manager_workload as workload
 
-    block_size, prefix_blocks, request_blocks, decode_steps, max_live = 16, 48, 64, 16, 32
-    rng = random.Random(seed)
-    shared = [rng.randrange(50_000) for _ in range(prefix_blocks * block_size)]
-    manager = KVCacheManager(num_blocks=4096, block_size=block_size)
-    timings: dict[str, list[float]] = {"build": [], "admit": [], "free": [], "append": [], "decode_alloc": []}
-    live: list[Request] = []
-    clock = time.perf_counter
-    for i in range(num_requests):
-        tokens = shared + [rng.randrange(50_000) for _ in range((request_blocks - prefix_blocks) * block_size)]
-        t0 = clock()
-        request = Request(f"r{i}", tokens, block_size=block_size)
-        t1 = clock()
-        hits, num_hit_tokens = manager.get_computed_blocks(request)
-        manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
-        request.num_computed_tokens = request.num_tokens
-        t2 = clock()
-        timings["build"].append(t1 - t0)
-        timings["admit"].append(t2 - t1)
-        for _ in range(decode_steps):
-            t3 = clock()
-            request.append_output_token_ids(rng.randrange(50_000))
-            t4 = clock()
-            manager.allocate_slots(request, 1)
-            request.num_computed_tokens += 1
-            t5 = clock()
-            timings["append"].append(t4 - t3)
-            timings["decode_alloc"].append(t5 - t4)
-        live.append(request)
-        if len(live) > max_live:
-            old = live.pop(0)
-            t6 = clock()
-            manager.free(old)
-            timings["free"].append(clock() - t6)
-    for request in live:
-        manager.free(request)
-    return {name: 1e6 * statistics.median(values) for name, values in timings.items()}
+    manager = KVCacheManager(num_blocks=workload.NUM_BLOCKS, block_size=workload.BLOCK_SIZE)
+
+    def new_request(request_id: str, token_ids: list[int]) -> Request:
+        return Request(request_id, token_ids, block_size=workload.BLOCK_SIZE)
+
+    return workload.run_workload(manager, new_request, num_requests, seed)
 
 
 class VLLMBlockManagerRunner:
