@@ -333,7 +333,15 @@ class LLMEngine:
         Nothing is queued unless everything is valid: an error names the prompt
         by its index.
         """
-        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        elif isinstance(prompts, (list, tuple)):
+            prompts = list(prompts)
+        else:
+            raise TypeError(
+                f"prompts must be a str, a dict or a list of them, got {type_name(prompts)}"
+                " (token ids go in as {'prompt_token_ids': [...]})"
+            )
         params_list = self._sampling_params_per_prompt(sampling_params, len(prompts))
         inputs = []
         for index, (prompt, params) in enumerate(zip(prompts, params_list)):

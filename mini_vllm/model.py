@@ -147,6 +147,9 @@ class ModelConfig:
         list their end-of-turn token there, e.g. ``<|im_end|>``).
         """
         path = Path(path)
+        if not (path / "config.json").is_file():
+            what = "has no config.json" if path.is_dir() else "does not exist"
+            raise ValueError(f"model folder {str(path)!r} {what}: give a local Hugging Face model folder")
         config = cls.from_dict(json.loads((path / "config.json").read_text()))
         gen_file = path / "generation_config.json"
         if gen_file.exists():

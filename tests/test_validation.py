@@ -279,3 +279,17 @@ def test_an_empty_cache_salt_is_no_salt_as_in_vllm(llm):
     salted = llm.generate([{"prompt_token_ids": prompt_ids, "cache_salt": "tenant-a"}], GREEDY)[0]
     assert empty.num_cached_tokens == 32
     assert salted.num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("prompts", [None, 123, np.array([1, 2, 3]), range(3)], ids=["None", "int", "array", "range"])
+def test_prompts_that_are_not_a_prompt_or_a_list_are_refused_by_type(llm, reference, prompts):
+    with pytest.raises(TypeError, match="prompts must be a str, a dict or a list of them, got"):
+        llm.generate(prompts, GREEDY)
+    assert_untouched_and_serving(llm, reference)
+
+
+def test_a_model_folder_that_does_not_exist_or_has_no_config_is_named(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        LLM(str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="has no config.json"):
+        LLM(str(tmp_path))
