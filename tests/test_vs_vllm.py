@@ -1,4 +1,4 @@
-"""mini-vLLM against real vLLM (issue 13): same prompts -> same cache hits, same counters, same tokens.
+"""mini-vLLM against real vLLM: same prompts -> same cache hits, same counters, same tokens.
 
 Real vLLM runs from its own virtualenv (``make vllm`` -> ``.venv-vllm/``); the
 tests that need it skip with the reason when it is missing. vLLM starts once
@@ -33,6 +33,14 @@ from mini_vllm.real_model import real_model_path
 
 BLOCK_SIZES = (32, 128)
 MODELS = ("bundled", "smollm2")
+# Prompts of a user's own (compare-vllm --prompt): a long shared instruction, other
+# languages, an emoji; they run as the workload "your_prompts" next to the built-in ones.
+_INSTRUCTION = "You are a careful assistant who explains inference engines. Answer in one short sentence. " * 5
+YOUR_PROMPTS = (
+    _INSTRUCTION + "What is a KV cache?",
+    _INSTRUCTION + "Why do equal prefixes give equal keys and values?",
+    "Écris une histoire courte sur un chat nommé Mia 🐱, qui vit dans une ferme.",
+)
 
 _results: dict = {}
 
@@ -51,7 +59,7 @@ def side_by_side(model: str) -> dict:
     if vllm_python() is None:
         pytest.skip(vllm_missing_reason())
     if model not in _results:
-        _results[model] = run_matrix(_model_path(model), BLOCK_SIZES)
+        _results[model] = run_matrix(_model_path(model), BLOCK_SIZES, WORKLOAD_NAMES, prompts=YOUR_PROMPTS)
         print(format_table(_results[model]))
     return _results[model]
 
@@ -62,7 +70,7 @@ def workload_result(model: str, block_size: int, name: str) -> dict:
     return next(w for w in run["workloads"] if w["name"] == name)
 
 
-CASES = [(m, b, w) for m in MODELS for b in BLOCK_SIZES for w in WORKLOAD_NAMES]
+CASES = [(m, b, w) for m in MODELS for b in BLOCK_SIZES for w in WORKLOAD_NAMES + ("your_prompts",)]
 
 
 @pytest.mark.parametrize("model,block_size,workload", CASES)
@@ -343,3 +351,18 @@ def test_make_vllm_where_vllm_cannot_be_installed_says_why_and_exits_0(tmp_path)
     assert "Linux only" in done.stdout
     assert "Linux only" in (venv / ".unavailable").read_text()
     assert not (venv / ".installed").exists()
+
+
+def test_your_prompts_workload_sends_each_prompt_alone_then_together_and_refuses_empty_ones():
+    from transformers import AutoTokenizer
+
+    from mini_vllm.compare_vllm import your_prompts_workload
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    workload = your_prompts_workload(tokenizer, YOUR_PROMPTS)
+    calls = workload["calls"]
+    assert [len(call["prompts"]) for call in calls] == [1, 1, 1, 3]
+    assert calls[-1]["prompts"] == [call["prompts"][0] for call in calls[:3]]
+    assert calls[0]["prompts"][0]["prompt_token_ids"] == tokenizer.encode(YOUR_PROMPTS[0], add_special_tokens=False)
+    with pytest.raises(ValueError, match="non-empty strings"):
+        your_prompts_workload(tokenizer, ["fine", ""])
