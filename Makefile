@@ -64,7 +64,7 @@ lab: $(VENV)/.course
 
 test: lint test-unit test-notebooks
 
-# ruff (configured in pyproject.toml): syntax errors and pyflakes over every Python file.
+# ruff (configured in pyproject.toml): syntax errors, pyflakes and `X | None` annotations over every Python file.
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 

@@ -193,7 +193,7 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_num_splits(num_programs: int, max_context: int, block_n: int, device: torch.device) -> int:
+def choose_num_splits(num_programs: int, max_context: int, device: torch.device) -> int:
     """How many pieces to cut each context into so that the GPU has enough programs.
 
     Aim for about two programs per multiprocessor, but never give a split fewer
@@ -272,7 +272,7 @@ def paged_attention(
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, block_n, query.device)
+        num_splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, query.device)
     # Every split but the last gets the same whole number of tiles.
     tokens_per_split = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
     num_splits = max(1, triton.cdiv(max_seq_len, tokens_per_split))

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -66,7 +66,7 @@ class BenchSettings:
     """
 
     device: str = "auto"
-    model: Optional[str] = None  # a Hugging Face folder; None: the bundled model
+    model: str | None = None  # a Hugging Face folder; None: the bundled model
     num_requests: int = 16  # the shared-prefix requests (each user request once: none repeats another)
     max_tokens: int = 16
     num_turns: int = 8
@@ -83,21 +83,21 @@ class BenchSettings:
     vllm_pythonpaths: tuple[str, ...] = ()  # more vLLM source trees for the block-manager comparison
     use_vllm: bool = True  # False: no comparison with real vLLM at all (--no-vllm)
     bandwidth_bytes: int = 256 * 2**20  # the memory-bandwidth buffer: far larger than any CPU cache
-    num_blocks: Optional[int] = None  # None: sized from the memory budget
+    num_blocks: int | None = None  # None: sized from the memory budget
 
     @classmethod
-    def full(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
+    def full(cls, device: str = "auto", model: str | None = None) -> "BenchSettings":
         return cls(device=device, model=model)
 
     @classmethod
-    def quick(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
+    def quick(cls, device: str = "auto", model: str | None = None) -> "BenchSettings":
         return cls(
             device=device, model=model, num_requests=8, max_tokens=8, num_turns=4, block_manager_requests=100,
             shared_prefix_rounds=3, no_sharing_rounds=3, vs_transformers_rounds=3, block_manager_rounds=3,
         )
 
     @classmethod
-    def tiny(cls, device: str = "auto", model: Optional[str] = None) -> "BenchSettings":
+    def tiny(cls, device: str = "auto", model: str | None = None) -> "BenchSettings":
         return cls(
             device=device,
             model=model,
@@ -136,7 +136,7 @@ def _llm(args, **kwargs) -> LLM:
     return LLM(getattr(args, "model", None), device=args.device, num_blocks=getattr(args, "num_blocks", None), **kwargs)
 
 
-def model_name(model: Optional[str]) -> str:
+def model_name(model: str | None) -> str:
     """How results name a model: its folder's name (``default_model`` for the bundled one)."""
     return Path(model or default_model_path()).name
 
@@ -170,7 +170,7 @@ def _prompt_data() -> dict:
     return json.loads((Path(default_model_path()) / "prompts.json").read_text())
 
 
-def _chat_ids(llm: LLM, system: Optional[str], user: str) -> list[int]:
+def _chat_ids(llm: LLM, system: str | None, user: str) -> list[int]:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     return llm.apply_chat_template(messages)
 
@@ -467,7 +467,7 @@ def block_manager_round(num_requests: int, seed: int = 0) -> dict[str, float]:
 class VLLMBlockManagerRunner:
     """``benchmarks/block_manager_vllm.py --serve`` in a subprocess: one vLLM's manager, a round per call."""
 
-    def __init__(self, python: str, pythonpath: Optional[str] = None) -> None:
+    def __init__(self, python: str, pythonpath: str | None = None) -> None:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
@@ -481,7 +481,7 @@ class VLLMBlockManagerRunner:
             raise RuntimeError(f"{python} could not import vllm (PYTHONPATH={pythonpath!r})")
         self.version = ready["vllm_version"]
 
-    def _next_json(self) -> Optional[dict]:
+    def _next_json(self) -> dict | None:
         """The next JSON line of the subprocess (vLLM may print other lines first); None at its end."""
         for line in self.process.stdout:
             if line.startswith("{"):
@@ -605,7 +605,7 @@ def weight_bytes(llm: LLM) -> int:
     return total
 
 
-def bench_roofline(args, progress: Progress = no_progress, llm: Optional[LLM] = None) -> dict:
+def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = None) -> dict:
     """One request's decode step (median over its steps and rounds) against the memory floor.
 
     A decode step of one sequence must read every weight at least once (the
@@ -907,14 +907,14 @@ def public(results: Any) -> Any:
     return results
 
 
-def _real_model_path() -> Optional[str]:
+def _real_model_path() -> str | None:
     """SmolLM2's folder when ``make real-model`` has converted it, else None."""
     from .real_model import real_model_path
 
     return real_model_path()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small workloads (about 2 minutes on 2 CPU cores)")
     parser.add_argument("--json", type=Path, default=RESULTS_DIR / "bench.json")

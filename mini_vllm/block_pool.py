@@ -26,7 +26,7 @@ models); this pool has none, so block ids run from 0 to ``num_blocks - 1``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 # The KV-cache events live with the engine's other events; the pool records them.
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -50,12 +50,12 @@ class KVCacheBlock:
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block")
 
-    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: Optional[BlockHash] = None):
+    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: BlockHash | None = None):
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash = block_hash
-        self.prev_free_block: Optional[KVCacheBlock] = None
-        self.next_free_block: Optional[KVCacheBlock] = None
+        self.prev_free_block: KVCacheBlock | None = None
+        self.next_free_block: KVCacheBlock | None = None
 
     def __repr__(self) -> str:
         # Print neighbours by id: printing them whole would recurse along the list.
@@ -140,7 +140,7 @@ class FreeKVCacheBlockQueue:
             self._insert_after(previous, block)
             previous = block
 
-    def _insert_after(self, previous: Optional[KVCacheBlock], block: KVCacheBlock) -> None:
+    def _insert_after(self, previous: KVCacheBlock | None, block: KVCacheBlock) -> None:
         if block.prev_free_block is not None or block.next_free_block is not None:
             raise ValueError(f"block {block.block_id} is already in the free queue")
         assert previous is not None and previous.next_free_block is not None
@@ -175,9 +175,9 @@ class BlockHashToBlockMap:
     """
 
     def __init__(self) -> None:
-        self._cache: dict[BlockHash, Union[KVCacheBlock, dict[int, KVCacheBlock]]] = {}
+        self._cache: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
 
-    def get_one_block(self, key: BlockHash) -> Optional[KVCacheBlock]:
+    def get_one_block(self, key: BlockHash) -> KVCacheBlock | None:
         entry = self._cache.get(key)
         if entry is None or isinstance(entry, KVCacheBlock):
             return entry
@@ -192,7 +192,7 @@ class BlockHashToBlockMap:
         else:
             entry[block.block_id] = block
 
-    def pop(self, key: BlockHash, block_id: int) -> Optional[KVCacheBlock]:
+    def pop(self, key: BlockHash, block_id: int) -> KVCacheBlock | None:
         """Remove the block ``block_id`` under ``key`` (only that one) and return it."""
         entry = self._cache.get(key)
         if entry is None:
@@ -258,7 +258,7 @@ class BlockPool:
         """Fraction of blocks held by running requests (cached-but-free blocks count as free)."""
         return 1.0 - self.get_num_free_blocks() / self.num_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> Optional[KVCacheBlock]:
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         """The block that holds ``block_hash``'s contents, if it is still cached."""
         return self.cached_block_hash_to_block.get_one_block(block_hash)
 

@@ -22,7 +22,6 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Optional
 
 from .llm import LLM
 from .sampling_params import SamplingParams
@@ -121,7 +120,7 @@ def run_demo(args) -> dict:
     return results
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from .hashing import HASH_FUNCTIONS
 
@@ -39,12 +38,12 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
-    num_blocks: Optional[int] = None
-    kv_cache_memory_gb: Optional[float] = None
+    num_blocks: int | None = None
+    kv_cache_memory_gb: float | None = None
     enable_prefix_caching: bool = True
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     attention_backend: str = "auto"
     hash_algo: str = "sha256"
     seed: int = 0

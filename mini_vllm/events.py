@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional, Union
 
 
 @dataclass(frozen=True)
@@ -61,10 +60,10 @@ class BlockStored:
     """
 
     block_hashes: tuple[bytes, ...]
-    parent_block_hash: Optional[bytes]
+    parent_block_hash: bytes | None
     token_ids: tuple[int, ...]
     block_size: int
-    lora_name: Optional[str] = None
+    lora_name: str | None = None
     block_ids: tuple[int, ...] = ()
 
 
@@ -85,7 +84,7 @@ class AllBlocksCleared:
     """``reset_prefix_cache`` emptied the prefix cache: every hash is gone."""
 
 
-KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True)

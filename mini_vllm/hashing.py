@@ -23,12 +23,12 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any
 
 BlockHash = bytes
 """A block hash: 32 bytes of SHA-256 (16 with xxhash)."""
 
-ExtraKeys = Optional[tuple[Any, ...]]
+ExtraKeys = tuple[Any, ...] | None
 
 # Tags keep the kinds of extra key apart: a cache_salt "x" and a LoRA named "x"
 # must never produce the same hash.
@@ -99,7 +99,7 @@ NONE_HASH: BlockHash = _make_none_hash()
 
 
 def hash_block_tokens(
-    parent_block_hash: Optional[BlockHash],
+    parent_block_hash: BlockHash | None,
     token_ids: Sequence[int],
     extra_keys: ExtraKeys = None,
     hash_fn: Callable[[bytes], bytes] = sha256,
@@ -123,9 +123,9 @@ def hash_block_tokens(
 
 def block_extra_keys(
     block_index: int,
-    cache_salt: Optional[str] = None,
-    lora_name: Optional[str] = None,
-    lora_path: Optional[str] = None,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+    lora_path: str | None = None,
 ) -> ExtraKeys:
     """The extra keys of block ``block_index``, or None when it has none.
 
@@ -140,7 +140,7 @@ def block_extra_keys(
       later block inherits it through the chain of parent hashes. An empty
       salt ``""`` is no salt, as in vLLM.
     """
-    keys: list[tuple[Optional[str], ...]] = []
+    keys: list[tuple[str | None, ...]] = []
     if lora_name is not None:
         keys.append((LORA_TAG, lora_name, lora_path))
     if cache_salt and block_index == 0:
@@ -152,10 +152,10 @@ def hash_new_full_blocks(
     token_ids: Sequence[int],
     block_size: int,
     block_hashes: Sequence[BlockHash],
-    cache_salt: Optional[str] = None,
-    lora_name: Optional[str] = None,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
     hash_fn: Callable[[bytes], bytes] = sha256,
-    lora_path: Optional[str] = None,
+    lora_path: str | None = None,
 ) -> list[BlockHash]:
     """Hash the full blocks of ``token_ids`` that ``block_hashes`` does not cover yet.
 
@@ -178,10 +178,10 @@ def hash_new_full_blocks(
 def hash_request_tokens(
     token_ids: Sequence[int],
     block_size: int,
-    cache_salt: Optional[str] = None,
-    lora_name: Optional[str] = None,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
     hash_algo: str = "sha256",
-    lora_path: Optional[str] = None,
+    lora_path: str | None = None,
 ) -> list[BlockHash]:
     """One chained hash per *full* block of ``token_ids`` (a partial tail gets none)."""
     if block_size <= 0:

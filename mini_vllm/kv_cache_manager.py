@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional
 
 from .block_pool import BlockPool, KVCacheBlock, KVCacheEvent
 from .hashing import BlockHash
@@ -186,7 +185,7 @@ class KVCacheManager:
         num_new_computed_tokens: int = 0,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
-    ) -> Optional[list[KVCacheBlock]]:
+    ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:

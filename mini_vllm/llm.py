@@ -12,7 +12,7 @@ vLLM equivalent: ``vllm/entrypoints/llm.py`` (``LLM.generate``, ``LLM.chat``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -22,7 +22,7 @@ from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
-PromptType = Union[str, dict]
+PromptType = str | dict
 
 
 class LLM:
@@ -30,17 +30,17 @@ class LLM:
 
     def __init__(
         self,
-        model: Optional[str] = None,
+        model: str | None = None,
         *,
         device: str = "auto",
         dtype: str = "auto",
         block_size: int = 16,
-        num_blocks: Optional[int] = None,
-        kv_cache_memory_gb: Optional[float] = None,
+        num_blocks: int | None = None,
+        kv_cache_memory_gb: float | None = None,
         enable_prefix_caching: bool = True,
         max_num_seqs: int = 32,
         max_num_batched_tokens: int = 2048,
-        max_model_len: Optional[int] = None,
+        max_model_len: int | None = None,
         attention_backend: str = "auto",
         hash_algo: str = "sha256",
         seed: int = 0,
@@ -69,14 +69,10 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     # -- generate ---------------------------------------------------------------
-    def _to_request_inputs(self, prompt: PromptType) -> tuple[list[int], Optional[str], Any]:
-        """(prompt_token_ids, cache_salt, what to report as the prompt): ``LLMEngine.process_prompt``."""
-        return self.llm_engine.process_prompt(prompt)
-
     def generate(
         self,
-        prompts: Union[PromptType, Sequence[PromptType]],
-        sampling_params: Optional[Union[SamplingParams, Sequence[SamplingParams]]] = None,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Generate completions for every prompt; outputs come back in prompt order.
@@ -144,11 +140,11 @@ class LLM:
     # -- chat -------------------------------------------------------------------
     def chat(
         self,
-        messages: Union[list[dict], list[list[dict]]],
-        sampling_params: Optional[SamplingParams] = None,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | None = None,
         use_tqdm: bool = False,
-        cache_salt: Optional[str] = None,
-        chat_template_kwargs: Optional[dict] = None,
+        cache_salt: str | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations rendered with the tokenizer's chat template.
 

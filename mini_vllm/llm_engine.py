@@ -2,7 +2,8 @@
 
 One ``step()`` is: the scheduler picks the batch (and talks to the
 KV-cache manager), the model runner computes it, the sampler picks one token
-for each request that finished its prefill, and finished requests free their
+for each request whose last token was computed (``ScheduledRequest.samples_token``:
+every decode step, and a prefill's last chunk), and finished requests free their
 blocks. Listeners (widgets, tests) receive an event for every change.
 
 vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
@@ -18,7 +19,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from transformers import AutoTokenizer
@@ -122,7 +123,7 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     return child
 
 
-def find_stop_string(text: str, stop_strings: list[str]) -> Optional[int]:
+def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
     """Where the first stop string starts in ``text``, or None."""
     positions = [text.find(stop) for stop in stop_strings]
     positions = [p for p in positions if p >= 0]
@@ -132,7 +133,7 @@ def find_stop_string(text: str, stop_strings: list[str]) -> Optional[int]:
 class LLMEngine:
     """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner."""
 
-    def __init__(self, model: Optional[str] = None, config: Optional[EngineConfig] = None) -> None:
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.model_path = os.path.expanduser(str(model)) if model is not None else default_model_path()
         self.device = resolve_device(config.device)
@@ -214,7 +215,7 @@ class LLMEngine:
     # anything is queued or allocated: bad input raises ValueError (TypeError
     # for a wrong type) naming the field and the value, and changes nothing.
 
-    def process_prompt(self, prompt: Any) -> tuple[Any, Optional[str], Any]:
+    def process_prompt(self, prompt: Any) -> tuple[Any, str | None, Any]:
         """A prompt as ``LLM.generate`` takes it -> (prompt_token_ids, cache_salt, what to report as the prompt).
 
         A prompt is a non-empty ``str`` (tokenized here, no special tokens
@@ -246,7 +247,7 @@ class LLMEngine:
         return token_ids, prompt.get("cache_salt"), shown
 
     def validate_request(
-        self, prompt_token_ids: Any, sampling_params: SamplingParams, cache_salt: Optional[str] = None
+        self, prompt_token_ids: Any, sampling_params: SamplingParams, cache_salt: str | None = None
     ) -> list[int]:
         """Check a request before anything is allocated; returns its token ids as a list.
 
@@ -296,8 +297,8 @@ class LLMEngine:
         self,
         request_id: str,
         prompt_token_ids: list[int],
-        sampling_params: Optional[SamplingParams] = None,
-        cache_salt: Optional[str] = None,
+        sampling_params: SamplingParams | None = None,
+        cache_salt: str | None = None,
         prompt: Any = None,
     ) -> Request:
         """Queue one sequence (validated first: a bad one raises and leaves the engine untouched).
@@ -318,7 +319,7 @@ class LLMEngine:
         self,
         prompts: Any,
         sampling_params: Any = None,
-        request_ids: Optional[Sequence[str]] = None,
+        request_ids: Sequence[str] | None = None,
     ) -> dict[str, list[str]]:
         """Validate a whole batch, then queue all of it; returns ``{prompt's id: its completions' ids}``.
 
@@ -413,7 +414,7 @@ class LLMEngine:
         request_id: str,
         prompt_token_ids: list[int],
         sampling_params: SamplingParams,
-        cache_salt: Optional[str] = None,
+        cache_salt: str | None = None,
         prompt: Any = None,
     ) -> Request:
         """Queue one sequence that ``check_request_id`` and ``validate_request`` accepted."""
@@ -474,7 +475,7 @@ class LLMEngine:
         with keyboard_interrupts_deferred():
             return self._update_from_output(scheduler_output, logits)  # 3. sample, 4. update
 
-    def _update_from_output(self, scheduler_output: SchedulerOutput, logits: Optional[torch.Tensor]) -> list[RequestOutput]:
+    def _update_from_output(self, scheduler_output: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
         """Sample a token for every request that completed its prefill, check stop conditions.
 
         A request whose own processing raises (a bug in sampling, a stop
@@ -487,7 +488,7 @@ class LLMEngine:
             metrics = self.metrics[request.request_id]
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
-            if not scheduled.completes_prefill:
+            if not scheduled.samples_token:
                 continue  # a prefill chunk: its last token's logits predict nothing we need yet
             try:
                 token_id = sample(logits[row], request.sampling_params, self.generators[request.request_id])
@@ -545,7 +546,7 @@ class LLMEngine:
             raise error
         return finished
 
-    def _check_stop(self, request: Request) -> Optional[RequestStatus]:
+    def _check_stop(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params
         last = request.output_token_ids[-1]
         if not params.ignore_eos and last in self.eos_token_ids:

@@ -16,7 +16,6 @@ vLLM equivalent: ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``,
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import torch
 
@@ -113,7 +112,7 @@ class ModelRunner:
         return as_tensor(input_ids, torch.int64), as_tensor(positions, torch.int64), metadata, logits_indices
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> Optional[torch.Tensor]:
+    def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor | None:
         """Run one step; returns float32 logits ``[num_scheduled_requests, vocab]`` on the CPU."""
         if scheduler_output.is_empty:
             return None

@@ -8,7 +8,7 @@ whose K/V came from the prefix cache instead of being computed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -16,7 +16,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: Optional[str]  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
+    finish_reason: str | None  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
 
 
 @dataclass
@@ -24,21 +24,21 @@ class RequestMetrics:
     """Timings of one request (seconds on ``time.monotonic``'s clock, and engine steps)."""
 
     arrival_time: float
-    first_scheduled_time: Optional[float] = None
-    first_token_time: Optional[float] = None
-    finished_time: Optional[float] = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
     arrival_step: int = 0
-    first_token_step: Optional[int] = None
+    first_token_step: int | None = None
     num_preemptions: int = 0
 
     @property
-    def time_to_first_token(self) -> Optional[float]:
+    def time_to_first_token(self) -> float | None:
         if self.first_token_time is None:
             return None
         return self.first_token_time - self.arrival_time
 
     @property
-    def steps_to_first_token(self) -> Optional[int]:
+    def steps_to_first_token(self) -> int | None:
         """Engine steps from arrival to the first token (1 = prefilled in one step)."""
         if self.first_token_step is None:
             return None
@@ -52,7 +52,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     num_cached_tokens: int
-    metrics: Optional[RequestMetrics] = None
-    finished: bool = True
+    metrics: RequestMetrics | None = None
     # For n > 1: each completion's own cached-token count and metrics.
     per_completion_metrics: list[RequestMetrics] = field(default_factory=list, repr=False)

@@ -25,11 +25,11 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
 from .hashing import BlockHash, hash_request_tokens
 
-PromptLike = Union[str, Sequence[int], Sequence[dict]]
+PromptLike = str | Sequence[int] | Sequence[dict]
 
 
 # -- one pair of prompts ------------------------------------------------------------
@@ -62,14 +62,14 @@ class MissReport:
     num_tokens_cached: int
     num_tokens_new: int
     num_common_tokens: int
-    first_diff_token: Optional[int]
-    first_broken_block: Optional[int]
+    first_diff_token: int | None
+    first_broken_block: int | None
     num_matching_blocks: int
     num_reusable_blocks: int
     salts_differ: bool = False
-    context_before: Optional[str] = None
-    context_cached: Optional[str] = None
-    context_new: Optional[str] = None
+    context_before: str | None = None
+    context_cached: str | None = None
+    context_new: str | None = None
     cached_token_ids: list[int] = field(default_factory=list)
     new_token_ids: list[int] = field(default_factory=list)
 
@@ -296,8 +296,8 @@ def explain_miss(
     *,
     block_size: int = 16,
     tokenizer: Any = None,
-    cached_salt: Optional[str] = None,
-    new_salt: Optional[str] = None,
+    cached_salt: str | None = None,
+    new_salt: str | None = None,
     window: int = 8,
 ) -> MissReport:
     """Explain how much of ``new`` reuses the blocks of ``cached`` (assumed to be in the cache).
@@ -366,9 +366,9 @@ class PrefixCacheSimulation:
 
     block_size: int
     token_ids: list[list[int]]
-    cache_salts: list[Optional[str]]
+    cache_salts: list[str | None]
     num_hit_tokens: list[int]
-    best_match: list[Optional[int]]
+    best_match: list[int | None]
 
     @property
     def queries(self) -> int:
@@ -413,7 +413,7 @@ def simulate_prefix_cache(
     *,
     block_size: int = 16,
     tokenizer: Any = None,
-    cache_salts: Optional[Sequence[Optional[str]]] = None,
+    cache_salts: Sequence[str | None] | None = None,
 ) -> PrefixCacheSimulation:
     """Replay ``prompts`` in order against an unbounded prefix cache; see ``PrefixCacheSimulation``."""
     token_lists = [_to_token_ids(p, tokenizer) for p in prompts]
@@ -422,7 +422,7 @@ def simulate_prefix_cache(
         raise ValueError(f"got {len(salts)} cache salts for {len(token_lists)} prompts")
     owner: dict[BlockHash, int] = {}  # block hash -> the first prompt that cached it
     hits: list[int] = []
-    best: list[Optional[int]] = []
+    best: list[int | None] = []
     for index, (tokens, salt) in enumerate(zip(token_lists, salts)):
         if not tokens:
             raise ValueError(f"prompt {index} is empty")

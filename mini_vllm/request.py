@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any
 
 from .hashing import BlockHash, get_hash_function, hash_new_full_blocks
 
@@ -40,7 +40,7 @@ class RequestStatus(enum.Enum):
         )
 
     @property
-    def finish_reason(self) -> Optional[str]:
+    def finish_reason(self) -> str | None:
         """The OpenAI-style reason: "stop", "length", "abort", "error", or None while running."""
         return {
             RequestStatus.FINISHED_STOPPED: "stop",
@@ -65,13 +65,13 @@ class Request:
         request_id: str,
         prompt_token_ids: Sequence[int],
         block_size: int = 16,
-        cache_salt: Optional[str] = None,
-        lora_name: Optional[str] = None,
-        sampling_params: Optional["SamplingParams"] = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        sampling_params: SamplingParams | None = None,
         hash_algo: str = "sha256",
-        arrival_time: Optional[float] = None,
+        arrival_time: float | None = None,
         prompt: Any = None,
-        lora_path: Optional[str] = None,
+        lora_path: str | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -115,7 +115,7 @@ class Request:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-    def append_output_token_ids(self, token_ids: Union[int, Sequence[int]]) -> None:
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append generated token(s); a block they fill gets its hash now."""
         if isinstance(token_ids, int):
             token_ids = [token_ids]
@@ -142,7 +142,7 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def get_finished_reason(self) -> Optional[str]:
+    def get_finished_reason(self) -> str | None:
         return self.status.finish_reason
 
     def __repr__(self) -> str:

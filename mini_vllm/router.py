@@ -33,21 +33,21 @@ import pickle
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Protocol
 
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash, hash_request_tokens
 from .kv_cache_manager import KVCacheManager
 from .request import Request
 
-WorkItem = Union[Sequence[int], tuple[Sequence[int], Optional[str]]]
+WorkItem = Sequence[int] | tuple[Sequence[int], str | None]
 
 
 # -- replicas ------------------------------------------------------------------------
 class Replica(Protocol):
     name: str
 
-    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         """Run one request to completion; return its number of cached prompt tokens."""
 
     def take_events(self) -> list[KVCacheEvent]:
@@ -69,7 +69,7 @@ class CacheReplica:
         self.manager = KVCacheManager(num_blocks, block_size, enable_kv_cache_events=True)
         self.num_requests = 0
 
-    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         request = Request(f"{self.name}-{self.num_requests}", list(token_ids), self.block_size, cache_salt)
         self.num_requests += 1
         hit_blocks, num_hit_tokens = self.manager.get_computed_blocks(request)
@@ -115,7 +115,7 @@ class LLMReplica:
         if isinstance(event, (BlockStored, BlockRemoved, AllBlocksCleared)):
             self._events.append(event)
 
-    def serve(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         prompt: dict = {"prompt_token_ids": list(token_ids)}
         if cache_salt is not None:
             prompt["cache_salt"] = cache_salt
@@ -139,7 +139,7 @@ class LLMReplica:
 class Router(Protocol):
     name: str
 
-    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         """The index of the replica that serves this request."""
 
     def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
@@ -154,7 +154,7 @@ class RoundRobinRouter:
     def __init__(self, num_replicas: int) -> None:
         self._next = itertools.cycle(range(num_replicas))
 
-    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         return next(self._next)
 
     def observe(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
@@ -175,7 +175,7 @@ class PrefixHashRouter:
         self.num_replicas = num_replicas
         self.num_prefix_tokens = block_size * num_prefix_blocks
 
-    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         key = (tuple(token_ids[: self.num_prefix_tokens]), cache_salt)
         digest = hashlib.sha256(pickle.dumps(key, protocol=5)).digest()
         return int.from_bytes(digest[:8], "big") % self.num_replicas
@@ -201,7 +201,7 @@ class CacheAwareRouter:
         self.cached: list[Counter[BlockHash]] = [Counter() for _ in range(num_replicas)]
         self.num_routed = [0] * num_replicas
 
-    def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[int]:
+    def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """For each replica: how many leading blocks of the prompt it holds (as far as the router knows)."""
         hashes = hash_request_tokens(list(token_ids), self.block_size, cache_salt=cache_salt)
         counts = []
@@ -214,7 +214,7 @@ class CacheAwareRouter:
             counts.append(count)
         return counts
 
-    def route(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> int:
+    def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         counts = self.cached_prefix_blocks(token_ids, cache_salt)
         best = min(range(len(counts)), key=lambda i: (-counts[i], self.num_routed[i], i))
         self.num_routed[best] += 1
@@ -276,7 +276,7 @@ class RoutingResult:
         )
 
 
-def _split(item: WorkItem) -> tuple[list[int], Optional[str]]:
+def _split(item: WorkItem) -> tuple[list[int], str | None]:
     if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[1], int):
         return list(item[0]), item[1]
     return list(item), None

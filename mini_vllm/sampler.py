@@ -7,14 +7,13 @@ so a request's tokens do not depend on which other requests share its batch.
 
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
 from .sampling_params import SamplingParams
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator]) -> int:
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token from one row of logits (``[vocab]``, float32)."""
     if params.greedy:
         return int(torch.argmax(logits).item())

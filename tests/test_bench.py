@@ -1,4 +1,4 @@
-"""The benchmark runs end to end and writes the JSON whose keys are fixed (issue 7).
+"""The benchmark runs end to end and writes the JSON whose keys are fixed.
 
 Timings are never asserted (they belong to the benchmark, not the tests); the
 deterministic parts are: token counts, hit rates, output equality, the keys.
@@ -23,7 +23,7 @@ FIXED_KEYS = {
     "vs_transformers": {"throughput_ratio", "throughput_ratio_range", "outputs_equal"},
     "block_manager": {"admit_free_us", "decode_step_us", "free_us", "vllm", "ratio_vs_vllm"},
 }
-# Issue 16: per model, keyed by the model's folder name.
+# Per model, keyed by the model's folder name.
 ROOFLINE_KEYS = {"decode_step_ms": float, "weights_read_floor_ms": float, "decode_vs_floor": float, "weight_bytes": int}
 VS_VLLM_KEYS = {
     "vllm_version": str, "threads": int, "throughput_ratio": float, "ttft_cold_ratio": float,

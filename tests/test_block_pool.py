@@ -1,4 +1,4 @@
-"""FreeKVCacheBlockQueue and BlockPool (DESIGN.md: mini_vllm/block_pool.py; chapters 02, 06)."""
+"""FreeKVCacheBlockQueue and BlockPool (mini_vllm/block_pool.py; chapters 02, 06)."""
 
 from __future__ import annotations
 

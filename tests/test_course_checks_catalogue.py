@@ -4,7 +4,7 @@ Every entry is (a wrong implementation, a fragment of the message that names
 the mistake). Each must be rejected with a ``CheckFailure`` (an
 ``AssertionError``: never a raw IndexError, TypeError or the engine's own
 error) whose message holds the fragment. Correct implementations written in
-other styles must pass. The classes come from issue 15: inputs mutated, state
+other styles must pass. The classes of mistakes: inputs mutated, state
 shared through mutable defaults or class attributes, O(n) where O(1) is
 required (measured in the check on a large instance), block sizes that are not
 powers of two, pools with caching off or partly in use, non-float32 dtypes and

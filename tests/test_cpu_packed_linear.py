@@ -1,4 +1,4 @@
-"""model.Linear's oneDNN-packed weight copy (the CPU fast path, issue 16) computes what nn.Linear does,
+"""model.Linear's oneDNN-packed weight copy (the CPU fast path) computes what nn.Linear does,
 and is never used once the weight it was made from has changed."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """The engine end to end: oracles (caching on == off, batched == one by one, chunked == whole,
-tiny pool == big pool, n>1 sharing), bookkeeping after every run, and bad input.
-(DESIGN.md: mini_vllm/__init__.py; issue 3.)"""
+tiny pool == big pool, n>1 sharing), bookkeeping after every run, and bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine on the Triton backend equals the torch reference backend (issue 4).
+"""The engine on the Triton backend equals the torch reference backend.
 
 On a CPU the kernels run in Triton's interpreter, which is slow: short prompts,
 few tokens. On a GPU (TRITON_INTERPRET=0) the same test runs compiled.

@@ -1,4 +1,4 @@
-"""A failed or interrupted step never poisons the prefix cache (issue 10).
+"""A failed or interrupted step never poisons the prefix cache.
 
 Blocks are cached at schedule time, before the forward pass writes their K/V.
 These tests make the forward pass fail (an injected exception, an injected
@@ -171,7 +171,7 @@ def test_a_failed_forward_pass_uncaches_what_its_step_cached_even_same_step_hits
 
 
 def test_without_uncaching_the_retry_would_hit_unwritten_blocks(llm, prompts, tracked, monkeypatch):
-    """The known-wrong engine (the bug of issue 10): the same scenario is caught by the hit check."""
+    """The known-wrong engine (a failed step's blocks stay cached): the same scenario is caught by the hit check."""
     monkeypatch.setattr(KVCacheManager, "uncache_blocks", lambda self, blocks: None)
     tracked.fail_at[tracked.calls + 1] = RuntimeError("injected")
     llm.generate([prompts[0]], GREEDY)  # its only request fails
@@ -251,7 +251,7 @@ def test_a_request_whose_sampling_raises_ends_alone_and_the_engine_keeps_serving
     assert outputs[0].outputs[0].finish_reason == "error"
     assert outputs[1].outputs[0].token_ids == oracle[1]
     assert_nothing_leaked(llm)
-    # Every later step works: the issue's "num_new_tokens must be positive" wedge is gone.
+    # Every later step works: the failed request left no "num_new_tokens must be positive" wedge behind.
     assert completion_tokens(llm.generate([prompts[2]], GREEDY)) == [oracle[2]]
 
 

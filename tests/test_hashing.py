@@ -1,4 +1,4 @@
-"""hash_block_tokens / hash_request_tokens (DESIGN.md: mini_vllm/hashing.py; chapter 04)."""
+"""hash_block_tokens / hash_request_tokens (mini_vllm/hashing.py; chapter 04)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """KVCacheManager: lookup, allocation, caching at schedule time, free order
-(DESIGN.md: mini_vllm/kv_cache_manager.py; chapters 05, 06, 08)."""
+(mini_vllm/kv_cache_manager.py; chapters 05, 06, 08)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_non_positive_sizes_are_value_errors(kwargs):
         KVCacheManager(**kwargs)
 
 
-def test_issue_example_two_requests_share_three_blocks_and_free_order():
+def test_chapter_example_two_requests_share_three_blocks_and_free_order():
     manager = KVCacheManager(num_blocks=10, block_size=16)
     a = Request("A", SHARED + list(range(7)))
     b = Request("B", SHARED + list(range(100, 105)))

@@ -1,4 +1,4 @@
-"""mini-vLLM on a real pretrained model: SmolLM2-135M-Instruct (issue 12, ``make real-model``).
+"""mini-vLLM on a real pretrained model: SmolLM2-135M-Instruct (``make real-model``).
 
 The same oracles as ``test_model.py`` and ``test_engine*.py``, on a model people
 use (a Llama: 30 layers, 9 query / 3 KV heads, tied embeddings, RoPE base 1e5,

@@ -1,4 +1,4 @@
-"""A random, invariant-checked soak of the engine (issue 10): thousands of requests through a tight
+"""A random, invariant-checked soak of the engine: thousands of requests through a tight
 pool, with shared prefixes, two tenants, n > 1 with seeds, aborts, failed and interrupted steps.
 
 The model step is replaced by a cheap fake that keeps the *contents* of the
@@ -156,7 +156,7 @@ def test_random_soak_leaks_nothing_and_every_hit_holds_its_own_tokens():
 
 
 def test_the_soak_catches_an_engine_that_forgets_to_uncache(monkeypatch):
-    """The known-wrong engine of issue 10: a failed step's blocks stay cached; the content check fires."""
+    """The known-wrong engine: a failed step's blocks stay cached; the content check fires."""
     monkeypatch.setattr(KVCacheManager, "uncache_blocks", lambda self, blocks: None)
     with pytest.raises(AssertionError, match="hit block"):
         run_soak(seed=2026, num_requests=2500)

@@ -1,4 +1,4 @@
-"""Every bad input is refused up front, on every entry point, and the engine keeps serving (issue 10).
+"""Every bad input is refused up front, on every entry point, and the engine keeps serving.
 
 A refusal is a ValueError (TypeError for a wrong type) whose message names the
 field and the value; nothing is queued or allocated, and the next good request
@@ -220,7 +220,7 @@ def test_role_markers_typed_in_chat_content_become_control_tokens_as_in_vllm(llm
 def test_seeded_completions_differ_and_completion_k_uses_seed_plus_k(llm):
     params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=11, ignore_eos=True)
     completions = [c.token_ids for c in llm.generate([PROMPT], params)[0].outputs]
-    assert len({tuple(c) for c in completions}) == 3  # the issue's bug: n identical completions
+    assert len({tuple(c) for c in completions}) == 3  # not n identical completions (one seed for all)
     for k, tokens in enumerate(completions):
         alone = SamplingParams(temperature=1.0, max_tokens=8, seed=11 + k, ignore_eos=True)
         assert llm.generate([PROMPT], alone)[0].outputs[0].token_ids == tokens

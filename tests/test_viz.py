@@ -565,7 +565,7 @@ def test_a_live_view_redraws_when_the_prefix_cache_is_reset(llm):
         view.close()
 
 
-# -- the learner's path: buttons in any order, closing, TTFT, wording (issue 11) ----------------
+# -- the learner's path: buttons in any order, closing, TTFT, wording ----------------
 def test_a_cell_after_a_run_click_still_finds_its_output(llm):
     """Chapter 00: the learner presses Run, then runs the cell that reads the result (once an IndexError)."""
     from mini_vllm import SamplingParams

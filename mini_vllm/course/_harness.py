@@ -24,7 +24,7 @@ import traceback
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 _PACKAGE_DIRS = tuple(
     str(path)
@@ -108,7 +108,7 @@ class Checker:
 
         return guarded
 
-    def expect_list(self, value: Any, case: str, item_type: Optional[type] = None, item_name: str = "",
+    def expect_list(self, value: Any, case: str, item_type: type | None = None, item_name: str = "",
                     random_case: bool = False, fresh: bool = True) -> list:
         """``value`` as a list; a generator, None or another type fails with a message naming it.
 
@@ -183,7 +183,7 @@ def not_a_list_hint(value: Any) -> str:
     return "build a list and return it"
 
 
-def guarded_check(part: Optional[str] = None) -> Callable[[Callable], Callable]:
+def guarded_check(part: str | None = None) -> Callable[[Callable], Callable]:
     """Decorate a ``check_*``: it ends only in a pass line, a :class:`CheckFailure` or the stub's error.
 
     Anything else escaping it (an unexpected value that made the analysis

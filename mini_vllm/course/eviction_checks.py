@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Optional
 
 from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
@@ -51,7 +50,7 @@ def _take(pool: BlockPool, block_ids: Sequence[int], ref_cnt: int = 1, hashed: S
     return blocks
 
 
-def _cache_free(pool: BlockPool, block_ids: Sequence[int], block_hash: Optional[BlockHash] = None) -> None:
+def _cache_free(pool: BlockPool, block_ids: Sequence[int], block_hash: BlockHash | None = None) -> None:
     """Make free blocks cached-but-free (as after their request finished), in place in the queue."""
     for block_id in block_ids:
         block = pool.blocks[block_id]
@@ -315,7 +314,7 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
     free_request_blocks = check.wrap(free_request_blocks, "free_request_blocks", "every block of the table freed once")
 
     # 1. The chapter's example: pool of 10, A = 48 shared tokens + 7, B = the same 48 + 5.
-    def issue_example() -> tuple[KVCacheManager, Request, Request]:
+    def chapter_example() -> tuple[KVCacheManager, Request, Request]:
         manager = KVCacheManager(num_blocks=10, block_size=16)
         shared = list(range(1000, 1048))
         a = Request("A", shared + list(range(7)))
@@ -326,7 +325,7 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
             request.num_computed_tokens = request.num_tokens
         return manager, a, b
 
-    manager, a, b = issue_example()
+    manager, a, b = chapter_example()
     table_a = list(manager.req_to_blocks["A"])
     given = manager.req_to_blocks.pop("A")
     free_request_blocks(manager.block_pool, given)

@@ -28,7 +28,6 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import nbformat
 
@@ -65,7 +64,7 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _cell_error(cell) -> Optional[dict]:
+def _cell_error(cell) -> dict | None:
     for output in cell.get("outputs", []):
         if output.get("output_type") == "error":
             return output
@@ -182,7 +181,7 @@ def format_table(results: list[CheckResult], width: int = 110) -> str:
     return "\n".join(lines).rstrip() if lines else "no exercise notebooks with check cells found"
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mini_vllm grade", description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path, help="one folder per learner, their exercise notebooks inside")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")

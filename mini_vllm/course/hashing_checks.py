@@ -10,7 +10,6 @@ cache (chapter 04 looks them up in a running engine's map).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Optional
 
 from ..hashing import NONE_HASH
 from ..hashing import hash_block_tokens as reference_hash_block_tokens
@@ -96,7 +95,7 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
     check.passed()
 
 
-def _first_difference(got: Sequence[bytes], expected: Sequence[bytes]) -> Optional[int]:
+def _first_difference(got: Sequence[bytes], expected: Sequence[bytes]) -> int | None:
     for index, (a, b) in enumerate(zip(got, expected)):
         if a != b:
             return index

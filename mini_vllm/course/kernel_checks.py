@@ -23,7 +23,7 @@ import math
 import mmap
 import sys
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -118,7 +118,7 @@ class _GuardedCache:
         changed = (rows != SENTINEL).any(dim=1).nonzero().flatten().tolist()
         return [slot for slot in changed if slot not in valid_slots]
 
-    def find_row(self, row: torch.Tensor) -> Optional[int]:
+    def find_row(self, row: torch.Tensor) -> int | None:
         """Element offset (relative to the cache's start) where ``row`` was written, if anywhere."""
         flat = self.buffer
         wanted = row.reshape(-1).to(flat.dtype)
@@ -262,7 +262,7 @@ def _store_case(
     )
 
 
-def _reserve(num_elements: int, dtype: torch.dtype, device: torch.device) -> Optional[torch.Tensor]:
+def _reserve(num_elements: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
     """A 1-D tensor of ``num_elements`` that costs memory only where it is written (None if impossible).
 
     On the CPU: an anonymous ``MAP_NORESERVE`` mapping (Linux), wrapped by
@@ -556,7 +556,7 @@ def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:
     return case.dense(scale, keys=keys, values=values)
 
 
-def _logical_block_output(case: _DecodeCase, scale) -> Optional[torch.Tensor]:
+def _logical_block_output(case: _DecodeCase, scale) -> torch.Tensor | None:
     """What a loop reading k_cache[i] instead of k_cache[block_table[i]] computes (None if it would fail)."""
     num_blocks_used = math.ceil(case.seq_len / case.block_size)
     if num_blocks_used > case.k_cache.shape[0]:

@@ -15,7 +15,7 @@ it (up to float rounding, so near-ties cannot make a correct loop fail).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -196,7 +196,7 @@ def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list
 
 
 @guarded_check()
-def check_decode_loop(greedy_decode: Callable, model: Optional[Any] = None) -> None:
+def check_decode_loop(greedy_decode: Callable, model: Any | None = None) -> None:
     """The learner's ``greedy_decode(model, prompt_ids, max_new_tokens) -> list[int]`` (new tokens only).
 
     ``model``: a ``CausalLM`` (default: the bundled model, loaded here). The

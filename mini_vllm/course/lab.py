@@ -31,7 +31,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from .build import ROOT, WIDGET_VIEW
 
@@ -113,7 +113,7 @@ def pre_save_hook(model: dict, path: str = "", contents_manager: Any = None, **k
         keep_restorable_widgets(model["content"])
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Make the working copy, then replace this process by JupyterLab (extra arguments go to it)."""
     created = prepare_working_copy()
     where = ROOT / WORKING_COPY

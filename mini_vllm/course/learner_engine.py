@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from ..llm import LLM
 from .parts import PARTS, learner_parts
@@ -34,7 +34,7 @@ ENGINE_PARTS = [part.key for part in PARTS if part.key != "build_messages"]
 """The parts that go into the engine (``build_messages`` shapes the workload instead)."""
 
 
-def learner_engine(model: Optional[str] = None, *, parts: Optional[dict[str, Any]] = None, **llm_kwargs) -> LLM:
+def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = None, **llm_kwargs) -> LLM:
     """An ``LLM(model, **llm_kwargs)`` running the learner's parts.
 
     ``parts``: part key -> implementation (default: every part kept in the
@@ -137,7 +137,7 @@ def _free_with(manager: Any, free_request_blocks: Callable) -> Callable:
     return free
 
 
-def _learner_backend(store_kv: Optional[Callable], paged_decode: Optional[Callable]):
+def _learner_backend(store_kv: Callable | None, paged_decode: Callable | None):
     """The torch reference backend with the learner's kernel and decode loop where given (chapter 07)."""
     from ..attention import TorchAttentionBackend
 
@@ -271,7 +271,7 @@ class PartsTable:
         )
 
 
-def show_parts(llm: Optional[LLM] = None) -> PartsTable:
+def show_parts(llm: LLM | None = None) -> PartsTable:
     """The parts of ``llm`` (or, without one, of the engine :func:`learner_engine` would build now)."""
     if llm is not None and hasattr(llm, "course_parts"):
         return PartsTable(llm.course_parts)
@@ -309,12 +309,12 @@ def compare_with_reference(mine: LLM, reference: LLM, prompts: list, sampling_pa
 
 
 def run_against_reference(
-    parts: Optional[dict[str, Any]] = None,
+    parts: dict[str, Any] | None = None,
     *,
-    workloads: Optional[list[str]] = None,
+    workloads: list[str] | None = None,
     block_size: int = 32,
-    num_blocks: Optional[int] = None,
-    model: Optional[str] = None,
+    num_blocks: int | None = None,
+    model: str | None = None,
     with_vllm: bool = False,
 ) -> dict[str, Any]:
     """The engine of the learner's parts on real workloads, next to the reference (and real vLLM).

@@ -30,7 +30,7 @@ import textwrap
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 PARTS_ENV = "MINI_VLLM_PARTS"
 
@@ -74,7 +74,7 @@ def parts_dir() -> Path:
 
 
 # -- keeping a part ------------------------------------------------------------------
-def keep(key: str, obj: Any) -> Optional[Path]:
+def keep(key: str, obj: Any) -> Path | None:
     """Write ``obj`` (the learner's passing implementation of part ``key``) to the parts folder.
 
     Returns the file, or None when nothing was kept (``obj`` is not the
@@ -233,7 +233,7 @@ def load_part(key: str) -> Any:
     return getattr(module, part.name)
 
 
-def learner_parts(keys: Optional[list[str]] = None) -> dict[str, Any]:
+def learner_parts(keys: list[str] | None = None) -> dict[str, Any]:
     """Every kept part that loads (or those of ``keys``); a part that fails to load is skipped, with a line."""
     parts = {}
     for key in keys if keys is not None else kept_parts():

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..profiler import explain_miss, simulate_prefix_cache
 from ._harness import Checker, call_learner, guarded_check
@@ -131,7 +131,7 @@ def _shuffled_tool(tool: dict, rng: random.Random) -> dict:
 
 
 def make_requests(num_requests: int = 8, seed: int = 0, system_index: int = 0,
-                  tool_set: Optional[list[dict]] = None) -> list[dict]:
+                  tool_set: list[dict] | None = None) -> list[dict]:
     """Requests as the app sees them: one system prompt, tools in a random order, a new time each.
 
     ``tool_set``: the app's tools (default: ``STORY_TOOLS``); every request gets all of them.
@@ -191,14 +191,14 @@ def _tool_strings(tool: dict) -> list[str]:
     return strings
 
 
-def _first_difference(a: str, b: str) -> Optional[int]:
+def _first_difference(a: str, b: str) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _span(text: str, needle: str) -> Optional[tuple[int, int]]:
+def _span(text: str, needle: str) -> tuple[int, int] | None:
     start = text.find(needle)
     return None if start < 0 else (start, start + len(needle))
 

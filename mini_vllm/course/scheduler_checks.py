@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
@@ -47,12 +47,12 @@ class Scenario:
 class _Run:
     """One scheduler (the reference, or one with the learner's admission) driven by a fake model."""
 
-    def __init__(self, scenario: Scenario, schedule_waiting: Optional[Callable]) -> None:
+    def __init__(self, scenario: Scenario, schedule_waiting: Callable | None) -> None:
         self.scenario = scenario
         manager = KVCacheManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
         self.scheduler = scheduler = Scheduler(manager, scenario.max_num_seqs, scenario.max_num_batched_tokens)
         admit = schedule_waiting if schedule_waiting is not None else Scheduler._schedule_waiting
-        self.budget_returned: Optional[int] = None
+        self.budget_returned: int | None = None
 
         def admission(token_budget: int, output) -> int:
             # Plugged in exactly as the exercise does; also records the budget it returns.
@@ -90,7 +90,7 @@ class _Run:
         # The fake model: every request whose prompt is fully computed gets one new token.
         for scheduled in output.scheduled:
             request = scheduled.request
-            if scheduled.completes_prefill:
+            if scheduled.samples_token:
                 request.append_output_token_ids(1000 + (request.num_tokens * 7 + len(request.request_id)) % 89)
                 if request.num_output_tokens >= self.max_tokens[request.request_id]:
                     self.scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH_CAPPED)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from ..events import ComputedBlocksFound, RequestAdded, RequestFinished, StepFinished
 from .html import BLUE, GREEN, MUTED, container, esc, legend, sparkline, style
@@ -69,12 +69,11 @@ class EngineDashboard:
         max_cells: int = 160,
         max_finished: int = 6,
         replace_previous: bool = True,
-        max_height: Optional[int] = 380,
+        max_height: int | None = 380,
     ) -> None:
         self.source = StateSource(llm, tokenizer=tokenizer)
         if self.source.engine is None:
             raise TypeError("EngineDashboard needs an LLM or an LLMEngine; for a bare KVCacheManager use the views")
-        self.llm = llm if hasattr(llm, "llm_engine") else None
         self.engine = self.source.engine
         # One legend for the whole dashboard, at the top.
         self.pool_view = PoolView(self.source, k_norm=k_norm, layer=layer, max_cells=max_cells, show_legend=False)
@@ -91,18 +90,16 @@ class EngineDashboard:
         self.max_height = max_height
         # TTFT counts engine time only: the steps from the request's arrival to its first
         # token, each timed from its start (not the time a learner took to press Step).
-        self.last_ttft: Optional[float] = None
-        self.last_ttft_steps: Optional[int] = None
+        self.last_ttft: float | None = None
+        self.last_ttft_steps: int | None = None
         self._step_seconds: dict[int, float] = {}  # engine step -> its duration, for the last `history` steps
-        self._pending_ttft: Optional[tuple[int, int]] = None  # (arrival step, first-token step)
-        self._driven_step_start: Optional[float] = None  # set while step()/run() is inside engine.step()
+        self._pending_ttft: tuple[int, int] | None = None  # (arrival step, first-token step)
+        self._driven_step_start: float | None = None  # set while step()/run() is inside engine.step()
         self._idle_since = time.monotonic()  # the end of the last step, or the last request added
-        self.last_step: Optional[StepFinished] = None
+        self.last_step: StepFinished | None = None
         self.message = "Add requests with dashboard.add_requests([...]) and press Step, or call llm.generate(...)."
-        self._chain_prompt: Optional[list[int]] = None
-        self._chain_salt: Optional[str] = None
-        self._chain_reference: Optional[list[int]] = None
-        self._chain_pinned = False
+        self._chain_prompt: list[int] | None = None
+        self._chain_salt: str | None = None
         self._request_counter = 0
 
         previous = _OPEN_DASHBOARDS.get(id(self.engine))
@@ -137,7 +134,7 @@ class EngineDashboard:
             if self._driven_step_start is None:
                 self._idle_since = time.monotonic()  # an external step starts no earlier than this
             request = engine.requests.get(event.request_id)
-            if request is not None and not self._chain_pinned:
+            if request is not None:
                 self._chain_prompt = list(request.prompt_token_ids)
                 self._chain_salt = request.cache_salt
         elif isinstance(event, ComputedBlocksFound):
@@ -266,7 +263,7 @@ class EngineDashboard:
         total = sum(n for _, n in event.num_scheduled_tokens)
         return f"Step {event.step}: computed {_count(total, 'token')} ({parts or 'nothing scheduled'})."
 
-    def add_requests(self, prompts: Any, sampling_params: Any = None, request_ids: Optional[Sequence[str]] = None) -> list[str]:
+    def add_requests(self, prompts: Any, sampling_params: Any = None, request_ids: Sequence[str] | None = None) -> list[str]:
         """Queue requests without running them (press Step to watch them); returns their ids.
 
         ``prompts``: a string, a ``{"prompt_token_ids": [...], "cache_salt": ...}`` dict or a list
@@ -297,29 +294,6 @@ class EngineDashboard:
             if request_id not in self.engine.requests:
                 return request_id
 
-    def _to_inputs(self, prompt: Any) -> tuple[list[int], Optional[str], Any]:
-        if self.llm is not None:
-            return self.llm._to_request_inputs(prompt)
-        if isinstance(prompt, str):
-            return list(self.engine.tokenizer.encode(prompt, add_special_tokens=False)), None, prompt
-        if "prompt_token_ids" not in prompt:
-            token_ids, _, shown = self._to_inputs(prompt["prompt"])
-            return token_ids, prompt.get("cache_salt"), shown
-        return list(prompt["prompt_token_ids"]), prompt.get("cache_salt"), prompt.get("prompt")
-
-    def show_hash_chain(self, prompt: Any, reference: Any = None, cache_salt: Optional[str] = None) -> None:
-        """Pin the hash-chain panel to ``prompt`` (default: the last prompt added); None unpins."""
-        if prompt is None:
-            self._chain_pinned = False
-            self._chain_reference = None
-        else:
-            tokens, salt, _ = self._to_inputs(prompt) if isinstance(prompt, (str, dict)) else (list(prompt), None, None)
-            self._chain_prompt, self._chain_salt, self._chain_pinned = tokens, cache_salt or salt, True
-            self._chain_reference = None
-            if reference is not None:
-                self._chain_reference = self._to_inputs(reference)[0] if isinstance(reference, (str, dict)) else list(reference)
-        self.refresh()
-
     # -- rendering ---------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-render the widget now."""
@@ -345,12 +319,11 @@ class EngineDashboard:
             "preemptions": snap.num_preemptions,
         }
 
-    def _hash_chain(self) -> Optional[HashChainView]:
+    def _hash_chain(self) -> HashChainView | None:
         if self._chain_prompt is None:
             return None
-        title = "Hash chain of the pinned prompt" if self._chain_pinned else "Hash chain of the last prompt added"
         return HashChainView(
-            self.source, self._chain_prompt, reference=self._chain_reference, cache_salt=self._chain_salt, title=title
+            self.source, self._chain_prompt, cache_salt=self._chain_salt, title="Hash chain of the last prompt added"
         )
 
     def _header_html(self, snap: CacheSnapshot) -> str:
@@ -421,7 +394,7 @@ class EngineDashboard:
             "mv-finished",
         )
 
-    def to_html(self, max_height: Optional[int] = None) -> str:
+    def to_html(self, max_height: int | None = None) -> str:
         """The whole dashboard as one self-contained HTML snapshot (the widget shows the same).
 
         ``max_height``: the views under the header scroll inside a box that high (the

@@ -12,7 +12,7 @@ to "why did my prompt miss the cache?".
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional, Union
+from typing import Any
 
 from ..hashing import hash_request_tokens
 from ..profiler import common_prefix_length
@@ -20,7 +20,7 @@ from .html import GREEN, MONO, MUTED, VERMILLION, badge, container, esc, heading
 from .state import CacheSnapshot, short_hash
 from .views import View
 
-PromptLike = Union[str, Sequence[int], Any]
+PromptLike = str | Sequence[int] | Any
 
 
 class HashChainView(View):
@@ -41,9 +41,9 @@ class HashChainView(View):
         source: Any,
         prompt: PromptLike,
         *,
-        reference: Optional[PromptLike] = None,
-        cache_salt: Optional[str] = None,
-        lora_name: Optional[str] = None,
+        reference: PromptLike | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
         title: str = "Hash chain",
         **kwargs: Any,
     ) -> None:
@@ -88,7 +88,7 @@ class HashChainView(View):
             parent = block_hash
         return rows
 
-    def first_difference(self) -> Optional[int]:
+    def first_difference(self) -> int | None:
         """The first token index where prompt and reference differ (None: identical or no reference)."""
         if self.reference_ids is None:
             return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import Optional
 
 from .state import CACHED, FREE, USED, USED_CACHED
 
@@ -53,7 +52,7 @@ def style(**properties: object) -> str:
     return ";".join(f"{name.replace('_', '-')}:{value}" for name, value in properties.items())
 
 
-def container(body: str, css_class: str, title: Optional[str] = None) -> str:
+def container(body: str, css_class: str, title: str | None = None) -> str:
     """The outer box of a view: white background (readable in dark themes too), one font."""
     head = f'<div style="{style(font_weight="600", font_size="13px", margin="0 0 6px 0")}">{esc(title)}</div>' if title else ""
     box = style(
@@ -134,7 +133,7 @@ def swatch(state: str, label: str, shared: bool = False, next_evict: bool = Fals
     return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
 
 
-def legend(include_tables: bool = False, block_size: int = 16, k_norm_layer: Optional[int] = None) -> str:
+def legend(include_tables: bool = False, block_size: int = 16, k_norm_layer: int | None = None) -> str:
     """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it)."""
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
@@ -152,7 +151,7 @@ def legend(include_tables: bool = False, block_size: int = 16, k_norm_layer: Opt
     return f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
 
 
-def tooltip_tokens(block_label: str, token_ids: Optional[Sequence[int]], text: Optional[str]) -> str:
+def tooltip_tokens(block_label: str, token_ids: Sequence[int] | None, text: str | None) -> str:
     """The hover text of a block: its tokens as text (and ids)."""
     if token_ids is None:
         return block_label

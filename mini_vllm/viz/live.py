@@ -13,7 +13,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any
 
 from ..events import AllBlocksCleared, RequestFinished, StepFinished
 
@@ -33,8 +33,8 @@ class LiveBinding:
         engine: Any,
         render: Callable[[], str],
         min_interval: float = 0.2,
-        on_event: Optional[Callable[[Any], None]] = None,
-        after_render: Optional[Callable[[], None]] = None,
+        on_event: Callable[[Any], None] | None = None,
+        after_render: Callable[[], None] | None = None,
     ) -> None:
         import ipywidgets  # only the live part needs it; static views work without
 
@@ -45,7 +45,7 @@ class LiveBinding:
         self.after_render = after_render
         self.widget = ipywidgets.HTML(value="")
         self.num_renders = 0
-        self.last_error: Optional[str] = None
+        self.last_error: str | None = None
         self._last_render = 0.0
         self._dirty = False
         self._last_step = engine.num_steps  # the last step whose StepFinished we saw

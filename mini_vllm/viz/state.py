@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from ..events import BlockStored
 from ..kv_cache_manager import KVCacheManager
@@ -34,7 +34,7 @@ def natural_key(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
 
 
-def short_hash(block_hash: Optional[bytes], length: int = 4) -> str:
+def short_hash(block_hash: bytes | None, length: int = 4) -> str:
     """The first ``length`` hex digits of a block hash ("" for None)."""
     return block_hash.hex()[:length] if block_hash is not None else ""
 
@@ -45,11 +45,11 @@ class BlockInfo:
 
     block_id: int
     ref_cnt: int
-    block_hash: Optional[bytes]
+    block_hash: bytes | None
     owners: tuple[str, ...]  # requests whose block table holds it
-    free_position: Optional[int]  # 0 = head of the free queue (reused first); None = in use
-    token_ids: Optional[tuple[int, ...]]  # its tokens, where known
-    k_norm: Optional[float]  # ‖K‖ of the block in one layer, where the engine has tensors
+    free_position: int | None  # 0 = head of the free queue (reused first); None = in use
+    token_ids: tuple[int, ...] | None  # its tokens, where known
+    k_norm: float | None  # ‖K‖ of the block in one layer, where the engine has tensors
 
     @property
     def state(self) -> str:
@@ -91,7 +91,7 @@ class CacheSnapshot:
     free_queue: tuple[int, ...]  # block ids, head (reused first) to tail
     cached: Mapping[bytes, int]  # hash -> the block a lookup returns
     hash_algo: str = "sha256"
-    num_steps: Optional[int] = None  # None without an engine
+    num_steps: int | None = None  # None without an engine
     num_running: int = 0
     num_waiting: int = 0
     hit_rate: float = 0.0
@@ -112,12 +112,12 @@ class CacheSnapshot:
         return sum(1 for block in self.blocks if block.ref_cnt > 0)
 
     @property
-    def next_to_reuse(self) -> Optional[int]:
+    def next_to_reuse(self) -> int | None:
         """The free queue's head: the next block ``get_new_blocks`` pops."""
         return self.free_queue[0] if self.free_queue else None
 
     @property
-    def next_to_evict(self) -> Optional[int]:
+    def next_to_evict(self) -> int | None:
         """The first *cached* block from the head: popping it is the next eviction."""
         for block_id in self.free_queue:
             if self.blocks[block_id].block_hash is not None:
@@ -199,13 +199,13 @@ class StateSource:
             known.setdefault(request_id, request)
         return known
 
-    def decode(self, token_ids: Iterable[int]) -> Optional[str]:
+    def decode(self, token_ids: Iterable[int]) -> str | None:
         """Token ids as text, or None without a tokenizer."""
         if self.tokenizer is None:
             return None
         return self.tokenizer.decode(list(token_ids))
 
-    def k_norms(self, layer: int = 0) -> Optional[list[float]]:
+    def k_norms(self, layer: int = 0) -> list[float] | None:
         """‖K‖ per physical block in ``layer`` (the model runner's statistic), or None without tensors."""
         runner = getattr(self.engine, "model_runner", None)
         if runner is None or not hasattr(runner, "block_statistic"):

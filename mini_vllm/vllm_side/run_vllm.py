@@ -1,4 +1,4 @@
-"""Run workloads through real vLLM and print what it did, as JSON (issue 13).
+"""Run workloads through real vLLM and print what it did, as JSON.
 
 Started by ``mini_vllm.compare_vllm`` as ``.venv-vllm/bin/python run_vllm.py
 IN.json OUT.json`` (``-`` for stdin / stdout). It imports only vLLM and the
