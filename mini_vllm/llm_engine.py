@@ -12,7 +12,6 @@ vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import os
@@ -22,11 +21,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from .attention import get_attn_backend
 from .config import EngineConfig
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
+from .input_processor import (
+    InputProcessor,
+    child_request_ids,
+    child_sampling_params,
+    load_tokenizer,
+    sampling_params_per_prompt,
+    type_name,
+)
 from .interrupts import keyboard_interrupts_deferred
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelConfig, default_model_path, load_model
@@ -68,9 +74,6 @@ class EngineStats:
     prefix_cache_preempted_hits: int = 0
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
-
-
 def resolve_device(device: str) -> torch.device:
     """``"auto"`` -> CUDA when available, else the CPU; ValueError for a GPU that is not there."""
     if device == "auto":
@@ -82,45 +85,6 @@ def resolve_device(device: str) -> torch.device:
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
     return resolved
-
-
-def load_tokenizer(model_path: str):
-    """The folder's tokenizer; ValueError when it has no tokenizer files (instead of an empty tokenizer)."""
-    if os.path.isdir(model_path) and not any(os.path.exists(os.path.join(model_path, f)) for f in TOKENIZER_FILES):
-        raise ValueError(
-            f"the model folder {model_path!r} has no tokenizer files (one of {', '.join(TOKENIZER_FILES)}); "
-            "copy them from the model's original folder"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if len(tokenizer) == 0:
-        raise ValueError(f"the tokenizer in {model_path!r} has an empty vocabulary")
-    return tokenizer
-
-
-def type_name(value: Any) -> str:
-    """``numpy.ndarray``, ``torch.Tensor``, ``int``: the type of ``value`` as an error message shows it."""
-    cls = type(value)
-    module = cls.__module__.split(".")[0]
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
-
-
-def child_request_ids(request_id: str, n: int) -> list[str]:
-    """The ids of a prompt's completions: itself when ``n == 1``, else ``"{id}-{k}"``."""
-    return [request_id] if n == 1 else [f"{request_id}-{k}" for k in range(n)]
-
-
-def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The settings of completion ``index`` of a prompt: ``n=1`` and, if seeded, ``seed + index``.
-
-    vLLM: ``ParentRequest._get_child_sampling_params`` (``vllm/v1/engine/parallel_sampling.py``).
-    """
-    if params.n == 1:
-        return params
-    child = copy.copy(params)
-    child.n = 1
-    if params.seed is not None:
-        child.seed = params.seed + index
-    return child
 
 
 def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
@@ -153,6 +117,9 @@ class LLMEngine:
         self.events = EventBus()
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens, self.events)
+        self.input_processor = InputProcessor(
+            self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.block_size, num_blocks
+        )
         self.requests: dict[str, Request] = {}
         self.metrics: dict[str, RequestMetrics] = {}
         self.generators: dict[str, torch.Generator] = {}
@@ -211,87 +178,9 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------
     # Every way in (LLM.generate, LLM.chat, add_request, add_requests, the
-    # dashboard) goes through process_prompt and validate_request before
+    # dashboard) goes through the InputProcessor (input_processor.py) before
     # anything is queued or allocated: bad input raises ValueError (TypeError
     # for a wrong type) naming the field and the value, and changes nothing.
-
-    def process_prompt(self, prompt: Any) -> tuple[Any, str | None, Any]:
-        """A prompt as ``LLM.generate`` takes it -> (prompt_token_ids, cache_salt, what to report as the prompt).
-
-        A prompt is a non-empty ``str`` (tokenized here, no special tokens
-        added) or a dict with ``"prompt_token_ids"`` (or ``"prompt"``, a
-        string) and optionally ``"cache_salt"``. The token ids are checked by
-        ``validate_request``.
-        """
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty: give at least one token")
-            return self.tokenizer.encode(prompt, add_special_tokens=False), None, prompt
-        if not isinstance(prompt, dict):
-            raise TypeError(f"a prompt must be a str or a dict with 'prompt_token_ids', got {type_name(prompt)}")
-        unknown = set(prompt) - {"prompt_token_ids", "cache_salt", "prompt"}
-        if unknown:
-            raise ValueError(
-                f"unknown prompt keys {sorted(map(str, unknown))}; expected 'prompt_token_ids' (or 'prompt') and 'cache_salt'"
-            )
-        text = prompt.get("prompt")
-        if text is not None and not isinstance(text, str):
-            raise TypeError(
-                f"prompt['prompt'] must be a str, got {type_name(text)} {text!r:.80}: a prompt dict cannot nest another"
-            )
-        if "prompt_token_ids" in prompt:
-            return prompt["prompt_token_ids"], prompt.get("cache_salt"), text
-        if text is None:
-            raise ValueError("a dict prompt needs 'prompt_token_ids' (or 'prompt')")
-        token_ids, _, shown = self.process_prompt(text)
-        return token_ids, prompt.get("cache_salt"), shown
-
-    def validate_request(
-        self, prompt_token_ids: Any, sampling_params: SamplingParams, cache_salt: str | None = None
-    ) -> list[int]:
-        """Check a request before anything is allocated; returns its token ids as a list.
-
-        Token ids must be Python ``int``s in a ``list`` or ``tuple`` (as in
-        vLLM, whose prompt_token_ids are ``list[int]``): a numpy array, a
-        tensor, a ``range`` or a string is refused with a TypeError naming its
-        type (``.tolist()`` converts arrays and tensors). The request must fit
-        ``max_model_len`` and the pool: prompt + ``max_tokens - 1`` tokens need
-        slots (the last sampled token is never computed), so a prompt that fills
-        the pool exactly is accepted with ``max_tokens=1``.
-        """
-        if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got {type_name(sampling_params)} {sampling_params!r:.80}")
-        # An empty salt is no salt, as in vLLM's offline LLM (its OpenAI server refuses "").
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise TypeError(f"cache_salt must be a str or None, got {type_name(cache_salt)} {cache_salt!r:.80}")
-        if isinstance(prompt_token_ids, str) or not isinstance(prompt_token_ids, (list, tuple)):
-            hint = " (text goes in as the prompt itself)" if isinstance(prompt_token_ids, str) else " (convert it with .tolist() or list(...))"
-            raise TypeError(f"prompt_token_ids must be a list of ints, got {type_name(prompt_token_ids)}{hint}")
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab_size = self.model_config.vocab_size
-        for index, token_id in enumerate(prompt_token_ids):
-            if isinstance(token_id, bool) or not isinstance(token_id, int):
-                hint = " (convert numpy or torch integers with .tolist())" if hasattr(token_id, "item") else ""
-                raise TypeError(
-                    f"prompt_token_ids[{index}] must be an int, got {type_name(token_id)} {token_id!r:.40}{hint}"
-                )
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"prompt_token_ids[{index}] = {token_id} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
-                )
-        if len(prompt_token_ids) > self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(prompt_token_ids)} tokens, longer than max_model_len={self.max_model_len}"
-            )
-        num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens - 1, self.max_model_len)
-        needed_blocks = cdiv(num_tokens_needing_slots, self.config.block_size)
-        if needed_blocks > self.kv_cache_manager.num_blocks:
-            raise ValueError(
-                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling_params.max_tokens}) needs "
-                f"{needed_blocks} KV-cache blocks, but the pool has only {self.kv_cache_manager.num_blocks}"
-            )
-        return list(prompt_token_ids)
 
     def add_request(
         self,
@@ -307,7 +196,7 @@ class LLMEngine:
         """
         sampling_params = SamplingParams() if sampling_params is None else sampling_params
         self.check_request_id(request_id)
-        prompt_token_ids = self.validate_request(prompt_token_ids, sampling_params, cache_salt)
+        prompt_token_ids = self.input_processor.validate_request(prompt_token_ids, sampling_params, cache_salt)
         if sampling_params.n != 1:
             raise ValueError(
                 f"add_request queues one sequence, but n={sampling_params.n}: use add_requests, "
@@ -323,7 +212,7 @@ class LLMEngine:
     ) -> dict[str, list[str]]:
         """Validate a whole batch, then queue all of it; returns ``{prompt's id: its completions' ids}``.
 
-        ``prompts``: one prompt or a list (see ``process_prompt``);
+        ``prompts``: one prompt or a list (see ``InputProcessor.process_prompt``);
         ``sampling_params``: None, one ``SamplingParams`` or one per prompt;
         ``request_ids``: one id per prompt, or None for ids ``"{batch}-{index}"``
         that are not in use. A prompt with ``n > 1`` becomes ``n`` requests
@@ -343,12 +232,12 @@ class LLMEngine:
                 f"prompts must be a str, a dict or a list of them, got {type_name(prompts)}"
                 " (token ids go in as {'prompt_token_ids': [...]})"
             )
-        params_list = self._sampling_params_per_prompt(sampling_params, len(prompts))
+        params_list = sampling_params_per_prompt(sampling_params, len(prompts))
         inputs = []
         for index, (prompt, params) in enumerate(zip(prompts, params_list)):
             try:
-                token_ids, cache_salt, shown = self.process_prompt(prompt)
-                token_ids = self.validate_request(token_ids, params, cache_salt)
+                token_ids, cache_salt, shown = self.input_processor.process_prompt(prompt)
+                token_ids = self.input_processor.validate_request(token_ids, params, cache_salt)
             except (ValueError, TypeError) as error:
                 raise type(error)(f"prompt {index}: {error}") from None
             inputs.append((token_ids, cache_salt, shown))
@@ -385,24 +274,6 @@ class LLMEngine:
             raise
         return dict(zip(request_ids, child_ids))
 
-    @staticmethod
-    def _sampling_params_per_prompt(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams()] * num_prompts
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * num_prompts
-        if isinstance(sampling_params, (list, tuple)):
-            for index, params in enumerate(sampling_params):
-                if not isinstance(params, SamplingParams):
-                    raise TypeError(f"sampling_params[{index}] must be a SamplingParams, got {type_name(params)}")
-            if len(sampling_params) != num_prompts:
-                raise ValueError(f"got {len(sampling_params)} sampling_params for {num_prompts} prompts")
-            return list(sampling_params)
-        raise TypeError(
-            f"sampling_params must be a SamplingParams or a list of them, got {type_name(sampling_params)} "
-            f"{sampling_params!r:.80} (write SamplingParams(**...) for a dict)"
-        )
-
     def check_request_id(self, request_id: str) -> None:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type_name(request_id)} {request_id!r:.40}")
@@ -417,7 +288,7 @@ class LLMEngine:
         cache_salt: str | None = None,
         prompt: Any = None,
     ) -> Request:
-        """Queue one sequence that ``check_request_id`` and ``validate_request`` accepted."""
+        """Queue one sequence that ``check_request_id`` and ``InputProcessor.validate_request`` accepted."""
         with keyboard_interrupts_deferred():  # registered everywhere or nowhere
             request = Request(
                 request_id,
