@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_invariants import assert_nothing_leaked
+
 from mini_vllm import LLM, SamplingParams, default_model_path
 from mini_vllm.events import (
     AllBlocksCleared,
@@ -44,14 +46,6 @@ def texts(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def assert_all_blocks_free(llm):
-    manager = llm.llm_engine.kv_cache_manager
-    manager.check_invariants()
-    assert manager.get_num_free_blocks() == manager.num_blocks
-    assert not manager.req_to_blocks
-    assert not llm.llm_engine.has_unfinished_requests()
-
-
 @pytest.fixture(scope="module")
 def llm():
     return LLM(num_blocks=256, device="cpu")
@@ -73,14 +67,14 @@ def test_greedy_outputs_equal_with_prefix_caching_on_and_off(llm, prompts, refer
     outputs = llm.generate(prompts, GREEDY)
     assert texts(outputs) == reference_outputs
     assert sum(o.num_cached_tokens for o in outputs) > 0  # caching really happened
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)
 
 
 def test_batched_equals_one_by_one(llm, prompts, reference_outputs):
     one_by_one = [texts(llm.generate([p], GREEDY))[0] for p in prompts]
     batched = texts(llm.generate(prompts, GREEDY))
     assert batched == one_by_one == reference_outputs
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)
 
 
 @pytest.mark.parametrize("chunk", [16, 37, 100])
@@ -89,7 +83,7 @@ def test_chunked_prefill_gives_the_same_outputs(prompts, reference_outputs, chun
     outputs = chunked.generate(prompts, GREEDY)
     assert texts(outputs) == reference_outputs
     assert max(o.metrics.steps_to_first_token for o in outputs) > 1  # prompts really were chunked
-    assert_all_blocks_free(chunked)
+    assert_nothing_leaked(chunked)
 
 
 def test_tiny_pool_forces_eviction_and_preemption_without_changing_outputs(prompts, reference_outputs):
@@ -100,7 +94,7 @@ def test_tiny_pool_forces_eviction_and_preemption_without_changing_outputs(promp
     assert texts(outputs)[: len(prompts)] == reference_outputs
     stats = tiny.llm_engine.get_stats()
     assert stats.num_preemptions > 0 and stats.num_evictions > 0
-    assert_all_blocks_free(tiny)
+    assert_nothing_leaked(tiny)
     # The counters are vLLM 0.33's: one lookup per request, at its first admission; the
     # re-admissions after preemption are counted apart. So the hit rate is exactly what the
     # outputs' num_cached_tokens say (counting every lookup would report hits no request got).
@@ -120,7 +114,7 @@ def test_two_identical_long_prompts_in_one_step_hit_blocks_computed_in_that_step
     # The second was admitted in the same step and hit the first one's blocks.
     assert outputs[1].num_cached_tokens == (len(prompt["prompt_token_ids"]) - 1) // 16 * 16
     assert outputs[1].metrics.steps_to_first_token == 1
-    assert_all_blocks_free(engine_llm)
+    assert_nothing_leaked(engine_llm)
 
 
 def test_n_samples_share_the_prompt_blocks_with_ref_cnt_n(llm, prompts):
@@ -140,7 +134,7 @@ def test_n_samples_share_the_prompt_blocks_with_ref_cnt_n(llm, prompts):
     num_full = (len(prompts[1]["prompt_token_ids"]) - 1) // 16
     assert seen_ref_cnts[:num_full] == [3] * num_full  # every full prompt block shared by all 3
     assert len(outputs) == 1 and [c.index for c in outputs[0].outputs] == [0, 1, 2]
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)
 
 
 def test_seeded_sampling_is_reproducible(llm, prompts):
@@ -227,7 +221,7 @@ BAD_PROMPTS = [
 def test_bad_prompts_raise_value_error_and_the_engine_keeps_serving(llm, prompts, reference_outputs, bad, message):
     with pytest.raises((ValueError, TypeError), match=message):  # TypeError for a wrong type
         llm.generate([prompts[0], bad], GREEDY)
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)
     assert texts(llm.generate([prompts[0]], GREEDY)) == [reference_outputs[0]]
 
 
@@ -235,7 +229,7 @@ def test_a_request_larger_than_the_pool_is_rejected_up_front():
     small = LLM(num_blocks=4, device="cpu")
     with pytest.raises(ValueError, match="KV-cache blocks"):
         small.generate([{"prompt_token_ids": list(range(1, 60))}], GREEDY)
-    assert_all_blocks_free(small)
+    assert_nothing_leaked(small)
 
 
 @pytest.mark.parametrize(
@@ -297,7 +291,7 @@ def test_generate_returns_only_its_own_requests_when_others_are_queued(llm, prom
     assert [o.request_id for o in outputs] == [outputs[0].request_id] and texts(outputs) == [reference_outputs[0]]
     while engine.has_unfinished_requests():  # the other request is still served
         engine.step()
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)
 
 
 def test_llm_reset_prefix_cache_forgets_hits(prompts):
@@ -320,4 +314,4 @@ def test_generate_ids_never_collide_with_an_id_already_queued(prompts, reference
         engine.step()
     # The user's request was served along (generate steps the whole engine), never aborted.
     assert [(e.request_id, e.finish_reason) for e in finished if e.request_id == "0-1"] == [("0-1", "length")]
-    assert_all_blocks_free(llm)
+    assert_nothing_leaked(llm)

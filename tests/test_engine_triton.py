@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import kernels
+from engine_invariants import assert_nothing_leaked
 from mini_vllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason="Triton is not installed")
@@ -37,6 +38,4 @@ def test_triton_backend_gives_the_same_greedy_outputs_as_torch():
     got = triton_llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in got] == expected
     assert sum(o.num_cached_tokens for o in got) > 0
-    manager = triton_llm.llm_engine.kv_cache_manager
-    manager.check_invariants()
-    assert manager.get_num_free_blocks() == manager.num_blocks
+    assert_nothing_leaked(triton_llm)

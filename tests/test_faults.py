@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_invariants import assert_nothing_leaked
+
 from mini_vllm import LLM, SamplingParams, default_model_path
 from mini_vllm.events import BlockRemoved, ComputedBlocksFound
 from mini_vllm.kv_cache_manager import KVCacheManager
@@ -49,14 +51,6 @@ def make_prompts(llm, count=3):
 
 def completion_tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
-
-
-def assert_nothing_leaked(llm):
-    manager = llm.llm_engine.kv_cache_manager
-    manager.check_invariants()
-    assert manager.get_num_free_blocks() == manager.num_blocks
-    assert not manager.req_to_blocks and not llm.llm_engine.requests
-    assert not llm.llm_engine.has_unfinished_requests()
 
 
 class WriteTracker:

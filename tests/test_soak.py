@@ -18,6 +18,8 @@ import random
 import pytest
 import torch
 
+from engine_invariants import assert_nothing_leaked
+
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.events import ComputedBlocksFound
 from mini_vllm.kv_cache_manager import KVCacheManager
@@ -141,10 +143,7 @@ def run_soak(seed: int, num_requests: int, monkeypatch_target=None) -> dict:
     counts["hits_checked"] = fake.num_hits_checked
     counts["preemptions"] = engine.get_stats().num_preemptions
 
-    manager = engine.kv_cache_manager
-    assert manager.get_num_free_blocks() == manager.num_blocks and not manager.req_to_blocks
-    assert not manager.num_cached_block and not engine.requests and not engine.generators and not engine.metrics
-    assert not engine.scheduler.waiting and not engine.scheduler.running
+    assert_nothing_leaked(engine)
     return counts
 
 

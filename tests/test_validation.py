@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from engine_invariants import assert_nothing_leaked
+
 from mini_vllm import LLM, SamplingParams, default_model_path
 from mini_vllm.config import EngineConfig
 from mini_vllm.llm_engine import LLMEngine
@@ -35,11 +37,7 @@ def reference(llm):
 
 
 def assert_untouched_and_serving(llm, reference):
-    engine = llm.llm_engine
-    manager = engine.kv_cache_manager
-    manager.check_invariants()
-    assert not engine.requests and not engine.has_unfinished_requests()
-    assert manager.get_num_free_blocks() == manager.num_blocks and not manager.req_to_blocks
+    assert_nothing_leaked(llm)
     assert llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids == reference
 
 
