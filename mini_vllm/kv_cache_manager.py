@@ -72,6 +72,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """The most blocks a prompt of ``num_tokens`` tokens may take from the cache: the last-block rule.
+
+    ``(num_tokens - 1) // block_size``: the prompt's last token is always
+    computed, because its logits give the first output token, so a fully cached
+    48-token prompt with 16-token blocks reuses 2 blocks and recomputes the
+    third (vLLM: ``max_cache_hit_length = request.num_tokens - 1`` in
+    ``KVCacheManager.get_computed_blocks``). Everything that caps a hit calls this.
+    """
+    return max(0, num_tokens - 1) // block_size
+
+
 class KVCacheManager:
     """Owns every request's block table (``req_to_blocks``) and the ``BlockPool``.
 
@@ -152,8 +164,8 @@ class KVCacheManager:
         self._check_block_size(request)
         if not self.enable_caching:
             return [], 0
-        max_cache_hit_length = request.num_tokens - 1
-        computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_cache_hit_length // self.block_size)
+        max_num_blocks = max_cache_hit_blocks(request.num_tokens, self.block_size)
+        computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_num_blocks)
         num_computed_tokens = len(computed_blocks) * self.block_size
         return computed_blocks, num_computed_tokens
 

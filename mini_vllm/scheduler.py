@@ -40,6 +40,26 @@ from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
 
 
+def schedule_whole_prompt(kv_cache_manager: KVCacheManager, request: Request) -> int | None:
+    """Admit one request whose whole prompt is computed in one step, as ``Scheduler`` does without its queues.
+
+    Looks up the cached prefix (``get_computed_blocks``), allocates slots for
+    the rest of the prompt (``allocate_slots``) and marks the prompt computed.
+    Returns how many prompt tokens came from the cache, or None — changing
+    nothing — when the pool cannot hold the prompt. For the chapters, the
+    router, the benchmarks and the tests, which admit prompts one at a time;
+    the engine goes through ``Scheduler.schedule``.
+    """
+    computed_blocks, num_cached_tokens = kv_cache_manager.get_computed_blocks(request)
+    new_blocks = kv_cache_manager.allocate_slots(
+        request, request.num_tokens - num_cached_tokens, num_cached_tokens, computed_blocks
+    )
+    if new_blocks is None:
+        return None
+    request.num_computed_tokens = request.num_tokens
+    return num_cached_tokens
+
+
 @dataclass
 class ScheduledRequest:
     """One request's share of a step: compute tokens ``[num_computed_tokens, + num_new_tokens)``."""
