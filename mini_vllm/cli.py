@@ -18,34 +18,41 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
 
+from .config import EngineConfig
 from .llm import LLM
 from .sampling_params import SamplingParams
 
 
+# The engine settings offered as options (--num-blocks is EngineConfig.num_blocks): their defaults and
+# checks are EngineConfig's.
+ENGINE_OPTIONS = {"device": str, "dtype": str, "attention_backend": str, "num_blocks": int, "block_size": int}
+
+
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="a local Hugging Face folder (default: the bundled model)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    parser.add_argument("--num-blocks", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=16)
+    defaults = EngineConfig()
+    for name, option_type in ENGINE_OPTIONS.items():
+        option = "--" + name.replace("_", "-")
+        default = getattr(defaults, name)
+        parser.add_argument(option, type=option_type, default=default, help=f"EngineConfig.{name} (default: %(default)s)")
+
+
+def _engine_config(parser: argparse.ArgumentParser, args) -> EngineConfig:
+    """The options as an ``EngineConfig``; a bad value is a usage error naming the setting."""
+    try:
+        return EngineConfig(**{name: getattr(args, name) for name in ENGINE_OPTIONS})
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
 
 
 def _make_llm(args, **overrides) -> LLM:
-    kwargs = dict(
-        device=args.device,
-        dtype=args.dtype,
-        attention_backend=args.attention_backend,
-        num_blocks=args.num_blocks,
-        block_size=args.block_size,
-    )
-    kwargs.update(overrides)
-    return LLM(args.model, **kwargs)
+    return LLM(args.model, config=dataclasses.replace(args.engine_config, **overrides))
 
 
 def _sampling(args) -> SamplingParams:
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main(argv[1:])
     args = parser.parse_args(argv)
+    args.engine_config = _engine_config(parser, args)
     if args.command == "generate":
         cmd_generate(args)
     elif args.command == "chat":

@@ -1,12 +1,34 @@
-"""Engine settings, validated in one place (chapter 08)."""
+"""Engine settings, validated in one place (chapter 08).
+
+``EngineConfig`` is the one source of the settings' names, defaults and
+checks: ``LLM(...)``, ``LLMEngine`` and the command line (``cli.py``) all take
+them from here.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .hashing import HASH_FUNCTIONS
+
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block; vLLM's default on GPUs too
+
+
+def check_block_size(block_size: int) -> None:
+    """TypeError unless ``block_size`` is an int (bool refused), ValueError unless it is positive.
+
+    The one check of a block size: the engine's settings, ``Request``, the
+    KV-cache manager, the hash functions and the profiler all call it.
+    """
+    # bool is an int subclass in Python: True is refused where a number is meant.
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"block_size must be a positive integer, got {type(block_size).__name__} {block_size!r}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
 
 
 def _is_device_name(device: str) -> bool:
@@ -15,7 +37,11 @@ def _is_device_name(device: str) -> bool:
 
 @dataclass
 class EngineConfig:
-    """Everything ``LLM(...)`` accepts besides the model path; ValueError names a bad field.
+    """Everything ``LLM(...)`` accepts besides the model path; ValueError (TypeError for a wrong type) names a bad field.
+
+    ``LLM(model, **settings)`` passes its keywords here, so the names and
+    defaults below are the only ones: ``LLM(num_blocks=64)`` is
+    ``LLM(config=EngineConfig(num_blocks=64))``.
 
     Attributes:
         device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ...
@@ -37,7 +63,7 @@ class EngineConfig:
 
     device: str = "auto"
     dtype: str = "auto"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_blocks: int | None = None
     kv_cache_memory_gb: float | None = None
     enable_prefix_caching: bool = True
@@ -49,8 +75,9 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_block_size(self.block_size)
         # bool is an int subclass in Python: True is refused where a number is meant.
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_blocks", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "max_model_len"):
             value = getattr(self, name)
             if value is None and name in ("num_blocks", "max_model_len"):
                 continue
@@ -78,3 +105,25 @@ class EngineConfig:
             raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+
+
+def make_engine_config(config: EngineConfig | None, settings: dict[str, Any]) -> EngineConfig:
+    """``config`` as given, or an ``EngineConfig`` of the keyword ``settings`` (``LLM(num_blocks=64)``).
+
+    A keyword that is not a field is a TypeError naming it and listing the
+    valid ones (as Python's own error for an unknown keyword would name it);
+    so is a call that gives both keywords and ``config``.
+    """
+    names = [f.name for f in dataclasses.fields(EngineConfig)]
+    unknown = [name for name in settings if name not in names]
+    if unknown:
+        raise TypeError(
+            f"LLM() got an unexpected keyword argument {unknown[0]!r}; the settings are EngineConfig's: {', '.join(names)}"
+        )
+    if config is None:
+        return EngineConfig(**settings)
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+    if settings:
+        raise TypeError(f"LLM() takes the settings as keywords or as config=EngineConfig(...), not both: got {sorted(settings)}")
+    return config

@@ -56,14 +56,14 @@ class BlockStored:
     blocks of one request, holding ``token_ids`` (``block_size`` tokens each).
     ``parent_block_hash`` is the hash of the block before the first one (None
     for a request's first block). vLLM 0.33 also sends ``lora_id``,
-    ``medium``, ``extra_keys`` and a few more; they have no use here.
+    ``lora_name``, ``medium``, ``extra_keys`` and a few more; they have no use
+    here (mini-vLLM serves no LoRA adapters).
     """
 
     block_hashes: tuple[bytes, ...]
     parent_block_hash: bytes | None
     token_ids: tuple[int, ...]
     block_size: int
-    lora_name: str | None = None
     block_ids: tuple[int, ...] = ()
 
 

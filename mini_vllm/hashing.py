@@ -135,7 +135,8 @@ def block_extra_keys(
     * The LoRA key ``("lora", lora_name, lora_path)`` enters every block (the
       same tokens through another adapter give other K/V). The path is part of
       it so that re-pointing a name at another adapter does not reuse old K/V.
-      (mini-vLLM runs no adapters; ``lora_path`` is None unless given.)
+      mini-vLLM's engine serves no adapters and never passes a LoRA name: the
+      key is here for the lesson (chapter 04) and to hash exactly as vLLM does.
     * The salt key ``("cache_salt", cache_salt)`` enters block 0 only: every
       later block inherits it through the chain of parent hashes. An empty
       salt ``""`` is no salt, as in vLLM.
@@ -183,9 +184,15 @@ def hash_request_tokens(
     hash_algo: str = "sha256",
     lora_path: str | None = None,
 ) -> list[BlockHash]:
-    """One chained hash per *full* block of ``token_ids`` (a partial tail gets none)."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    """One chained hash per *full* block of ``token_ids`` (a partial tail gets none).
+
+    ``lora_name`` / ``lora_path`` hash as vLLM does for a request served
+    through a LoRA adapter (``block_extra_keys``); mini-vLLM's engine serves
+    no adapters, so its requests never set them.
+    """
+    from .config import check_block_size  # here, not at the top: this module loads alone (standard library only)
+
+    check_block_size(block_size)
     return hash_new_full_blocks(
         token_ids, block_size, [], cache_salt, lora_name, get_hash_function(hash_algo), lora_path
     )

@@ -14,10 +14,12 @@ whose ``find_longest_cache_hit`` this mirrors).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .block_pool import BlockPool, KVCacheBlock, KVCacheEvent
+from .config import DEFAULT_BLOCK_SIZE, check_block_size
 from .hashing import BlockHash
 from .request import Request
 
@@ -84,6 +86,27 @@ def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
     return max(0, num_tokens - 1) // block_size
 
 
+T = TypeVar("T")
+
+
+def longest_cache_hit(block_hashes: Iterable[BlockHash], lookup: Callable[[BlockHash], T | None]) -> list[T]:
+    """What ``lookup`` finds for the leading ``block_hashes``, up to the first miss: the longest cached prefix.
+
+    Stops at the first hash ``lookup`` returns None for: block ``i``'s hash
+    chains over every block before it, so a later block can only be reused if
+    all earlier ones are. The engine passes ``BlockPool.get_cached_block``;
+    the router, the profiler and the hash-chain widget pass their own
+    hash -> value map's ``get``. Everything that walks a chain calls this.
+    """
+    found: list[T] = []
+    for block_hash in block_hashes:
+        value = lookup(block_hash)
+        if value is None:
+            break
+        found.append(value)
+    return found
+
+
 class KVCacheManager:
     """Owns every request's block table (``req_to_blocks``) and the ``BlockPool``.
 
@@ -101,12 +124,11 @@ class KVCacheManager:
     def __init__(
         self,
         num_blocks: int,
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         enable_caching: bool = True,
         enable_kv_cache_events: bool = False,
     ) -> None:
-        if not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        check_block_size(block_size)
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.block_size = block_size
@@ -127,6 +149,11 @@ class KVCacheManager:
         return self.block_pool.num_blocks
 
     @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted so far (the pool counts them as it reuses them)."""
+        return self.block_pool.num_evictions
+
+    @property
     def usage(self) -> float:
         """Fraction of the pool held by running requests."""
         return self.block_pool.get_usage()
@@ -135,17 +162,11 @@ class KVCacheManager:
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``).
 
-        Stops at the first miss: block ``i``'s hash chains over every block
-        before it, so a later block can only be valid if all earlier ones are.
-        Costs one dict lookup per block hit.
+        Stops at the first miss (``longest_cache_hit``): block ``i``'s hash
+        chains over every block before it, so a later block can only be valid
+        if all earlier ones are. Costs one dict lookup per block hit.
         """
-        computed_blocks: list[KVCacheBlock] = []
-        for block_hash in block_hashes[:max_num_blocks]:
-            cached_block = self.block_pool.get_cached_block(block_hash)
-            if cached_block is None:
-                break
-            computed_blocks.append(cached_block)
-        return computed_blocks
+        return longest_cache_hit(block_hashes[:max_num_blocks], self.block_pool.get_cached_block)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The request's cached prefix: (blocks, number of tokens they hold).
@@ -318,6 +339,12 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         return self.block_pool.take_events()
+
+    def set_kv_cache_events(self, enabled: bool) -> None:
+        """Record the pool's KV events or stop; stopping drops the events nobody took."""
+        self.block_pool.enable_kv_cache_events = enabled
+        if not enabled:
+            self.block_pool.take_events()
 
     def check_invariants(self) -> None:
         """Assert the class invariants (for tests; O(num_blocks))."""

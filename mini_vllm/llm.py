@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .config import EngineConfig
+from .config import EngineConfig, make_engine_config
 from .interrupts import keyboard_interrupts_deferred
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -28,37 +28,17 @@ PromptType = str | dict
 class LLM:
     """A model plus an engine. Owns one ``LLMEngine``; every call runs it to completion."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        block_size: int = 16,
-        num_blocks: int | None = None,
-        kv_cache_memory_gb: float | None = None,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 32,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        attention_backend: str = "auto",
-        hash_algo: str = "sha256",
-        seed: int = 0,
-    ) -> None:
-        config = EngineConfig(
-            device=device,
-            dtype=dtype,
-            block_size=block_size,
-            num_blocks=num_blocks,
-            kv_cache_memory_gb=kv_cache_memory_gb,
-            enable_prefix_caching=enable_prefix_caching,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            attention_backend=attention_backend,
-            hash_algo=hash_algo,
-            seed=seed,
-        )
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **settings: Any) -> None:
+        """``model``: a Hugging Face folder (None: the bundled model).
+
+        The settings are ``EngineConfig``'s fields, as keywords or as
+        ``config=EngineConfig(...)`` (its docstring says what each means and
+        its default): ``device``, ``dtype``, ``block_size``, ``num_blocks``,
+        ``kv_cache_memory_gb``, ``enable_prefix_caching``, ``max_num_seqs``,
+        ``max_num_batched_tokens``, ``max_model_len``, ``attention_backend``,
+        ``hash_algo``, ``seed``. An unknown keyword is a TypeError naming it.
+        """
+        config = make_engine_config(config, settings)
         self.llm_engine = LLMEngine(model, config)
 
     def get_tokenizer(self):

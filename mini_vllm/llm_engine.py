@@ -52,10 +52,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 class EngineStats:
     """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``).
 
-    The prefix-cache counters are ``KVCacheManager.prefix_cache_stats``, as
-    vLLM 0.33 counts them: one lookup per admitted request, re-admissions
-    after preemption apart (``prefix_cache_preempted_*``), nothing with
-    caching off. ``hit_rate`` is ``prefix_cache_hits / prefix_cache_queries``.
+    Read from ``Scheduler.make_stats``. The prefix-cache counters are
+    ``KVCacheManager.prefix_cache_stats``, as vLLM 0.33 counts them: one
+    lookup per admitted request, re-admissions after preemption apart
+    (``prefix_cache_preempted_*``), nothing with caching off. ``hit_rate``
+    is ``prefix_cache_hits / prefix_cache_queries``.
     """
 
     num_steps: int
@@ -95,7 +96,13 @@ def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
 
 
 class LLMEngine:
-    """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner."""
+    """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner.
+
+    The engine talks only to the scheduler; the scheduler talks to the
+    KV-cache manager, the manager to the block pool. Every request the engine
+    serves is in ``requests`` (its metrics and random generator ride on the
+    ``Request``), from ``add_validated_request`` until ``_finish`` removes it.
+    """
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
@@ -111,18 +118,16 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
 
         attn_backend = get_attn_backend(config.attention_backend, str(self.device))
-        llm = load_model(self.model_path, device=self.device, dtype=self.dtype, attn_backend=attn_backend)
+        model = load_model(self.model_path, device=self.device, dtype=self.dtype, attn_backend=attn_backend)
         num_blocks = config.num_blocks or self._num_blocks_from_budget()
-        self.model_runner = ModelRunner(llm, num_blocks, config.block_size, self.device, self.dtype)
+        self.model_runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
         self.events = EventBus()
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens, self.events)
+        kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens, self.events)
         self.input_processor = InputProcessor(
             self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.block_size, num_blocks
         )
-        self.requests: dict[str, Request] = {}
-        self.metrics: dict[str, RequestMetrics] = {}
-        self.generators: dict[str, torch.Generator] = {}
+        self.requests: dict[str, Request] = {}  # queued and not finished, by id: the engine's only per-request state
         self.num_steps = 0
         self._request_counter = itertools.count()
         self._batch_counter = itertools.count()  # add_requests' automatic ids: "{batch}-{index}"
@@ -135,6 +140,11 @@ class LLMEngine:
             self.device,
             attn_backend.name,
         )
+
+    @property
+    def kv_cache_manager(self) -> KVCacheManager:
+        """The scheduler's KV-cache manager, for widgets and notebooks to read; the engine goes through the scheduler."""
+        return self.scheduler.kv_cache_manager
 
     # -- set-up helpers ---------------------------------------------------------
     def _resolve_dtype(self, name: str) -> torch.dtype:
@@ -168,13 +178,12 @@ class LLMEngine:
     def add_listener(self, listener: Listener) -> None:
         """Receive every engine event; turns on the block pool's event recording."""
         self.events.add(listener)
-        self.kv_cache_manager.block_pool.enable_kv_cache_events = True
+        self.scheduler.set_kv_cache_events(True)
 
     def remove_listener(self, listener: Listener) -> None:
         self.events.remove(listener)
         if not self.events.active:
-            self.kv_cache_manager.block_pool.enable_kv_cache_events = False
-            self.kv_cache_manager.take_events()
+            self.scheduler.set_kv_cache_events(False)
 
     # -- requests ---------------------------------------------------------------
     # Every way in (LLM.generate, LLM.chat, add_request, add_requests, the
@@ -302,9 +311,9 @@ class LLMEngine:
             seed = sampling_params.seed
             if seed is None:
                 seed = self.config.seed * 1_000_003 + next(self._request_counter)
-            self.generators[request_id] = make_generator(seed)
+            request.generator = make_generator(seed)
+            request.metrics = RequestMetrics(arrival_time=request.arrival_time, arrival_step=self.num_steps)
             self.requests[request_id] = request
-            self.metrics[request_id] = RequestMetrics(arrival_time=request.arrival_time, arrival_step=self.num_steps)
             self.scheduler.add_request(request)
             if self.events.active:
                 self.events.emit(RequestAdded(request_id, request.num_prompt_tokens))
@@ -339,8 +348,7 @@ class LLMEngine:
                 scheduler_output = self.scheduler.schedule()  # 1. schedule
             logits = self.model_runner.execute_model(scheduler_output)  # 2. run the model
         except BaseException as error:
-            if scheduler_output is None:  # scheduling itself failed (a bug): at least keep the cache clean
-                self.kv_cache_manager.uncache_blocks(self.kv_cache_manager.take_newly_cached_blocks())
+            if scheduler_output is None:  # scheduling itself failed (a bug); the scheduler kept the cache clean
                 raise
             return self._recover_from_failed_step(scheduler_output, error)
         with keyboard_interrupts_deferred():
@@ -356,13 +364,13 @@ class LLMEngine:
         finished: list[RequestOutput] = []
         for row, scheduled in enumerate(scheduler_output.scheduled):
             request = scheduled.request
-            metrics = self.metrics[request.request_id]
+            metrics = request.metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
             if not scheduled.samples_token:
                 continue  # a prefill chunk: its last token's logits predict nothing we need yet
             try:
-                token_id = sample(logits[row], request.sampling_params, self.generators[request.request_id])
+                token_id = sample(logits[row], request.sampling_params, request.generator)
                 request.append_output_token_ids(token_id)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
@@ -431,17 +439,15 @@ class LLMEngine:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> RequestOutput:
-        """Free the request's blocks, forget it, and build its output."""
+        """Free the request's blocks, build its output, and forget it: the one place a request leaves the engine."""
         self.scheduler.finish_request(request, status)
-        metrics = self.metrics[request.request_id]
+        metrics = request.metrics
         metrics.finished_time = time.monotonic()
         metrics.num_preemptions = request.num_preemptions
         if self.events.active:
             self.events.emit(RequestFinished(request.request_id, status.finish_reason or ""))
         output = self._make_output(request)
         del self.requests[request.request_id]
-        del self.generators[request.request_id]
-        del self.metrics[request.request_id]
         return output
 
     def _make_output(self, request: Request) -> RequestOutput:
@@ -464,23 +470,24 @@ class LLMEngine:
             prompt_token_ids=request.prompt_token_ids,
             outputs=[completion],
             num_cached_tokens=max(request.num_cached_tokens, 0),
-            metrics=self.metrics[request.request_id],
+            metrics=request.metrics,
         )
 
     # -- inspection -------------------------------------------------------------
     def get_stats(self) -> EngineStats:
-        stats = self.kv_cache_manager.prefix_cache_stats
+        scheduler_stats = self.scheduler.make_stats()
+        stats = scheduler_stats.prefix_cache_stats
         return EngineStats(
             num_steps=self.num_steps,
             prefix_cache_queries=stats.queries,
             prefix_cache_hits=stats.hits,
             hit_rate=stats.hit_rate,
-            num_preemptions=self.scheduler.num_preemptions,
-            num_evictions=self.kv_cache_manager.block_pool.num_evictions,
-            num_blocks=self.kv_cache_manager.num_blocks,
-            num_blocks_in_use=self.kv_cache_manager.num_blocks - self.kv_cache_manager.get_num_free_blocks(),
-            num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_preemptions=scheduler_stats.num_preemptions,
+            num_evictions=scheduler_stats.num_evictions,
+            num_blocks=scheduler_stats.num_blocks,
+            num_blocks_in_use=scheduler_stats.num_blocks - scheduler_stats.num_free_blocks,
+            num_running=scheduler_stats.num_running_reqs,
+            num_waiting=scheduler_stats.num_waiting_reqs,
             prefix_cache_requests=stats.requests,
             prefix_cache_preempted_requests=stats.preempted_requests,
             prefix_cache_preempted_queries=stats.preempted_queries,
@@ -488,12 +495,5 @@ class LLMEngine:
         )
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix (False while a request holds blocks).
-
-        Listeners get the pool's ``AllBlocksCleared`` event, so a router in
-        front of this engine learns that nothing is cached here any more.
-        """
-        reset = self.kv_cache_manager.reset_prefix_cache()
-        if self.events.active:
-            self.scheduler.emit_kv_cache_events()
-        return reset
+        """Forget every cached prefix (False while a request holds blocks): ``Scheduler.reset_prefix_cache``."""
+        return self.scheduler.reset_prefix_cache()

@@ -53,5 +53,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int
     metrics: RequestMetrics | None = None
-    # For n > 1: each completion's own cached-token count and metrics.
+    # Each completion's own metrics, in completion order (``metrics`` is the first's; they differ for n > 1).
     per_completion_metrics: list[RequestMetrics] = field(default_factory=list, repr=False)

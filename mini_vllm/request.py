@@ -1,9 +1,23 @@
 """A request as the scheduler and the KV-cache manager see it (chapters 04, 08).
 
-A ``Request`` owns its token ids (prompt + generated), how many of them have
-K/V in the cache (``num_computed_tokens``), and one hash per *full* block of its
-tokens (``block_hashes``). The hashes are kept current as tokens are appended:
-a block is hashed once, in the call that fills it.
+A ``Request`` holds everything kept about one sequence while it is served:
+its token ids (prompt + generated), how many of them have K/V in the cache
+(``num_computed_tokens``), one hash per *full* block of its tokens
+(``block_hashes``), and the engine's bookkeeping (metrics, random generator).
+The hashes are kept current as tokens are appended: a block is hashed once,
+in the call that fills it.
+
+Who changes which field (every other module only reads them):
+
+* fixed at construction: ``request_id``, ``prompt``, ``prompt_token_ids``,
+  ``sampling_params``, ``cache_salt``, ``block_size``, ``arrival_time``;
+* the ``Request`` itself: ``block_hashes`` (in ``append_output_token_ids``);
+* the scheduler (``scheduler.py``): ``status``, ``num_computed_tokens``,
+  ``num_cached_tokens``, ``num_preemptions`` (code that admits prompts
+  without a scheduler, as the chapters and the router do, calls
+  ``schedule_whole_prompt`` there, or sets them as the scheduler would);
+* the engine (``llm_engine.py``): the generated tokens
+  (``append_output_token_ids``), ``metrics`` and ``generator``.
 
 vLLM equivalent: ``vllm/v1/request.py`` (``Request``, ``RequestStatus``).
 """
@@ -15,9 +29,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .config import DEFAULT_BLOCK_SIZE, check_block_size
 from .hashing import BlockHash, get_hash_function, hash_new_full_blocks
 
 if TYPE_CHECKING:
+    import torch
+
+    from .outputs import RequestMetrics
     from .sampling_params import SamplingParams
 
 
@@ -53,8 +71,11 @@ class RequestStatus(enum.Enum):
 class Request:
     """One sequence being generated.
 
-    Owns: its token ids, ``num_computed_tokens`` (advanced by the scheduler,
-    reset to 0 on preemption), ``block_hashes`` and its status.
+    Holds its token ids, ``num_computed_tokens`` (advanced by the scheduler,
+    reset to 0 on preemption), ``block_hashes``, its status and the engine's
+    ``metrics`` and ``generator``; the module docstring says who changes which.
+    The engine keeps every request it serves in one dict, ``LLMEngine.requests``,
+    and forgets it in one place (``LLMEngine._finish``).
 
     Invariants: ``len(block_hashes) == num_tokens // block_size``;
     ``0 <= num_computed_tokens <= num_tokens``.
@@ -64,24 +85,19 @@ class Request:
         self,
         request_id: str,
         prompt_token_ids: Sequence[int],
-        block_size: int = 16,
+        block_size: int = DEFAULT_BLOCK_SIZE,
         cache_salt: str | None = None,
-        lora_name: str | None = None,
         sampling_params: SamplingParams | None = None,
         hash_algo: str = "sha256",
         arrival_time: float | None = None,
         prompt: Any = None,
-        lora_path: str | None = None,
     ) -> None:
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+        check_block_size(block_size)
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.block_size = block_size
         self.cache_salt = cache_salt
-        self.lora_name = lora_name
-        self.lora_path = lora_path  # vLLM's LoRA hash key carries the adapter path too
         self.sampling_params = sampling_params
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.status = RequestStatus.WAITING
@@ -92,6 +108,9 @@ class Request:
         # Prompt tokens served from the prefix cache at first admission (-1 = not yet).
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # The engine's, set when it queues the request (None for a request built without one).
+        self.metrics: RequestMetrics | None = None
+        self.generator: torch.Generator | None = None
 
         self._hash_fn = get_hash_function(hash_algo)
         self.block_hashes: list[BlockHash] = []
@@ -128,13 +147,7 @@ class Request:
         if self.num_tokens // self.block_size > len(self.block_hashes):
             self.block_hashes.extend(
                 hash_new_full_blocks(
-                    self._all_token_ids,
-                    self.block_size,
-                    self.block_hashes,
-                    self.cache_salt,
-                    self.lora_name,
-                    self._hash_fn,
-                    self.lora_path,
+                    self._all_token_ids, self.block_size, self.block_hashes, self.cache_salt, hash_fn=self._hash_fn
                 )
             )
 

@@ -24,6 +24,7 @@ vLLM equivalent: ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``,
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ from .events import (
     RequestPreempted,
 )
 from .block_pool import KVCacheBlock
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager, PrefixCacheStats
 from .request import Request, RequestStatus
 
 
@@ -50,14 +51,31 @@ def schedule_whole_prompt(kv_cache_manager: KVCacheManager, request: Request) ->
     router, the benchmarks and the tests, which admit prompts one at a time;
     the engine goes through ``Scheduler.schedule``.
     """
-    computed_blocks, num_cached_tokens = kv_cache_manager.get_computed_blocks(request)
+    new_computed_blocks, num_new_local_computed_tokens = kv_cache_manager.get_computed_blocks(request)
     new_blocks = kv_cache_manager.allocate_slots(
-        request, request.num_tokens - num_cached_tokens, num_cached_tokens, computed_blocks
+        request, request.num_tokens - num_new_local_computed_tokens, num_new_local_computed_tokens, new_computed_blocks
     )
     if new_blocks is None:
         return None
     request.num_computed_tokens = request.num_tokens
-    return num_cached_tokens
+    return num_new_local_computed_tokens
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler and its KV-cache manager count (vLLM: ``SchedulerStats``, ``Scheduler.make_stats``).
+
+    ``prefix_cache_stats`` is a copy of ``KVCacheManager.prefix_cache_stats``
+    (cumulative here; vLLM hands them out per step).
+    """
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_preemptions: int
+    num_blocks: int
+    num_free_blocks: int
+    num_evictions: int
+    prefix_cache_stats: PrefixCacheStats
 
 
 @dataclass
@@ -102,6 +120,10 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting and running queues; the ``KVCacheManager`` owns the blocks.
 
+    The engine talks only to the scheduler, the scheduler to the manager, the
+    manager to its ``BlockPool``: everything the engine needs of the cache
+    (statistics, KV events, a reset, undoing a failed step) is a method here.
+
     Invariants: a request is in exactly one of ``waiting`` / ``running`` until
     it finishes; a running request holds blocks for all its computed tokens;
     a waiting request holds none.
@@ -132,10 +154,15 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
         self.kv_cache_manager.take_newly_cached_blocks()  # start this step's record afresh
-        token_budget = self._schedule_running(self.max_num_batched_tokens, output)
-        # Admit new requests only if no running request had to be preempted: memory is short.
-        if not output.preempted:
-            token_budget = self._schedule_waiting(token_budget, output)
+        try:
+            token_budget = self._schedule_running(self.max_num_batched_tokens, output)
+            # Admit new requests only if no running request had to be preempted: memory is short.
+            if not output.preempted:
+                token_budget = self.schedule_waiting(token_budget, output)
+        except BaseException:
+            # Scheduling itself failed (a bug): no forward pass will write the blocks cached so far.
+            self.kv_cache_manager.uncache_blocks(self.kv_cache_manager.take_newly_cached_blocks())
+            raise
         output.newly_cached_blocks = self.kv_cache_manager.take_newly_cached_blocks()
         return output
 
@@ -155,8 +182,11 @@ class Scheduler:
             index += 1
         return token_budget
 
-    def _schedule_waiting(self, token_budget: int, output: SchedulerOutput) -> int:
+    def schedule_waiting(self, token_budget: int, output: SchedulerOutput) -> int:
         """Admit waiting requests in FIFO order: prefix lookup, then slots for the rest.
+
+        Chapter 08's exercise; a subclass may override it (the course's check
+        does), or one scheduler's attribute replace it (the learner's engine does).
 
         Stops at the first request the pool cannot serve (it keeps its place),
         when the budget is spent, or at ``max_num_seqs`` running requests.
@@ -164,11 +194,12 @@ class Scheduler:
         """
         while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            # The cached prefix: its blocks and the tokens they hold (vLLM's names).
+            new_computed_blocks, num_new_local_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
             # Chunked prefill: a prompt longer than the budget gets only its first part now.
-            num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
+            num_new_tokens = min(request.num_tokens - num_new_local_computed_tokens, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, num_computed_tokens, computed_blocks
+                request, num_new_tokens, num_new_local_computed_tokens, new_computed_blocks
             )
             if new_blocks is None:
                 break  # not enough free blocks: keep FIFO order, try again next step
@@ -177,12 +208,12 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             first_admission = request.num_cached_tokens < 0  # not a re-admission after preemption
             if first_admission:
-                request.num_cached_tokens = num_computed_tokens
+                request.num_cached_tokens = num_new_local_computed_tokens
             if self.events.active:
-                block_ids = tuple(block.block_id for block in computed_blocks)
-                self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_computed_tokens))
+                block_ids = tuple(block.block_id for block in new_computed_blocks)
+                self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self._schedule(request, num_computed_tokens, num_new_tokens, output, first_admission)
+            self._schedule(request, num_new_local_computed_tokens, num_new_tokens, output, first_admission)
             token_budget -= num_new_tokens
         return token_budget
 
@@ -299,3 +330,31 @@ class Scheduler:
         """Pass the pool's pending KV events (e.g. ``AllBlocksCleared`` after a reset) to the listeners."""
         for event in self.kv_cache_manager.take_events():
             self.events.emit(event)
+
+    def set_kv_cache_events(self, enabled: bool) -> None:
+        """Record the pool's KV events while someone listens (the engine calls this as listeners come and go)."""
+        self.kv_cache_manager.set_kv_cache_events(enabled)
+
+    # -- the engine's view of the cache ------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False, changing nothing, while a request holds blocks).
+
+        Listeners get the pool's ``AllBlocksCleared`` event, so a router in
+        front of this engine learns that nothing is cached here any more.
+        """
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if self.events.active:
+            self.emit_kv_cache_events()
+        return reset
+
+    def make_stats(self) -> SchedulerStats:
+        manager = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            num_preemptions=self.num_preemptions,
+            num_blocks=manager.num_blocks,
+            num_free_blocks=manager.get_num_free_blocks(),
+            num_evictions=manager.num_evictions,
+            prefix_cache_stats=copy.copy(manager.prefix_cache_stats),
+        )

@@ -84,7 +84,8 @@ def check_scheduler_invariants(engine) -> None:
     running = [r.request_id for r in scheduler.running]
     assert len(set(waiting)) == len(waiting) and len(set(running)) == len(running)
     assert not set(waiting) & set(running)
-    assert set(waiting) | set(running) == set(engine.requests) == set(engine.generators) == set(engine.metrics)
+    assert set(waiting) | set(running) == set(engine.requests)
+    assert all(r.metrics is not None and r.generator is not None for r in engine.requests.values())
     for request in scheduler.waiting:
         assert request.request_id not in manager.req_to_blocks, f"waiting {request.request_id} holds blocks"
     for request in scheduler.running:
