@@ -27,7 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import DEFAULT_BLOCK_SIZE, check_block_size
 from .hashing import BlockHash, hash_request_tokens
+from .kv_cache_manager import longest_cache_hit, max_cache_hit_blocks
 
 PromptLike = str | Sequence[int] | Sequence[dict]
 
@@ -49,8 +51,8 @@ class MissReport:
             When ``new`` merely extends ``cached`` this is its first new block.
         num_matching_blocks: leading full blocks with equal hashes.
         num_reusable_blocks: what the engine would hit: the matching blocks,
-            capped at ``(len(new) - 1) // block_size`` because the last token
-            of a prompt is always computed (its logits give the first output token).
+            capped at ``(len(new) - 1) // block_size`` (``max_cache_hit_blocks``) because
+            the last token of a prompt is always computed (its logits give the first output token).
         num_lost_tokens: equal tokens that are recomputed anyway: the start of
             the broken block (or the capped last block, or a partial tail).
         salts_differ: the two prompts carry different cache salts.
@@ -294,7 +296,7 @@ def explain_miss(
     cached: PromptLike,
     new: PromptLike,
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     tokenizer: Any = None,
     cached_salt: str | None = None,
     new_salt: str | None = None,
@@ -310,8 +312,7 @@ def explain_miss(
         cached_salt, new_salt: the prompts' cache salts, as the engine hashes them.
         window: tokens of context shown on each side of the divergence.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    check_block_size(block_size)
     a = _to_token_ids(cached, tokenizer)
     b = _to_token_ids(new, tokenizer)
     if not b:
@@ -323,7 +324,7 @@ def explain_miss(
     hashes_b = hash_request_tokens(b, block_size, cache_salt=new_salt)
     matching = common_prefix_length(hashes_a, hashes_b)  # the chain: equal up to the first broken block
     first_broken = matching if matching < len(hashes_b) else None
-    reusable = min(matching, (len(b) - 1) // block_size)
+    reusable = min(matching, max_cache_hit_blocks(len(b), block_size))
 
     before = cached_ctx = new_ctx = None
     if tokenizer is not None and first_diff is not None:
@@ -411,7 +412,7 @@ class PrefixCacheSimulation:
 def simulate_prefix_cache(
     prompts: Sequence[PromptLike],
     *,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     tokenizer: Any = None,
     cache_salts: Sequence[str | None] | None = None,
 ) -> PrefixCacheSimulation:
@@ -427,16 +428,9 @@ def simulate_prefix_cache(
         if not tokens:
             raise ValueError(f"prompt {index} is empty")
         hashes = hash_request_tokens(tokens, block_size, cache_salt=salt)
-        max_blocks = (len(tokens) - 1) // block_size
-        num_hit = 0
-        matched_owner = None
-        for block_hash in hashes:
-            if block_hash not in owner:
-                break
-            matched_owner = owner[block_hash]
-            num_hit += 1
-        hits.append(min(num_hit, max_blocks) * block_size)
-        best.append(matched_owner)
+        owners = longest_cache_hit(hashes, owner.get)  # the prompts that cached each hit block
+        hits.append(min(len(owners), max_cache_hit_blocks(len(tokens), block_size)) * block_size)
+        best.append(owners[-1] if owners else None)
         for block_hash in hashes:
             owner.setdefault(block_hash, index)
     return PrefixCacheSimulation(block_size, token_lists, salts, hits, best)

@@ -319,17 +319,18 @@ def serve_with_radix_cache(cache: RadixCache, token_ids: Sequence[int]) -> int:
 def serve_with_hash_map(manager, token_ids: Sequence[int], request_id: str) -> int:
     """Serve one prompt through mini-vLLM's ``KVCacheManager`` (vLLM's hash map; no model).
 
-    ``get_computed_blocks`` finds the cached full blocks (capped so that the last
-    block is recomputed), ``allocate_slots`` takes them and caches the prompt's full
-    blocks, and ``free`` returns everything to the free queue, last block first.
+    ``schedule_whole_prompt`` finds the cached full blocks (capped so that the last
+    block is recomputed), takes them and caches the prompt's full blocks, and
+    ``free`` returns everything to the free queue, last block first.
     Returns the tokens reused.
     """
-    from .request import Request  # kept local: this module needs nothing else from the engine
+    # Kept local: this module needs nothing else from the engine.
+    from .request import Request
+    from .scheduler import schedule_whole_prompt
 
     request = Request(request_id, list(token_ids), block_size=manager.block_size)
-    hits, num_cached = manager.get_computed_blocks(request)
-    if manager.allocate_slots(request, request.num_tokens - num_cached, num_cached, hits) is None:
+    num_cached = schedule_whole_prompt(manager, request)
+    if num_cached is None:
         raise ValueError(f"a pool of {manager.num_blocks} blocks cannot hold a {request.num_tokens}-token prompt")
-    request.num_computed_tokens = request.num_tokens
     manager.free(request)
     return num_cached

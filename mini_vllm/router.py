@@ -35,10 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .config import DEFAULT_BLOCK_SIZE
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash, hash_request_tokens
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager, longest_cache_hit
 from .request import Request
+from .scheduler import schedule_whole_prompt
 
 WorkItem = Sequence[int] | tuple[Sequence[int], str | None]
 
@@ -63,7 +65,7 @@ class CacheReplica:
     state afterwards is the engine's.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16, name: str = "replica") -> None:
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, name: str = "replica") -> None:
         self.name = name
         self.block_size = block_size
         self.manager = KVCacheManager(num_blocks, block_size, enable_kv_cache_events=True)
@@ -72,16 +74,12 @@ class CacheReplica:
     def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         request = Request(f"{self.name}-{self.num_requests}", list(token_ids), self.block_size, cache_salt)
         self.num_requests += 1
-        hit_blocks, num_hit_tokens = self.manager.get_computed_blocks(request)
-        new_blocks = self.manager.allocate_slots(
-            request, request.num_tokens - num_hit_tokens, num_hit_tokens, hit_blocks
-        )
-        if new_blocks is None:
+        num_hit_tokens = schedule_whole_prompt(self.manager, request)
+        if num_hit_tokens is None:
             raise ValueError(
                 f"{self.name}: a prompt of {request.num_tokens} tokens does not fit in "
                 f"{self.manager.num_blocks} blocks of {self.block_size}"
             )
-        request.num_computed_tokens = request.num_tokens
         self.manager.free(request)
         return num_hit_tokens
 
@@ -171,7 +169,7 @@ class PrefixHashRouter:
 
     name = "prefix-hash"
 
-    def __init__(self, num_replicas: int, block_size: int = 16, num_prefix_blocks: int = 1) -> None:
+    def __init__(self, num_replicas: int, block_size: int = DEFAULT_BLOCK_SIZE, num_prefix_blocks: int = 1) -> None:
         self.num_replicas = num_replicas
         self.num_prefix_tokens = block_size * num_prefix_blocks
 
@@ -196,7 +194,7 @@ class CacheAwareRouter:
 
     name = "cache-aware"
 
-    def __init__(self, num_replicas: int, block_size: int = 16) -> None:
+    def __init__(self, num_replicas: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         self.block_size = block_size
         self.cached: list[Counter[BlockHash]] = [Counter() for _ in range(num_replicas)]
         self.num_routed = [0] * num_replicas
@@ -204,15 +202,7 @@ class CacheAwareRouter:
     def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """For each replica: how many leading blocks of the prompt it holds (as far as the router knows)."""
         hashes = hash_request_tokens(list(token_ids), self.block_size, cache_salt=cache_salt)
-        counts = []
-        for held in self.cached:
-            count = 0
-            for block_hash in hashes:
-                if block_hash not in held:
-                    break
-                count += 1
-            counts.append(count)
-        return counts
+        return [len(longest_cache_hit(hashes, held.get)) for held in self.cached]
 
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
         counts = self.cached_prefix_blocks(token_ids, cache_salt)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from known_mistakes import free_one_at_a_time
+
 from mini_vllm.block_pool import (
     AllBlocksCleared,
     BlockPool,
@@ -160,17 +162,6 @@ def test_free_sends_unhashed_blocks_to_head_and_hashed_to_tail_in_order_given():
     assert ids(pool.free_block_queue.get_all_free_blocks()) == [2, 3, 4, 1, 0]
 
 
-def _free_one_at_a_time(pool, ordered_blocks):
-    """A known-wrong free: unhashed blocks go to the head one by one (which reverses them)."""
-    for block in ordered_blocks:
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            if block.block_hash is None:
-                pool.free_block_queue.appendleft(block)
-            else:
-                pool.free_block_queue.append(block)
-
-
 @pytest.mark.parametrize("free", ["pool", "one_at_a_time"])
 def test_unhashed_blocks_freed_together_go_to_the_head_in_the_order_given(free):
     # vLLM 0.33: free_blocks collects the unhashed blocks and prepend_n()s them,
@@ -182,7 +173,7 @@ def test_unhashed_blocks_freed_together_go_to_the_head_in_the_order_given(free):
         pool.free_blocks(ordered)
         assert ids(pool.free_block_queue.get_all_free_blocks()) == [3, 2, 1, 0, 4, 5]
     else:
-        _free_one_at_a_time(pool, ordered)
+        free_one_at_a_time(pool, ordered)
         assert ids(pool.free_block_queue.get_all_free_blocks()) != [3, 2, 1, 0, 4, 5]
 
 
@@ -239,7 +230,6 @@ def test_events_are_recorded_only_when_enabled():
             parent_block_hash=None,
             token_ids=(0, 1, 2, 3),
             block_size=4,
-            lora_name=None,
             block_ids=(0,),
         ),
         BlockRemoved(block_hashes=(request.block_hashes[0],), block_ids=(0,)),

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from mini_vllm.kv_cache_manager import KVCacheManager
+from mini_vllm.kv_cache_manager import KVCacheManager, longest_cache_hit
 from mini_vllm.request import Request
 
 SHARED = list(range(1000, 1048))  # 48 tokens: three full 16-token blocks
@@ -287,3 +289,23 @@ def test_a_request_hashed_with_another_block_size_is_a_value_error():
     manager = KVCacheManager(num_blocks=4, block_size=4)
     with pytest.raises(ValueError, match="block_size"):
         manager.get_computed_blocks(Request("A", list(range(8)), block_size=16))
+
+
+def _walks(walk):
+    # Value 0 is a hit: the profiler maps hashes to prompt indices, the router to block counts.
+    cached = {b"a": 0, b"b": 1, b"d": 3}
+    return walk([b"a", b"b", b"c", b"d"], cached.get), walk([b"c", b"a"], cached.get), walk([], cached.get)
+
+
+def test_longest_cache_hit_stops_at_the_first_miss_and_keeps_falsy_values():
+    expected = ([0, 1], [], [])
+    assert _walks(longest_cache_hit) == expected
+
+    def skips_a_miss(hashes, lookup):
+        return [value for value in map(lookup, hashes) if value is not None]
+
+    def stops_at_a_falsy_value(hashes, lookup):
+        return list(itertools.takewhile(bool, map(lookup, hashes)))
+
+    for wrong in (skips_a_miss, stops_at_a_falsy_value):
+        assert _walks(wrong) != expected

@@ -24,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
+from mini_vllm.scheduler import schedule_whole_prompt
 
 BLOCK_SIZE = 4
 PREFIXES = [[1] * 12, [2, 3] * 6 + [4] * 8, list(range(30, 50))]
@@ -175,7 +176,7 @@ def test_lookup_oracle_on_random_prompts():
                 n += 1
             best = max(best, n)
         assert len(hits) == best, (tokens, best, len(hits))
-        if manager.allocate_slots(request, len(tokens) - len(hits) * BLOCK_SIZE, len(hits) * BLOCK_SIZE, hits) is None:
+        if schedule_whole_prompt(manager, request) is None:
             continue
         manager.free(request)
         seen.append(tokens)

@@ -5,16 +5,8 @@ import random
 import pytest
 
 from mini_vllm.kv_cache_manager import KVCacheManager
+from mini_vllm.profiler import common_prefix_length
 from mini_vllm.radix_cache import RadixCache, serve_with_hash_map, serve_with_radix_cache
-
-
-def common_prefix(a, b):
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 def random_prompts(rng, num_prompts, num_prefixes=3, vocab=4):
@@ -50,7 +42,7 @@ def oracle_mismatches(lookup, page_size, seed):
     cache = RadixCache(10_000, page_size)
     inserted, mismatches = [], 0
     for prompt in random_prompts(rng, 40):
-        expected = max((common_prefix(prompt, old) for old in inserted), default=0)
+        expected = max((common_prefix_length(prompt, old) for old in inserted), default=0)
         expected -= expected % page_size
         if lookup(cache, prompt) != expected:
             mismatches += 1

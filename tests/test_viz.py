@@ -17,6 +17,7 @@ import pytest
 from mini_vllm.hashing import hash_request_tokens
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request, RequestStatus
+from mini_vllm.scheduler import schedule_whole_prompt
 from mini_vllm.viz import BlockTableView, EngineDashboard, FreeQueueView, HashChainView, PoolView, StateSource
 
 BLOCK_SIZE = 4
@@ -38,9 +39,8 @@ class FakeTokenizer:
 
 def admit(manager: KVCacheManager, request: Request) -> None:
     """What the scheduler does for a waiting request whose whole prompt fits in one step."""
-    blocks, num_hit_tokens = manager.get_computed_blocks(request)
-    assert manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, blocks) is not None
-    request.num_computed_tokens = request.num_tokens
+    num_hit_tokens = schedule_whole_prompt(manager, request)
+    assert num_hit_tokens is not None
     request.num_cached_tokens = num_hit_tokens
     request.status = RequestStatus.RUNNING
 
@@ -689,12 +689,15 @@ def test_the_snapshot_counts_a_readmission_after_preemption_apart():
     manager = KVCacheManager(num_blocks=10, block_size=BLOCK_SIZE)
     request = Request("A", list(range(3 * BLOCK_SIZE + 1)), block_size=BLOCK_SIZE)
     for preempted in (False, True):
-        hits, num_hit_tokens = manager.get_computed_blocks(request)
-        manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
+        assert schedule_whole_prompt(manager, request) is not None
         if not preempted:
             manager.free(request)  # what Scheduler.preempt does
+            request.num_computed_tokens = 0
             request.num_preemptions += 1
     snap = PoolView(manager, requests=[request]).snapshot()
-    assert (snap.prefix_cache_queries, snap.prefix_cache_hits) == (request.num_tokens, 0)
-    assert (snap.prefix_cache_preempted_queries, snap.prefix_cache_preempted_hits) == (request.num_tokens, 3 * BLOCK_SIZE)
+    stats = snap.prefix_cache_stats
+    assert (stats.queries, stats.hits) == (request.num_tokens, 0)
+    assert (stats.preempted_queries, stats.preempted_hits) == (request.num_tokens, 3 * BLOCK_SIZE)
     assert snap.hit_rate == 0.0
+    manager.prefix_cache_stats.hits += 1  # the snapshot holds a copy: later counting does not change it
+    assert stats.hits == 0

@@ -28,6 +28,7 @@ from mini_vllm.compare_vllm import (
     vllm_missing_reason,
     vllm_python,
 )
+from mini_vllm.kv_cache_manager import max_cache_hit_blocks
 from mini_vllm.model import default_model_path
 from mini_vllm.real_model import real_model_path
 
@@ -107,7 +108,7 @@ def test_eviction_workload_equal_hits_and_preemptions(model, block_size):
     assert mini["num_preemptions"] == real["num_preemptions"]
     # The pool really is too small: the second round does not find everything again.
     second_round = [r for r in result["rows"] if r["call"] == 1]
-    full_hit = (second_round[0]["num_prompt_tokens"] - 1) // block_size * block_size
+    full_hit = max_cache_hit_blocks(second_round[0]["num_prompt_tokens"], block_size) * block_size
     assert any(r["vllm_cached"] < full_hit for r in second_round)
 
 
@@ -126,7 +127,7 @@ def test_n_greater_than_1_merged_output_differs_vllm_reports_last_sample_mini_th
     first child's in mini-vLLM (0 on a cold prompt) and the last child's in vLLM."""
     result = workload_result(model, block_size, "n_greater_than_1")
     cold, warm = result["rows"]
-    shareable = (cold["num_prompt_tokens"] - 1) // block_size * block_size
+    shareable = max_cache_hit_blocks(cold["num_prompt_tokens"], block_size) * block_size
     assert cold["mini_cached"] == 0
     assert cold["vllm_cached"] == shareable
     assert warm["mini_cached"] == warm["vllm_cached"] == shareable
@@ -146,7 +147,7 @@ def test_vllm_also_recomputes_the_last_block_of_an_exact_block_multiple(model, b
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_vllm_shares_a_cache_salt_only_within_its_tenant(model, block_size):
     rows = workload_result(model, block_size, "cache_salt_tenants")["rows"]
-    full = (rows[0]["num_prompt_tokens"] - 1) // block_size * block_size
+    full = max_cache_hit_blocks(rows[0]["num_prompt_tokens"], block_size) * block_size
     expected = [0, 0, full, 0, full, full]  # salts a, b, a, none, b, none
     assert [r["vllm_cached"] for r in rows] == expected
     assert [r["mini_cached"] for r in rows] == expected

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import pytest
 
+from known_mistakes import free_one_at_a_time
+
 from mini_vllm.block_pool import BlockPool
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
@@ -241,13 +243,7 @@ class _OneAtATimeFreePool(BlockPool):
     """A known-wrong pool: unhashed blocks go to the head one by one, which reverses them."""
 
     def free_blocks(self, ordered_blocks):
-        for block in ordered_blocks:
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None:
-                    self.free_block_queue.appendleft(block)
-                else:
-                    self.free_block_queue.append(block)
+        free_one_at_a_time(self, ordered_blocks)
 
 
 class _WrongFreeOrderManager(KVCacheManager):

@@ -37,7 +37,7 @@ from .html import BLUE, GREEN, MUTED, container, esc, legend, sparkline, style
 from .live import LiveBinding
 from .state import CacheSnapshot, StateSource
 from .hash_chain import HashChainView
-from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot
+from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot, mimebundle
 
 # id(engine) -> its open dashboard: a new dashboard on the same engine closes the old one,
 # so re-running a notebook cell never leaves a stale listener behind.
@@ -155,7 +155,7 @@ class EngineDashboard:
             self.hit_rate_history.append(stats.hit_rate)
             self.usage_history.append(engine.kv_cache_manager.usage)
             for request_id, _ in event.num_scheduled_tokens:
-                self._record_ttft(engine.metrics.get(request_id), event.step)
+                self._record_ttft(engine.requests.get(request_id), event.step)
             if self._pending_ttft is not None:
                 arrival_step, first_token_step = self._pending_ttft
                 self._pending_ttft = None
@@ -164,16 +164,17 @@ class EngineDashboard:
                 known = [self._step_seconds[s] for s in steps if s in self._step_seconds]
                 self.last_ttft = sum(known) if len(known) == len(steps) else None
 
-    def _record_ttft(self, metrics: Any, step: int) -> None:
+    def _record_ttft(self, request: Any, step: int) -> None:
         # The step's duration is known only at its StepFinished: the TTFT is computed there.
+        metrics = request.metrics if request is not None else None
         if metrics is not None and metrics.first_token_step == step:
             self._pending_ttft = (metrics.arrival_step, step)
 
     def _record_finished(self, event: RequestFinished) -> None:
         engine = self.engine
-        self._record_ttft(engine.metrics.get(event.request_id), engine.num_steps)
-        self.source.hit_blocks.pop(event.request_id, None)
         request = engine.requests.get(event.request_id)
+        self._record_ttft(request, engine.num_steps)
+        self.source.hit_blocks.pop(event.request_id, None)
         if request is None:
             return
         text = self.source.decode(request.output_token_ids) if request.output_token_ids else ""
@@ -303,17 +304,14 @@ class EngineDashboard:
         return self.source.snapshot(k_norm=self.k_norm, layer=self.layer)
 
     def _metrics(self, snap: CacheSnapshot) -> dict:
+        stats = snap.prefix_cache_stats
         return {
             "step": snap.num_steps,
             "running": snap.num_running,
             "waiting": snap.num_waiting,
-            "hit_rate": f"{100 * snap.hit_rate:.1f}%",
-            "hits": f"{snap.prefix_cache_hits}/{snap.prefix_cache_queries} tokens"
-            + (
-                f" (+{snap.prefix_cache_preempted_hits}/{snap.prefix_cache_preempted_queries} re-admitted)"
-                if snap.prefix_cache_preempted_queries
-                else ""
-            ),
+            "hit_rate": f"{100 * stats.hit_rate:.1f}%",
+            "hits": f"{stats.hits}/{stats.queries} tokens"
+            + (f" (+{stats.preempted_hits}/{stats.preempted_queries} re-admitted)" if stats.preempted_queries else ""),
             "blocks": f"{snap.num_blocks_in_use}/{snap.num_blocks}",
             "evictions": snap.num_evictions,
             "preemptions": snap.num_preemptions,
@@ -455,13 +453,7 @@ class EngineDashboard:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         self.refresh()
-        bundle = {"text/plain": self.to_text(), "text/html": self.to_html()}
-        if self.is_open:
-            widget_bundle = self.box._repr_mimebundle_()
-            bundle["application/vnd.jupyter.widget-view+json"] = widget_bundle[
-                "application/vnd.jupyter.widget-view+json"
-            ]
-        return bundle
+        return mimebundle(self.to_text(), self.to_html(), self.box if self.is_open else None)
 
     # -- lifetime -------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..hashing import hash_request_tokens
+from ..kv_cache_manager import longest_cache_hit, max_cache_hit_blocks
 from ..profiler import common_prefix_length
 from .html import GREEN, MONO, MUTED, VERMILLION, badge, container, esc, heading, style, tooltip_tokens
 from .state import CacheSnapshot, short_hash
@@ -98,17 +99,12 @@ class HashChainView(View):
 
     def summary(self, snap: CacheSnapshot) -> dict:
         rows = self.chain(snap)
-        num_hits = 0
-        for row in rows:
-            if row["cached_block"] is None:
-                break
-            num_hits += 1
-        cap = max(0, (len(self.token_ids) - 1) // snap.block_size)
+        num_hits = len(longest_cache_hit([row["hash"] for row in rows], snap.cached.get))
         return {
             "rows": rows,
             "num_hits": num_hits,
             "first_miss": num_hits if num_hits < len(rows) else None,
-            "usable": min(num_hits, cap),
+            "usable": min(num_hits, max_cache_hit_blocks(len(self.token_ids), snap.block_size)),
             "tail": len(self.token_ids) - len(rows) * snap.block_size,
             "diff": self.first_difference(),
         }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+from ..config import DEFAULT_BLOCK_SIZE
 from .state import CACHED, FREE, USED, USED_CACHED
 
 BLUE = "#0072B2"
@@ -133,7 +134,7 @@ def swatch(state: str, label: str, shared: bool = False, next_evict: bool = Fals
     return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
 
 
-def legend(include_tables: bool = False, block_size: int = 16, k_norm_layer: int | None = None) -> str:
+def legend(include_tables: bool = False, block_size: int = DEFAULT_BLOCK_SIZE, k_norm_layer: int | None = None) -> str:
     """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it)."""
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))

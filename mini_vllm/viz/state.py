@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..events import BlockStored
-from ..kv_cache_manager import KVCacheManager
+from ..kv_cache_manager import KVCacheManager, PrefixCacheStats
 from ..request import Request
 
 # Block states, one letter each so they read without colour.
@@ -94,14 +94,14 @@ class CacheSnapshot:
     num_steps: int | None = None  # None without an engine
     num_running: int = 0
     num_waiting: int = 0
-    hit_rate: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    # Re-admissions after preemption, counted apart (vLLM 0.33's preempted_* counters).
-    prefix_cache_preempted_queries: int = 0
-    prefix_cache_preempted_hits: int = 0
+    # A copy of the manager's counters (re-admissions after preemption apart, as vLLM 0.33 counts).
+    prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_evictions: int = 0
     num_preemptions: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.prefix_cache_stats.hit_rate
 
     @property
     def num_blocks(self) -> int:
@@ -291,7 +291,6 @@ class StateSource:
                 )
             )
 
-        stats = manager.prefix_cache_stats
         engine = self.engine
         return CacheSnapshot(
             block_size=block_size,
@@ -303,11 +302,7 @@ class StateSource:
             num_steps=engine.num_steps if engine is not None else None,
             num_running=len(engine.scheduler.running) if engine is not None else 0,
             num_waiting=len(engine.scheduler.waiting) if engine is not None else 0,
-            hit_rate=stats.hit_rate,
-            prefix_cache_queries=stats.queries,
-            prefix_cache_hits=stats.hits,
-            prefix_cache_preempted_queries=stats.preempted_queries,
-            prefix_cache_preempted_hits=stats.preempted_hits,
+            prefix_cache_stats=replace(manager.prefix_cache_stats),
             num_evictions=pool.num_evictions,
             num_preemptions=engine.scheduler.num_preemptions if engine is not None else 0,
         )

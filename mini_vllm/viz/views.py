@@ -35,6 +35,16 @@ from .html import (
 )
 from .state import CACHED, FREE, USED, USED_CACHED, BlockInfo, CacheSnapshot, RequestInfo, StateSource, short_hash
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def mimebundle(text: str, html: str, widget: Any = None) -> dict:
+    """What a notebook displays: text, HTML and, for a live ``widget``, its view (Jupyter shows the richest)."""
+    bundle = {"text/plain": text, "text/html": html}
+    if widget is not None:
+        bundle[WIDGET_VIEW] = widget._repr_mimebundle_()[WIDGET_VIEW]
+    return bundle
+
 
 class StaticSnapshot:
     """A frozen rendering (HTML and text) of a view or a dashboard: what a notebook keeps without a kernel.
@@ -57,7 +67,7 @@ class StaticSnapshot:
         return self.text
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return {"text/plain": self.text, "text/html": self.html}
+        return mimebundle(self.text, self.html)
 
 
 class View:
@@ -122,14 +132,10 @@ class View:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
         snap = self.snapshot()
-        bundle = {"text/plain": self.render_text(snap), "text/html": self.render_html(snap)}
-        if self._live is not None and self._live.attached:
+        live = self._live is not None and self._live.attached
+        if live:
             self._live.refresh()
-            widget_bundle = self._live.widget._repr_mimebundle_()
-            bundle["application/vnd.jupyter.widget-view+json"] = widget_bundle[
-                "application/vnd.jupyter.widget-view+json"
-            ]
-        return bundle
+        return mimebundle(self.render_text(snap), self.render_html(snap), self._live.widget if live else None)
 
     # -- live -------------------------------------------------------------------
     @property
