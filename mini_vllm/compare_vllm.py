@@ -289,7 +289,8 @@ def run_mini_workloads(llm, workloads: list[dict]) -> list[dict]:
     return results
 
 
-def _max_model_len(block_size: int, num_blocks: int) -> int:
+def engine_max_model_len(block_size: int, num_blocks: int) -> int:
+    """The ``max_model_len`` every engine of a comparison gets: the pool's capacity, at most 1024 tokens."""
     return min(1024, block_size * num_blocks)
 
 
@@ -312,7 +313,7 @@ def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32"
                 num_blocks=spec["num_blocks"],
                 max_num_seqs=MAX_NUM_SEQS,
                 max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                max_model_len=_max_model_len(spec["block_size"], spec["num_blocks"]),
+                max_model_len=engine_max_model_len(spec["block_size"], spec["num_blocks"]),
             )
             results.append(
                 {
@@ -348,7 +349,7 @@ def run_vllm(
                 "dtype": dtype,
                 "block_size": spec["block_size"],
                 "num_blocks": spec["num_blocks"],
-                "max_model_len": _max_model_len(spec["block_size"], spec["num_blocks"]),
+                "max_model_len": engine_max_model_len(spec["block_size"], spec["num_blocks"]),
                 "max_num_seqs": MAX_NUM_SEQS,
                 "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "workloads": spec["workloads"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 # Without a GPU the kernels run in Triton's interpreter; the variable must be set
@@ -21,3 +22,12 @@ if "MINI_VLLM_PARTS" not in os.environ:
 
     os.environ["MINI_VLLM_PARTS"] = tempfile.mkdtemp(prefix="mini-vllm-parts-")
     atexit.register(shutil.rmtree, os.environ["MINI_VLLM_PARTS"], True)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The bundled model with the torch attention backend (chapter 01's decode-loop check runs it)."""
+    from mini_vllm.attention import TorchAttentionBackend
+    from mini_vllm.model import default_model_path, load_model
+
+    return load_model(default_model_path(), attn_backend=TorchAttentionBackend())

@@ -22,6 +22,7 @@ import pickle
 
 import pytest
 import torch
+from course_fixtures import make_decode, rejects
 
 import kernels
 from mini_vllm import hashing
@@ -40,21 +41,12 @@ from mini_vllm.course import (
     check_slot_mapping,
     check_store_kv,
 )
-from mini_vllm.course._harness import CheckFailure
+from mini_vllm.course._harness import CHECKS, CheckFailure
 from mini_vllm.course.lookup_checks import reference_find_longest_cache_hit
 from mini_vllm.course.prompt_checks import reference_build_messages
 from mini_vllm.model_runner import compute_slot_mapping
 from mini_vllm.request import RequestStatus
 from mini_vllm.scheduler import Scheduler
-
-
-def _rejects(check, wrong, fragment: str) -> str:
-    """The check's message for ``wrong``; fails unless it is a CheckFailure holding ``fragment``."""
-    with pytest.raises(CheckFailure) as info:
-        check(wrong)
-    message = str(info.value)
-    assert fragment in message, message
-    return message
 
 
 # -- chapter 02: the free queue --------------------------------------------------------
@@ -175,11 +167,11 @@ class AppendCallsItself(Queue):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_free_queue_catalogue(wrong, fragment):
-    _rejects(check_free_queue, wrong, fragment)
+def test_ch02_free_queue_catalogue(wrong, fragment):
+    rejects(check_free_queue, wrong, fragment)
 
 
-def test_free_queue_accepts_a_queue_without_sentinels(capsys):
+def test_ch02_free_queue_accepts_a_queue_without_sentinels(capsys):
     check_free_queue(Queue)
     assert "✓ FreeKVCacheBlockQueue" in capsys.readouterr().out
 
@@ -214,12 +206,12 @@ def _reads_one_block_too_far(block_ids, start, end, block_size):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_slot_mapping_catalogue(wrong, fragment):
-    _rejects(check_slot_mapping, wrong, fragment)
+def test_ch03_slot_mapping_catalogue(wrong, fragment):
+    rejects(check_slot_mapping, wrong, fragment)
 
 
-def test_slot_mapping_names_the_input_and_points_at_the_learners_line():
-    message = _rejects(check_slot_mapping, _reads_one_block_too_far, "compute_slot_mapping([7], 0, 10, 16)")
+def test_ch03_slot_mapping_names_the_input_and_points_at_the_learners_line():
+    message = rejects(check_slot_mapping, _reads_one_block_too_far, "compute_slot_mapping([7], 0, 10, 16)")
     assert "likely mistake: an index past the end" in message
     traceback_text = message.split("Traceback (your code first):", 1)[1]
     first_frame = traceback_text.strip().splitlines()[0]
@@ -227,7 +219,7 @@ def test_slot_mapping_names_the_input_and_points_at_the_learners_line():
     assert "slot_mapping_checks.py" not in traceback_text
 
 
-def test_slot_mapping_accepts_divmod_in_a_tuple(capsys):
+def test_ch03_slot_mapping_accepts_divmod_in_a_tuple(capsys):
     def with_divmod(block_ids, start, end, block_size):
         slots = []
         for position in range(start, end):
@@ -278,8 +270,8 @@ def _sixteen_token_blocks(token_ids, block_size, cache_salt=None, lora_name=None
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_hash_request_tokens_catalogue(wrong, fragment):
-    _rejects(check_hash_request_tokens, wrong, fragment)
+def test_ch04_hash_request_tokens_catalogue(wrong, fragment):
+    rejects(check_hash_request_tokens, wrong, fragment)
 
 
 def _concatenates_the_tokens(parent, token_ids, extra_keys=None):
@@ -300,11 +292,11 @@ def _appends_the_parent(parent, token_ids, extra_keys=None):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_hash_block_tokens_catalogue(wrong, fragment):
-    _rejects(check_hash_block_tokens, wrong, fragment)
+def test_ch04_hash_block_tokens_catalogue(wrong, fragment):
+    rejects(check_hash_block_tokens, wrong, fragment)
 
 
-def test_hashing_accepts_other_styles(capsys):
+def test_ch04_hashing_accepts_other_styles(capsys):
     def with_highest_protocol(parent, token_ids, extra_keys=None):
         payload = (hashing.NONE_HASH if parent is None else parent, tuple(token_ids), extra_keys)
         return hashlib.sha256(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)).digest()
@@ -368,11 +360,11 @@ def _assumes_every_hash_is_cached(block_pool, block_hashes, max_num_blocks):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_find_longest_cache_hit_catalogue(wrong, fragment):
-    _rejects(check_find_longest_cache_hit, wrong, fragment)
+def test_ch05_find_longest_cache_hit_catalogue(wrong, fragment):
+    rejects(check_find_longest_cache_hit, wrong, fragment)
 
 
-def test_find_longest_cache_hit_accepts_takewhile(capsys):
+def test_ch05_find_longest_cache_hit_accepts_takewhile(capsys):
     from itertools import takewhile
 
     def with_takewhile(block_pool, block_hashes, max_num_blocks):
@@ -428,8 +420,8 @@ def _checks_the_queue_first(pool, ordered_blocks):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_free_blocks_catalogue(wrong, fragment):
-    _rejects(check_free_blocks, wrong, fragment)
+def test_ch06_free_blocks_catalogue(wrong, fragment):
+    rejects(check_free_blocks, wrong, fragment)
 
 
 def _reverses_the_table_in_place(pool, req_blocks):
@@ -450,8 +442,8 @@ def _frees_one_block_at_a_time(pool, req_blocks):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_free_request_blocks_catalogue(wrong, fragment):
-    _rejects(check_free_request_blocks, wrong, fragment)
+def test_ch06_free_request_blocks_catalogue(wrong, fragment):
+    rejects(check_free_request_blocks, wrong, fragment)
 
 
 def _get_new_blocks(pool, num_blocks, *, mistake=None):
@@ -484,11 +476,11 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
         ("one block alone", "you returned one block"),
     ],
 )
-def test_get_new_blocks_catalogue(mistake, fragment):
-    _rejects(check_get_new_blocks, lambda pool, n: _get_new_blocks(pool, n, mistake=mistake), fragment)
+def test_ch06_get_new_blocks_catalogue(mistake, fragment):
+    rejects(check_get_new_blocks, lambda pool, n: _get_new_blocks(pool, n, mistake=mistake), fragment)
 
 
-def test_chapter_06_accepts_other_styles(capsys):
+def test_ch06_eviction_accepts_other_styles(capsys):
     check_free_blocks(_free_blocks)
     check_free_request_blocks(lambda pool, req_blocks: _free_blocks(pool, req_blocks[::-1]))
     check_get_new_blocks(_get_new_blocks)
@@ -529,11 +521,11 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
         ("zeroes the unused slots", "changed its inputs"),
     ],
 )
-def test_paged_decode_catalogue(mistake, fragment):
-    _rejects(check_paged_decode, lambda *a, **k: _paged_decode(*a, mistake=mistake, **k), fragment)
+def test_ch07_paged_decode_catalogue(mistake, fragment):
+    rejects(check_paged_decode, lambda *a, **k: _paged_decode(*a, mistake=mistake, **k), fragment)
 
 
-def test_paged_decode_accepts_gather_then_softmax(capsys):
+def test_ch07_paged_decode_accepts_gather_then_softmax(capsys):
     check_paged_decode(_paged_decode)
     assert "✓ paged_decode" in capsys.readouterr().out
 
@@ -586,8 +578,8 @@ if kernels.TRITON_AVAILABLE:
 
 @needs_triton
 @pytest.mark.parametrize("mistake, fragment", [(1, "went through torch.float16"), (2, "a Triton mask must be boolean")])
-def test_store_kv_catalogue(mistake, fragment):
-    message = _rejects(check_store_kv, _store_kv_with(mistake), fragment)
+def test_ch07_store_kv_catalogue(mistake, fragment):
+    message = rejects(check_store_kv, _store_kv_with(mistake), fragment)
     assert "slots=[" in message  # the case is named
 
 
@@ -627,14 +619,14 @@ def _remembers_in_a_default(scheduler, token_budget, output, seen=set()):  # noq
     ],
     ids=["takes from the back", "mutable default", "crashes"],
 )
-def test_schedule_waiting_catalogue(wrong, fragment):
-    message = _rejects(check_schedule_waiting, wrong, fragment)
+def test_ch08_schedule_waiting_catalogue(wrong, fragment):
+    message = rejects(check_schedule_waiting, wrong, fragment)
     assert "scenario '" in message  # the scenario and step are named
 
 
-def test_schedule_waiting_accepts_a_remove_based_loop(capsys):
+def test_ch08_schedule_waiting_accepts_a_remove_based_loop(capsys):
     check_schedule_waiting(_schedule_waiting)
-    check_schedule_waiting(Scheduler._schedule_waiting)
+    check_schedule_waiting(Scheduler.schedule_waiting)
     assert capsys.readouterr().out.count("✓ schedule_waiting") == 2
 
 
@@ -677,12 +669,12 @@ def _json_of_a_datetime(system_prompt, tools, user_request, now):
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )
-def test_prompt_fix_catalogue(wrong, fragment):
-    _rejects(check_prompt_fix, wrong, fragment)
+def test_ch09_prompt_fix_catalogue(wrong, fragment):
+    rejects(check_prompt_fix, wrong, fragment)
 
 
 # -- every check: the learner's exception is explained, the check's frames are cut -------
-def test_a_check_failure_renders_without_the_checkers_traceback():
+def test_every_chapter_check_failure_renders_without_the_checkers_traceback():
     with pytest.raises(CheckFailure) as info:
         check_slot_mapping(_reads_one_block_too_far)
     rendered = "".join(info.value._render_traceback_())  # what Jupyter shows
@@ -690,7 +682,7 @@ def test_a_check_failure_renders_without_the_checkers_traceback():
     assert "_harness.py" not in rendered and "slot_mapping_checks.py" not in rendered
 
 
-def test_the_stub_still_surfaces_as_not_implemented():
+def test_every_chapter_stub_still_surfaces_as_not_implemented():
     def stub(*args, **kwargs):
         raise NotImplementedError("your code here: see the instructions above")
 
@@ -699,7 +691,7 @@ def test_the_stub_still_surfaces_as_not_implemented():
             check(stub)
 
 
-def test_an_unforeseen_result_becomes_a_message_not_a_crash():
+def test_ch06_get_new_blocks_unforeseen_result_becomes_a_message_not_a_crash():
     class Block:  # not a KVCacheBlock: the check's own bookkeeping trips over it
         block_id = 0
 
@@ -710,17 +702,17 @@ def test_an_unforeseen_result_becomes_a_message_not_a_crash():
         check_get_new_blocks(returns_strange_blocks)
 
 
-def test_the_catalogue_entries_are_distinct_mistakes():
+def test_ch02_free_queue_catalogue_entries_are_distinct_mistakes():
     """Guard against a catalogue that tests one mistake many times: the messages differ."""
     messages = {
-        _rejects(check_free_queue, SentinelsInTheClassBody, "interfere"),
-        _rejects(check_free_queue, RemoveWalksTheList, "O(1)"),
-        _rejects(check_free_queue, YieldsTheFreeBlocks, "generator"),
+        rejects(check_free_queue, SentinelsInTheClassBody, "interfere"),
+        rejects(check_free_queue, RemoveWalksTheList, "O(1)"),
+        rejects(check_free_queue, YieldsTheFreeBlocks, "generator"),
     }
     assert len(messages) == 3
 
 
-def test_a_pool_of_the_catalogue_is_really_busy():
+def test_ch06_get_new_blocks_catalogue_pool_is_really_busy():
     """The busy pool of check_get_new_blocks: the mistake 'compare with num_blocks' only shows there."""
     pool = BlockPool(8)
     pool.touch(pool.blocks[:5])
@@ -728,16 +720,7 @@ def test_a_pool_of_the_catalogue_is_really_busy():
 
 
 # -- chapter 01: the decode loop (needs the bundled model) ----------------------------------
-@pytest.fixture(scope="module")
-def default_model():
-    from mini_vllm.course.kv_cache_checks import _load_default_model
-
-    return _load_default_model()
-
-
 def _decode_loop(**mistake):
-    from test_course_checks_ch01_03 import make_decode  # the correct loop the chapter 01 tests use
-
     correct = make_decode()
 
     def greedy_decode(model, prompt_ids, max_new_tokens):
@@ -757,7 +740,7 @@ def _decode_loop(**mistake):
     [({"extends_the_prompt": True}, "changed the prompt_ids list"), ({"generator": True}, "returned a generator")],
     ids=["extends the prompt", "generator"],
 )
-def test_decode_loop_catalogue(default_model, mistake, fragment):
+def test_ch01_decode_loop_catalogue(default_model, mistake, fragment):
     from mini_vllm.course import check_decode_loop
 
     with pytest.raises(CheckFailure) as info:
@@ -787,17 +770,18 @@ class _EmptyClass:
         pass
 
 
+# Every registered check, a new one included: the decode loop needs the model and the queue is a class
+# (both have their own test), store_kv needs Triton.
 ALL_CHECKS = [
-    check_slot_mapping, check_hash_block_tokens, check_hash_request_tokens, check_find_longest_cache_hit,
-    check_free_blocks, check_free_request_blocks, check_get_new_blocks, check_paged_decode,
-    check_schedule_waiting, check_prompt_fix,
-] + ([check_store_kv] if kernels.TRITON_AVAILABLE else [])
+    check for name, check in CHECKS.items()
+    if name not in ("check_decode_loop", "check_free_queue") and (name != "check_store_kv" or kernels.TRITON_AVAILABLE)
+]
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("behaviour", [_returns_none, _returns_text, _raises_key_error, _returns_strange_items],
                          ids=lambda f: f.__name__)
-def test_no_check_crashes_on_learner_code(check, behaviour):
+def test_every_chapter_check_survives_strange_learner_code(check, behaviour):
     """Every check ends in a CheckFailure (an AssertionError with a message), never another exception."""
     with pytest.raises(CheckFailure) as info:
         check(behaviour)
@@ -806,7 +790,7 @@ def test_no_check_crashes_on_learner_code(check, behaviour):
 
 @pytest.mark.parametrize("queue_cls", [_EmptyClass, type("Raising", (Queue,), {"popleft": _raises_key_error})],
                          ids=["no methods", "popleft raises"])
-def test_the_queue_check_does_not_crash_either(queue_cls):
+def test_ch02_free_queue_check_survives_strange_learner_code(queue_cls):
     with pytest.raises(CheckFailure):
         check_free_queue(queue_cls)
 
@@ -818,7 +802,7 @@ def _status_as_text(scheduler, token_budget, output):
     return budget
 
 
-def test_without_the_guard_a_strange_result_would_crash_the_check():
+def test_ch08_schedule_waiting_without_the_guard_a_strange_result_would_crash_the_check():
     """The proof that guarded_check matters: the bare check trips over a status that is a string."""
     with pytest.raises(AttributeError):
         check_schedule_waiting.__wrapped__(_status_as_text)

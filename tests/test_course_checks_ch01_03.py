@@ -6,9 +6,8 @@ raise AssertionError with a message that names the mistake."""
 from __future__ import annotations
 
 import pytest
-import torch
+from course_fixtures import make_decode, rejects
 
-from mini_vllm.attention import AttentionMetadata
 from mini_vllm.block_pool import FreeKVCacheBlockQueue
 from mini_vllm.course import check_decode_loop, check_free_queue, check_slot_mapping
 from mini_vllm.model_runner import compute_slot_mapping
@@ -18,62 +17,7 @@ from mini_vllm.model_runner import compute_slot_mapping
 # --------------------------------------------------------------------------- #
 
 
-def contiguous_kv_cache(config, max_tokens, block_size=16):
-    num_blocks = -(-max_tokens // block_size)
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
-
-
-@torch.inference_mode()
-def run_model(model, kv_caches, token_ids, positions, seq_len):
-    """The notebook's helper: one forward of one sequence over a contiguous cache."""
-    num_blocks = kv_caches[0][0].shape[0]
-    metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(positions, dtype=torch.int64),
-        block_tables=torch.arange(num_blocks, dtype=torch.int32)[None, :],
-        seq_lens=torch.tensor([seq_len], dtype=torch.int32),
-        cu_seqlens_q=torch.tensor([0, len(token_ids)], dtype=torch.int32),
-        max_query_len=len(token_ids),
-        max_seq_len=seq_len,
-    )
-    hidden = model(torch.tensor(token_ids), torch.tensor(positions), kv_caches, metadata)
-    return model.compute_logits(hidden[-1])
-
-
-def make_decode(*, position=None, feed_all=False, seq_len_shift=0, feed_token=None, fresh_cache=False):
-    """A decode loop, correct unless one of the mistakes is switched on."""
-
-    def greedy_decode(model, prompt_ids, max_new_tokens):
-        kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
-        tokens = list(prompt_ids)
-        logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), len(tokens))
-        new_tokens = [int(logits.argmax())]
-        tokens.append(new_tokens[-1])
-        while len(new_tokens) < max_new_tokens:
-            if fresh_cache:
-                kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
-            if feed_all:
-                logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), len(tokens))
-            else:
-                fed = tokens[-1] if feed_token is None else feed_token(prompt_ids, tokens)
-                pos = len(tokens) - 1 if position is None else position(prompt_ids, tokens)
-                logits = run_model(model, kv_caches, [fed], [pos], len(tokens) + seq_len_shift)
-            new_tokens.append(int(logits.argmax()))
-            tokens.append(new_tokens[-1])
-        return new_tokens
-
-    return greedy_decode
-
-
-@pytest.fixture(scope="module")
-def default_model():
-    from mini_vllm.attention import TorchAttentionBackend
-    from mini_vllm.model import default_model_path, load_model
-
-    return load_model(default_model_path(), attn_backend=TorchAttentionBackend())
-
-
-def test_check_decode_loop_accepts_a_correct_loop(default_model, capsys):
+def test_ch01_decode_loop_accepts_a_correct_loop(default_model, capsys):
     check_decode_loop(make_decode(), default_model)
     assert "✓ greedy_decode" in capsys.readouterr().out
 
@@ -94,17 +38,15 @@ def test_check_decode_loop_accepts_a_correct_loop(default_model, capsys):
     ],
     ids=["positions", "refeed", "seq_len", "append", "fresh-cache"],
 )
-def test_check_decode_loop_rejects_typical_mistakes(default_model, wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_decode_loop(wrong, default_model)
+def test_ch01_decode_loop_rejects_typical_mistakes(default_model, wrong, expected_message):
+    rejects(check_decode_loop, wrong, expected_message, default_model, regex=True)
 
 
-def test_check_decode_loop_rejects_an_extra_token(default_model):
+def test_ch01_decode_loop_rejects_an_extra_token(default_model):
     def one_too_many(model, prompt_ids, max_new_tokens):
         return make_decode()(model, prompt_ids, max_new_tokens + 1)
 
-    with pytest.raises(AssertionError, match="exactly max_new_tokens"):
-        check_decode_loop(one_too_many, default_model)
+    rejects(check_decode_loop, one_too_many, "exactly max_new_tokens", default_model, regex=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -202,7 +144,7 @@ class KeepsStaleLinks(LearnerQueue):
 
 
 @pytest.mark.parametrize("queue_cls", [FreeKVCacheBlockQueue, LearnerQueue], ids=["reference", "learner"])
-def test_check_free_queue_accepts_correct_queues(queue_cls, capsys):
+def test_ch02_free_queue_accepts_correct_queues(queue_cls, capsys):
     check_free_queue(queue_cls)
     assert "✓ FreeKVCacheBlockQueue" in capsys.readouterr().out
 
@@ -218,9 +160,8 @@ def test_check_free_queue_accepts_correct_queues(queue_cls, capsys):
         (KeepsStaleLinks, "clear the block's prev_free_block"),
     ],
 )
-def test_check_free_queue_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_free_queue(wrong)
+def test_ch02_free_queue_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_free_queue, wrong, expected_message, regex=True)
 
 
 # --------------------------------------------------------------------------- #
@@ -228,7 +169,7 @@ def test_check_free_queue_rejects_typical_mistakes(wrong, expected_message):
 # --------------------------------------------------------------------------- #
 
 
-def test_check_slot_mapping_accepts_the_reference(capsys):
+def test_ch03_slot_mapping_accepts_the_reference(capsys):
     check_slot_mapping(compute_slot_mapping)
     assert "✓ compute_slot_mapping" in capsys.readouterr().out
 
@@ -268,6 +209,5 @@ def _adds_the_whole_position(block_ids, start, end, block_size):
         (_adds_the_whole_position, "not the whole position"),
     ],
 )
-def test_check_slot_mapping_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_slot_mapping(wrong)
+def test_ch03_slot_mapping_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_slot_mapping, wrong, expected_message, regex=True)

@@ -1,12 +1,13 @@
 """The checks of chapters 05 and 06 accept the reference and reject the typical mistakes.
 
-(Chapter 04's hashing checks are proved in test_course_checks.py.) Each wrong
+(Chapter 04's hashing checks are proved in test_course_checks_ch04_hashing.py.) Each wrong
 implementation below is a mistake a learner makes; the check must raise
 AssertionError on it, with a message that names the mistake."""
 
 from __future__ import annotations
 
 import pytest
+from course_fixtures import rejects
 
 from mini_vllm.block_pool import BlockPool, KVCacheBlock
 from mini_vllm.course import (
@@ -29,7 +30,7 @@ def reference_lookup(block_pool, block_hashes, max_num_blocks):
     return hits
 
 
-def test_check_find_longest_cache_hit_accepts_the_reference(capsys):
+def test_ch05_find_longest_cache_hit_accepts_the_reference(capsys):
     check_find_longest_cache_hit(reference_lookup)
     assert "✓ find_longest_cache_hit" in capsys.readouterr().out
 
@@ -98,17 +99,16 @@ def _newest_duplicate(block_pool, block_hashes, max_num_blocks):
         (_newest_duplicate, "first block inserted"),
     ],
 )
-def test_check_find_longest_cache_hit_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_find_longest_cache_hit(wrong)
+def test_ch05_find_longest_cache_hit_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_find_longest_cache_hit, wrong, expected_message, regex=True)
 
 
-def test_check_find_longest_cache_hit_reports_the_blocks_returned():
+def test_ch05_find_longest_cache_hit_reports_the_blocks_returned():
     with pytest.raises(AssertionError, match=r"returned blocks \[0, 1, 3\]"):
         check_find_longest_cache_hit(_skips_a_miss)
 
 
-def test_check_find_longest_cache_hit_lets_the_stub_error_through():
+def test_ch05_find_longest_cache_hit_lets_the_stub_error_through():
     def stub(block_pool, block_hashes, max_num_blocks):
         raise NotImplementedError("your code here")
 
@@ -150,7 +150,7 @@ def reference_get_new_blocks(pool, num_blocks):
     return blocks
 
 
-def test_eviction_checks_accept_the_reference(capsys):
+def test_ch06_eviction_checks_accept_the_reference(capsys):
     check_free_blocks(reference_free_blocks)
     check_free_request_blocks(reference_free_request_blocks)
     check_get_new_blocks(reference_get_new_blocks)
@@ -158,7 +158,7 @@ def test_eviction_checks_accept_the_reference(capsys):
     assert "✓ free_blocks" in out and "✓ free_request_blocks" in out and "✓ get_new_blocks" in out
 
 
-def test_eviction_checks_accept_the_packages_block_pool_methods():
+def test_ch06_eviction_checks_accept_the_packages_block_pool_methods():
     check_free_blocks(BlockPool.free_blocks)
     check_get_new_blocks(BlockPool.get_new_blocks)
 
@@ -214,9 +214,8 @@ def _indexes_its_argument(pool, ordered_blocks):
         (_indexes_its_argument, "any iterable"),
     ],
 )
-def test_check_free_blocks_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_free_blocks(wrong)
+def test_ch06_free_blocks_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_free_blocks, wrong, expected_message, regex=True)
 
 
 def _table_order(pool, req_blocks):
@@ -239,9 +238,8 @@ def _sorted_by_id(pool, req_blocks):
         (_sorted_by_id, "LAST block first"),
     ],
 )
-def test_check_free_request_blocks_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_free_request_blocks(wrong)
+def test_ch06_free_request_blocks_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_free_request_blocks, wrong, expected_message, regex=True)
 
 
 def _keeps_the_stale_map_entry(pool, num_blocks):
@@ -325,12 +323,11 @@ def _evicts_every_twin(pool, num_blocks):
         (_evicts_every_twin, "remove only the popped block"),
     ],
 )
-def test_check_get_new_blocks_rejects_typical_mistakes(wrong, expected_message):
-    with pytest.raises(AssertionError, match=expected_message):
-        check_get_new_blocks(wrong)
+def test_ch06_get_new_blocks_rejects_typical_mistakes(wrong, expected_message):
+    rejects(check_get_new_blocks, wrong, expected_message, regex=True)
 
 
-def test_eviction_checks_let_the_stub_error_through():
+def test_ch06_eviction_checks_let_the_stub_error_through():
     def stub(*args):
         raise NotImplementedError("your code here")
 
@@ -339,6 +336,6 @@ def test_eviction_checks_let_the_stub_error_through():
             check(stub)
 
 
-def test_checks_return_blocks_as_kv_cache_blocks():
+def test_ch06_get_new_blocks_reference_returns_kv_cache_blocks():
     pool = BlockPool(4)
     assert all(isinstance(block, KVCacheBlock) for block in reference_get_new_blocks(pool, 2))

@@ -1,8 +1,10 @@
 """Exercise checks and helpers for the course notebooks (``exercises/`` and ``solutions/``).
 
-One ``check_<what you wrote>`` per exercise. Each compares your function with
-the package's reference on fixed edge cases and random inputs, raises
-``AssertionError`` with a message that helps, and prints a pass line.
+One ``check_<what you wrote>`` per exercise, exported here by its name
+(decorating it with ``@guarded_check`` in a ``<topic>_checks`` module is all it
+takes to add one). Each compares your function with the package's reference on
+fixed edge cases and random inputs, raises ``AssertionError`` with a message
+that helps, and prints a pass line.
 
 An implementation that passes its check is kept as a part of the learner's
 own engine (:mod:`mini_vllm.course.parts`); :func:`learner_engine` builds an
@@ -10,18 +12,12 @@ own engine (:mod:`mini_vllm.course.parts`); :func:`learner_engine` builds an
 :func:`reset_parts` goes back to the reference.
 """
 
-from . import (
-    eviction_checks,
-    free_queue_checks,
-    hashing_checks,
-    kernel_checks,
-    kv_cache_checks,
-    lookup_checks,
-    prompt_checks,
-    scheduler_checks,
-    slot_mapping_checks,
-)
+import importlib
+import pkgutil
+
+from ._harness import CHECKS
 from .display import show_source
+from .kernel_checks import use_attention_backend
 from .learner_engine import (
     against_vllm,
     compare_with_reference,
@@ -31,15 +27,13 @@ from .learner_engine import (
     use_parts,
 )
 from .parts import kept_parts, parts_dir, reset_parts
-from .eviction_checks import *  # noqa: F401,F403
-from .free_queue_checks import *  # noqa: F401,F403
-from .hashing_checks import *  # noqa: F401,F403
-from .kernel_checks import *  # noqa: F401,F403
-from .kv_cache_checks import *  # noqa: F401,F403
-from .lookup_checks import *  # noqa: F401,F403
-from .prompt_checks import *  # noqa: F401,F403
-from .scheduler_checks import *  # noqa: F401,F403
-from .slot_mapping_checks import *  # noqa: F401,F403
+
+# Every ``<topic>_checks`` module registers its checks (``@guarded_check``) when imported;
+# each registered ``check_*`` is then exported from here by its name.
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name.endswith("_checks"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+globals().update(CHECKS)
 
 __all__ = [
     "show_source",
@@ -52,16 +46,6 @@ __all__ = [
     "kept_parts",
     "parts_dir",
     "reset_parts",
+    "use_attention_backend",
+    *CHECKS,
 ]
-for _module in (
-    kv_cache_checks,
-    free_queue_checks,
-    slot_mapping_checks,
-    hashing_checks,
-    lookup_checks,
-    eviction_checks,
-    kernel_checks,
-    scheduler_checks,
-    prompt_checks,
-):
-    __all__ += list(_module.__all__)

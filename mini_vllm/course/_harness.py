@@ -10,7 +10,9 @@ Every call into the learner's code goes through :func:`call_learner` (or
 input or operation that triggered it, what was expected and the likely
 mistake, followed by a traceback that starts at the learner's own code (the
 checker's frames are cut). :func:`guarded_check` wraps each ``check_*`` as a
-last line of defence, so a check never ends in an unexplained error.
+last line of defence, so a check never ends in an unexplained error, and
+registers it in :data:`CHECKS` (``mini_vllm.course`` exports every registered
+check by its name: decorating a ``check_*`` is all it takes to add one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .parts import PARTS_BY_KEY, keep
 
 _PACKAGE_DIRS = tuple(
     str(path)
@@ -183,26 +187,36 @@ def not_a_list_hint(value: Any) -> str:
     return "build a list and return it"
 
 
+CHECKS: dict[str, Callable] = {}
+"""Every ``check_*`` decorated with :func:`guarded_check`, by name (``mini_vllm.course`` exports them all)."""
+
+
 def guarded_check(part: str | None = None) -> Callable[[Callable], Callable]:
-    """Decorate a ``check_*``: it ends only in a pass line, a :class:`CheckFailure` or the stub's error.
+    """Decorate and register a ``check_*``: it ends only in a pass line, a :class:`CheckFailure` or the stub's error.
 
     Anything else escaping it (an unexpected value that made the analysis
     itself fail) is turned into a message that names the case being run.
-    ``part``: when the check passes, its first argument (the learner's
-    implementation) is kept as that part of the learner's engine
-    (:func:`mini_vllm.course.parts.keep`).
+    ``part``: a key of :data:`mini_vllm.course.parts.PARTS`; when the check
+    passes, its first argument (the learner's implementation) is kept as that
+    part of the learner's engine (:func:`mini_vllm.course.parts.keep`).
     """
+    if part is not None and part not in PARTS_BY_KEY:
+        raise ValueError(f"guarded_check: part={part!r} is not in parts.PARTS ({sorted(PARTS_BY_KEY)})")
 
     def decorate(check_fn: Callable) -> Callable:
+        name = check_fn.__name__
+        if not name.startswith("check_") or CHECKS.get(name, check_fn).__module__ != check_fn.__module__:
+            raise ValueError(f"guarded_check: {name!r} must be named check_* and defined in one module only")
+
         @functools.wraps(check_fn)
         def wrapper(*args, **kwargs):
             result = _run_guarded(check_fn, args, kwargs)
             if part is not None and args:
-                from .parts import keep
-
                 keep(part, args[0])
             return result
 
+        wrapper.part = part
+        CHECKS[name] = wrapper
         return wrapper
 
     return decorate

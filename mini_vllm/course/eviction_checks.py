@@ -28,7 +28,7 @@ from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
-from .free_queue_checks import _CountingBlock
+from .fixtures import CountingBlock, block_ids, cache_block, counting_pool, pool_state
 
 BLOCK_SIZE = 4
 
@@ -38,44 +38,31 @@ def _hash(tag: int) -> BlockHash:
     return hash_request_tokens([tag] * BLOCK_SIZE, BLOCK_SIZE)[0]
 
 
-def _take(pool: BlockPool, block_ids: Sequence[int], ref_cnt: int = 1, hashed: Sequence[int] = ()) -> list[KVCacheBlock]:
-    """Give ``block_ids`` ``ref_cnt`` references (out of the free queue); cache the ``hashed`` ones."""
-    blocks = [pool.blocks[i] for i in block_ids]
+def _take(pool: BlockPool, ids: Sequence[int], ref_cnt: int = 1, hashed: Sequence[int] = ()) -> list[KVCacheBlock]:
+    """Give blocks ``ids`` ``ref_cnt`` references (out of the free queue); cache the ``hashed`` ones."""
+    blocks = [pool.blocks[i] for i in ids]
     for _ in range(ref_cnt):
         pool.touch(blocks)
     for block in blocks:
         if block.block_id in hashed:
-            block.block_hash = _hash(block.block_id)
-            pool.cached_block_hash_to_block.insert(block.block_hash, block)
+            cache_block(pool, block, _hash(block.block_id))
     return blocks
 
 
-def _cache_free(pool: BlockPool, block_ids: Sequence[int], block_hash: BlockHash | None = None) -> None:
+def _cache_free(pool: BlockPool, ids: Sequence[int], block_hash: BlockHash | None = None) -> None:
     """Make free blocks cached-but-free (as after their request finished), in place in the queue."""
-    for block_id in block_ids:
-        block = pool.blocks[block_id]
-        block.block_hash = block_hash if block_hash is not None else _hash(block_id)
-        pool.cached_block_hash_to_block.insert(block.block_hash, block)
-
-
-def _state(pool: BlockPool) -> dict:
-    return {
-        "free queue (head -> tail)": [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
-        "num_free_blocks": pool.free_block_queue.num_free_blocks,
-        "ref_cnt": [b.ref_cnt for b in pool.blocks],
-        "hashed blocks": [b.block_id for b in pool.blocks if b.block_hash is not None],
-        "map": sorted((h.hex()[:8], b.block_id) for h, b in pool.cached_block_hash_to_block.items()),
-    }
+    for block_id in ids:
+        cache_block(pool, pool.blocks[block_id], block_hash if block_hash is not None else _hash(block_id))
 
 
 def _compare_states(check: Checker, got: BlockPool, expected: BlockPool, case: str, hint: str = "", random_case=False):
-    got_state, expected_state = _state(got), _state(expected)
+    got_state, expected_state = pool_state(got), pool_state(expected)
     for key in expected_state:
         check.expect_equal(got_state[key], expected_state[key], f"{case}: {key}", hint, random_case=random_case)
 
 
 def _queue(pool: BlockPool) -> list[int]:
-    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    return block_ids(pool.free_block_queue.get_all_free_blocks())
 
 
 def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:
@@ -85,9 +72,7 @@ def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:
 def _large_pool(num_in_use: int) -> tuple[BlockPool, list[KVCacheBlock], dict]:
     """20,000 counting blocks, the first ``num_in_use`` in use (every other one cached), and the
     map's items() and the queue's get_all_free_blocks() counting their calls: O(n) scans show up."""
-    pool = BlockPool(20_000)
-    for block in pool.blocks:
-        block.__class__ = _CountingBlock
+    pool = counting_pool(20_000)
     in_use = _take(pool, list(range(num_in_use)), hashed=list(range(0, num_in_use, 2)))
     _cache_free(pool, [num_in_use + 1, num_in_use + 3])
     scans = {"items": 0, "get_all_free_blocks": 0}
@@ -103,12 +88,12 @@ def _large_pool(num_in_use: int) -> tuple[BlockPool, list[KVCacheBlock], dict]:
 
     counting(pool.cached_block_hash_to_block, "items")
     counting(pool.free_block_queue, "get_all_free_blocks")
-    _CountingBlock.reads = 0
+    CountingBlock.reads = 0
     return pool, in_use, scans
 
 
 def _expect_constant_time(check: Checker, case: str, scans: dict, num_blocks: int) -> None:
-    reads = _CountingBlock.reads
+    reads = CountingBlock.reads
     check.expect(
         not scans["items"] and not scans["get_all_free_blocks"] and reads <= 15 * max(num_blocks, 1) + 10,
         f"{case}: your code read {reads:,} block attributes, walked the hash map {scans['items']} time(s) and "
@@ -149,6 +134,21 @@ def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
             finished = running.pop(rng.choice(list(running)))
             manager.free(finished)
     return manager, running
+
+
+def _free_random_pools(check: Checker, free_table: Callable, reference_free_table: Callable) -> None:
+    """Random pools, built twice per seed: free each running request's table with the learner's
+    ``free_table(pool, table)`` on one and the reference on the other, comparing the pools after each."""
+    for seed in range(60):
+        manager, running = _random_pool(seed)
+        expected_manager, _ = _random_pool(seed)
+        for request_id in running:
+            free_table(manager.block_pool, manager.req_to_blocks.pop(request_id))
+            reference_free_table(expected_manager.block_pool, expected_manager.req_to_blocks.pop(request_id))
+            _compare_states(
+                check, manager.block_pool, expected_manager.block_pool,
+                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
+            )
 
 
 # -- free_blocks ------------------------------------------------------------------
@@ -291,18 +291,10 @@ def check_free_blocks(free_blocks: Callable) -> None:
     _expect_constant_time(check, "3 blocks freed in a pool of 20,000", scans, 3)
 
     # 6. Random pools (some with caching off): free the running requests one by one, as the engine does.
-    for seed in range(60):
-        manager, running = _random_pool(seed)
-        expected_manager, _ = _random_pool(seed)
-        for request_id in running:
-            free_blocks(manager.block_pool, list(reversed(manager.req_to_blocks.pop(request_id))))
-            _reference_free_blocks(
-                expected_manager.block_pool, list(reversed(expected_manager.req_to_blocks.pop(request_id)))
-            )
-            _compare_states(
-                check, manager.block_pool, expected_manager.block_pool,
-                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
-            )
+    _free_random_pools(
+        check, lambda pool, table: free_blocks(pool, list(reversed(table))),
+        lambda pool, table: _reference_free_blocks(pool, list(reversed(table))),
+    )
     check.passed()
 
 
@@ -356,16 +348,7 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
     )
 
     # 2. Random pools.
-    for seed in range(60):
-        manager, running = _random_pool(seed)
-        expected_manager, _ = _random_pool(seed)
-        for request_id in running:
-            free_request_blocks(manager.block_pool, manager.req_to_blocks.pop(request_id))
-            expected_manager.block_pool.free_blocks(reversed(expected_manager.req_to_blocks.pop(request_id)))
-            _compare_states(
-                check, manager.block_pool, expected_manager.block_pool,
-                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
-            )
+    _free_random_pools(check, free_request_blocks, lambda pool, table: pool.free_blocks(reversed(table)))
     check.passed()
 
 
@@ -488,14 +471,14 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
     # 5. Asking for nothing, and asking for too much.
     run_both(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing")
     pool = cached_head()
-    before = _state(pool)
+    before = pool_state(pool)
     if not raises_value_error(pool, 7, "asked for 7 blocks from a pool with 6 free"):
         raise CheckFailure(
             "get_new_blocks: asked for 7 blocks from a pool with 6 free, and no ValueError was raised\n"
             "    hint: check pool.get_num_free_blocks() first and raise ValueError when it is too small"
         )
     check.expect(
-        _state(pool) == before,
+        pool_state(pool) == before,
         "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
         "check the count BEFORE popping anything: a failed request must leave the pool untouched "
         "(the scheduler tries again next step)",
@@ -509,7 +492,7 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         return pool
 
     pool = busy()
-    before = _state(pool)
+    before = pool_state(pool)
     if not raises_value_error(pool, 4, "a busy pool (8 blocks, 5 in use, 3 free)"):
         check.fail(
             "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
@@ -517,7 +500,7 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             "cannot be handed out",
         )
     check.expect(
-        _state(pool) == before,
+        pool_state(pool) == before,
         "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
         "popping blocks: the pool changed",
         "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
@@ -543,6 +526,3 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped", random_case=True,
         )
     check.passed()
-
-
-__all__ = ["check_free_blocks", "check_free_request_blocks", "check_get_new_blocks"]

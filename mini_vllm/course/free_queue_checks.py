@@ -20,10 +20,7 @@ from typing import Any
 from ..block_pool import FreeKVCacheBlockQueue as ReferenceQueue
 from ..block_pool import KVCacheBlock
 from ._harness import CheckFailure, Checker, guarded_check, learner_error
-
-
-def _ids(blocks) -> list[int]:
-    return [block.block_id for block in blocks]
+from .fixtures import CountingBlock, TooManySteps, block_ids
 
 
 class _Scenario:
@@ -46,7 +43,7 @@ class _Scenario:
 
     def verify(self, hint: str) -> None:
         check = self.check
-        got = _ids(self.free_list())
+        got = block_ids(self.free_list())
         check.expect_equal(got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", hint)
         check.expect_equal(
             self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks",
@@ -127,7 +124,7 @@ class _Scenario:
     def appendleft(self, block_id: int, hint: str) -> None:
         self.history.append(f"appendleft({block_id})")
         self.call("appendleft", self.blocks[block_id])
-        got = _ids(self.free_list())
+        got = block_ids(self.free_list())
         if got and got[-1] == block_id and got[0] != block_id:
             hint = f"appendleft put block {block_id} at the TAIL; it must go to the head (reused first)"
         self.expected.insert(0, block_id)
@@ -171,51 +168,18 @@ def _expect_value_error_on_empty(check: Checker, queue: Any, case: str) -> None:
     )
 
 
-class _TooManySteps(BaseException):
-    """Raised by a counting block past its budget: an O(n) loop stops at once instead of running on.
-
-    A BaseException, so that the learner's ``except Exception`` cannot swallow it.
-    """
-
-
-class _CountingBlock(KVCacheBlock):
-    """A block that counts how often its links are read and how often it is compared."""
-
-    __slots__ = ()
-    reads = 0  # shared by all counting blocks: reset before each measured operation
-    budget = None  # when set, more reads than this raise _TooManySteps
-
-    def __getattribute__(self, name):
-        if name in ("prev_free_block", "next_free_block", "block_hash"):
-            _CountingBlock._count()
-        return object.__getattribute__(self, name)
-
-    def __eq__(self, other):  # list.remove / list.index / `in` compare every element before the target
-        _CountingBlock._count()
-        return self is other
-
-    @staticmethod
-    def _count() -> None:
-        _CountingBlock.reads += 1
-        if _CountingBlock.budget is not None and _CountingBlock.reads > _CountingBlock.budget:
-            _CountingBlock.budget = None
-            raise _TooManySteps
-
-    __hash__ = KVCacheBlock.__hash__
-
-
 _LARGE = 20_000
 _MAX_STEPS_PER_OPERATION = 40
 
 
 def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
     """On a queue of 20,000 blocks, each operation may touch only a few blocks (O(1))."""
-    blocks = [_CountingBlock(i) for i in range(_LARGE)]
+    blocks = [CountingBlock(i) for i in range(_LARGE)]
     budget = 50 * _LARGE
-    _CountingBlock.reads, _CountingBlock.budget = 0, budget
+    CountingBlock.reads, CountingBlock.budget = 0, budget
     try:
         queue = check.call(queue_cls, blocks, what=f"FreeKVCacheBlockQueue of {_LARGE:,} blocks")
-    except _TooManySteps:
+    except TooManySteps:
         check.fail(
             f"building a queue of {_LARGE:,} blocks read more than {budget:,} block links or comparisons "
             "(stopped there): __init__ costs O(n^2), so one of the operations it uses is O(n)",
@@ -223,7 +187,7 @@ def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
             "counter (never count by walking the list or by len() of a list you build)",
         )
     finally:
-        _CountingBlock.budget = None
+        CountingBlock.budget = None
     middle = blocks[_LARGE // 2]
     operations = [
         ("remove(a block in the middle)", lambda: queue.remove(middle)),
@@ -234,14 +198,14 @@ def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
         ("num_free_blocks", lambda: queue.num_free_blocks),
     ]
     for label, operation in operations:
-        _CountingBlock.reads, _CountingBlock.budget = 0, 100 * _MAX_STEPS_PER_OPERATION
+        CountingBlock.reads, CountingBlock.budget = 0, 100 * _MAX_STEPS_PER_OPERATION
         try:
             check.call(operation, what=f"a queue of {_LARGE:,} blocks: {label}")
-        except _TooManySteps:
+        except TooManySteps:
             pass  # reported below, with the count
         finally:
-            _CountingBlock.budget = None
-        steps = _CountingBlock.reads
+            CountingBlock.budget = None
+        steps = CountingBlock.reads
         check.expect(
             steps <= _MAX_STEPS_PER_OPERATION,
             f"a queue of {_LARGE:,} blocks: {label} read {steps:,} block links or comparisons"
@@ -260,8 +224,8 @@ def _check_independent_queues(check: Checker, queue_cls: Callable) -> None:
     first = check.call(queue_cls, first_blocks, what="a first queue of blocks 0, 1, 2")
     second = check.call(queue_cls, second_blocks, what="a second queue of blocks 10, 11, while the first is alive")
     check.call(second.popleft, what="popleft() on the second queue")
-    got_first = _ids(check.call(first.get_all_free_blocks, what="get_all_free_blocks() on the first queue"))
-    got_second = _ids(check.call(second.get_all_free_blocks, what="get_all_free_blocks() on the second queue"))
+    got_first = block_ids(check.call(first.get_all_free_blocks, what="get_all_free_blocks() on the first queue"))
+    got_second = block_ids(check.call(second.get_all_free_blocks, what="get_all_free_blocks() on the second queue"))
     check.expect(
         got_first == [0, 1, 2] and got_second == [11] and first.num_free_blocks == 3 and second.num_free_blocks == 1,
         "two queues alive at once interfere: the first queue (blocks 0, 1, 2) holds "
@@ -354,12 +318,9 @@ def check_free_queue(queue_cls: Callable) -> None:
                     in_queue.add(block_id)
             mine_free = check.call(mine.get_all_free_blocks, what=f"random trial {trial}: get_all_free_blocks()")
             check.expect_equal(
-                (_ids(mine_free), mine.num_free_blocks),
-                (_ids(ref.get_all_free_blocks()), ref.num_free_blocks),
+                (block_ids(mine_free), mine.num_free_blocks),
+                (block_ids(ref.get_all_free_blocks()), ref.num_free_blocks),
                 f"random trial {trial}: after {' -> '.join(history[-6:])}: (queue head to tail, num_free_blocks)",
                 random_case=True,
             )
     check.passed()
-
-
-__all__ = ["check_free_queue"]

@@ -213,6 +213,3 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
             random_case=True,
         )
     check.passed()
-
-
-__all__ = ["check_hash_block_tokens", "check_hash_request_tokens"]

@@ -634,4 +634,4 @@ def check_paged_decode(paged_decode: Callable) -> None:
     check.passed()
 
 
-__all__ = ["check_paged_decode", "check_store_kv", "use_attention_backend"]
+__all__ = ["use_attention_backend"]

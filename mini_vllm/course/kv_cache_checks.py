@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..attention import AttentionMetadata
 from ._harness import Checker, guarded_check
+from .one_sequence import contiguous_kv_cache, run_model
 
 # Logits computed incrementally and all at once differ by float rounding only;
 # a token counts as the arg-max when it is within this of the maximum.
@@ -54,32 +54,12 @@ class _RecordingModel:
         return getattr(self._model, name)
 
 
-@torch.inference_mode()
 def _teacher_forced_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
     """Logits at every position of ``token_ids``, from one forward over a fresh cache."""
-    config = model.config
-    block_size = 16
-    num_blocks = -(-len(token_ids) // block_size)
-    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     param = next(model.parameters())
-    kv_caches = [
-        (torch.zeros(shape, dtype=param.dtype, device=param.device),
-         torch.zeros(shape, dtype=param.dtype, device=param.device))
-        for _ in range(config.num_layers)
-    ]
     n = len(token_ids)
-    device = param.device
-    metadata = AttentionMetadata(
-        slot_mapping=torch.arange(n, dtype=torch.int64, device=device),
-        block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None, :],
-        seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
-        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device=device),
-        max_query_len=n,
-        max_seq_len=n,
-    )
-    ids = torch.tensor(token_ids, dtype=torch.int64, device=device)
-    hidden = model(ids, torch.arange(n, dtype=torch.int64, device=device), kv_caches, metadata)
-    return model.compute_logits(hidden).float().cpu()
+    kv_caches = contiguous_kv_cache(model.config, n, dtype=param.dtype, device=param.device)
+    return run_model(model, kv_caches, token_ids, list(range(n)), seq_len=n, all_logits=True).float().cpu()
 
 
 def _load_default_model():
@@ -223,6 +203,3 @@ def check_decode_loop(greedy_decode: Callable, model: Any | None = None) -> None
         _check_one(check, greedy_decode, model, prompt, max_new_tokens,
                    f"a random {len(prompt)}-token prompt, {max_new_tokens} new tokens", random_case=True)
     check.passed()
-
-
-__all__ = ["check_decode_loop"]

@@ -10,7 +10,8 @@ seam the engine already has, on this one ``LLM`` only —
 * objects the engine owns are replaced or given an instance attribute:
   ``block_pool.free_block_queue`` (chapter 02), ``kv_cache_manager.find_longest_cache_hit``
   (05), ``block_pool.free_blocks`` / ``get_new_blocks`` and ``kv_cache_manager.free`` (06),
-  the attention backend of every layer (07), ``scheduler._schedule_waiting`` (08);
+  the attention backend of every layer (07), ``scheduler.schedule_waiting`` (08, the method
+  the exercise writes);
 * two module-level functions (``model_runner.compute_slot_mapping``, 03, and
   ``request.hash_new_full_blocks``, 04) are swapped only while this engine
   runs (its ``add_request``/``step`` and the ``LLM`` calls around them), then
@@ -77,8 +78,7 @@ def use_parts(llm: LLM, parts: dict[str, Any]) -> dict[str, str]:
 
         use_attention_backend(llm, _learner_backend(parts.get("store_kv"), parts.get("paged_decode")))
     if "schedule_waiting" in parts:
-        schedule_waiting = parts["schedule_waiting"]
-        scheduler._schedule_waiting = lambda token_budget, output: schedule_waiting(scheduler, token_budget, output)
+        scheduler.schedule_waiting = functools.partial(parts["schedule_waiting"], scheduler)
     swapped = _module_swaps(parts, engine.config.hash_algo)
     if swapped:
         _run_with_swaps(llm, swapped)
@@ -339,7 +339,7 @@ def run_against_reference(
     engine_args = dict(
         device="cpu", dtype="float32", block_size=block_size, num_blocks=num_blocks,
         max_num_seqs=compare_vllm.MAX_NUM_SEQS, max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
-        max_model_len=compare_vllm._max_model_len(block_size, num_blocks),
+        max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
     mine_llm = learner_engine(model, parts=parts, **engine_args)
     mine = compare_vllm.run_mini_workloads(mine_llm, specs)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 
 from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
-from ..kv_cache_manager import KVCacheManager
+from ..kv_cache_manager import KVCacheManager, longest_cache_hit
 from ._harness import Checker, guarded_check
-from .free_queue_checks import _CountingBlock
+from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 
 BLOCK_SIZE = 4
 
@@ -27,39 +27,33 @@ BLOCK_SIZE = 4
 def reference_find_longest_cache_hit(
     block_pool: BlockPool, block_hashes: Sequence[BlockHash], max_num_blocks: int
 ) -> list[KVCacheBlock]:
-    """The reference: ``KVCacheManager.find_longest_cache_hit`` on a given pool."""
-    manager = KVCacheManager.__new__(KVCacheManager)  # only the pool is needed for a lookup
-    manager.block_pool = block_pool
-    return KVCacheManager.find_longest_cache_hit(manager, block_hashes, max_num_blocks)
+    """The reference with the exercise's signature: what ``KVCacheManager.find_longest_cache_hit`` does."""
+    return longest_cache_hit(block_hashes[:max_num_blocks], block_pool.get_cached_block)
 
 
 def _hashes(tokens: Sequence[int]) -> list[BlockHash]:
     return hash_request_tokens(list(tokens), BLOCK_SIZE)
 
 
-def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[int] = ()) -> BlockPool:
-    """A pool whose blocks 0, 1, ... hold ``cached[0]``, ``cached[1]``, ...
+def _make_manager(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[int] = ()) -> KVCacheManager:
+    """A manager whose pool's blocks 0, 1, ... hold ``cached[0]``, ``cached[1]``, ...
 
     Blocks listed in ``in_use`` get ref_cnt 1 (taken out of the free queue);
     the others are cached but free (ref_cnt 0), as after their request finished.
+    The learner's function gets ``manager.block_pool``; the manager's own
+    ``find_longest_cache_hit`` is the reference.
     """
-    pool = BlockPool(num_blocks)
+    manager = KVCacheManager(num_blocks, BLOCK_SIZE)
+    pool = manager.block_pool
     for block_id, block_hash in enumerate(cached):
-        block = pool.blocks[block_id]
-        block.block_hash = block_hash
-        pool.cached_block_hash_to_block.insert(block_hash, block)
+        cache_block(pool, pool.blocks[block_id], block_hash)
     pool.touch([pool.blocks[i] for i in in_use])
-    return pool
+    return manager
 
 
-def _pool_state(pool: BlockPool) -> tuple:
-    """Everything a lookup must leave unchanged."""
-    return (
-        tuple(block.ref_cnt for block in pool.blocks),
-        tuple(block.block_hash for block in pool.blocks),
-        tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks()),
-        tuple((h, block.block_id) for h, block in pool.cached_block_hash_to_block.items()),
-    )
+def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[int] = ()) -> BlockPool:
+    """The pool of :func:`_make_manager` (for the fixed cases, whose answers are written out)."""
+    return _make_manager(num_blocks, cached, in_use).block_pool
 
 
 def _describe(result) -> str:
@@ -73,14 +67,14 @@ def _run(
     check: Checker, fn: Callable, pool: BlockPool, hashes: list, max_num_blocks: int, case: str, random_case: bool = False
 ):
     """Call the learner's function and check what any correct answer must satisfy."""
-    before = _pool_state(pool)
+    before = pool_state(pool)
     given = list(hashes)
-    reads_before = _CountingBlock.reads
+    reads_before = CountingBlock.reads
     result = check.call(
         fn, pool, given, max_num_blocks, what=f"{case}: find_longest_cache_hit(pool, {len(hashes)} hashes, {max_num_blocks})",
         expected="the list of cached blocks of the longest prefix",
     )
-    check.reads_in_call = _CountingBlock.reads - reads_before  # block attributes read (counting blocks only)
+    check.reads_in_call = CountingBlock.reads - reads_before  # block attributes read (counting blocks only)
     result = check.expect_list(result, case, random_case=random_case)
     check.expect_unchanged(
         [h.hex()[:8] for h in hashes], [h.hex()[:8] if isinstance(h, bytes) else h for h in given], case,
@@ -97,7 +91,7 @@ def _run(
         random_case=random_case,
     )
     check.expect(
-        _pool_state(pool) == before,
+        pool_state(pool) == before,
         f"{case}: the pool changed during the lookup (a ref_cnt, the free queue or the map)",
         "a lookup only looks: get_computed_blocks takes no references; allocate_slots touches the "
         "blocks later, once the scheduler has decided to admit the request",
@@ -194,9 +188,7 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
 
     # 8. The same contents computed twice: lookup returns the block inserted first.
     pool = _make_pool(8, hashes[:2])
-    twin = pool.blocks[5]
-    twin.block_hash = hashes[0]
-    pool.cached_block_hash_to_block.insert(hashes[0], twin)
+    cache_block(pool, pool.blocks[5], hashes[0])
     result = _run(check, fn, pool, hashes, 4, "two blocks hold block 0's contents")
     check.expect_equal(
         _describe(result), "blocks [0, 1]", "two blocks (0 and 5) hold block 0's contents",
@@ -215,9 +207,9 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     )
 
     # 10. O(hit length), not O(pool size): a pool of 20,000 blocks, 3 of them cached.
-    pool = _make_pool(20_000, hashes[:3])
-    for block in pool.blocks:
-        block.__class__ = _CountingBlock
+    pool = counting_pool(20_000)
+    for block_id, block_hash in enumerate(hashes[:3]):
+        cache_block(pool, pool.blocks[block_id], block_hash)
     result = _run(check, fn, pool, hashes, 4, "a pool of 20,000 blocks, the first 3 hashes cached")
     reads = check.reads_in_call
     check.expect(
@@ -239,14 +231,11 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
             for block_hash in _hashes(tokens):
                 if block_hash not in cached and rng.random() < 0.85:
                     cached.append(block_hash)
-        pool = _make_pool(len(cached) + 2, cached)
+        manager = _make_manager(len(cached) + 2, cached)
         query = _hashes(prompts[2])
         max_blocks = rng.randint(0, len(query))
         case = f"random pool ({len(cached)} cached blocks), {len(query)} hashes, max_num_blocks={max_blocks}"
-        result = _run(check, fn, pool, query, max_blocks, case, random_case=True)
-        expected = reference_find_longest_cache_hit(pool, query, max_blocks)
+        result = _run(check, fn, manager.block_pool, query, max_blocks, case, random_case=True)
+        expected = manager.find_longest_cache_hit(query, max_blocks)
         check.expect_equal(_describe(result), _describe(expected), case, random_case=True)
     check.passed()
-
-
-__all__ = ["check_find_longest_cache_hit"]

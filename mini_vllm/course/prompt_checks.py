@@ -354,6 +354,3 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
         _check_scenario(check, build_messages, requests, tokenizer, f"random scenario {seed}", True)
     check.passed()
     print(f"  hit rate on the 8 requests: {rate:.1%}")
-
-
-__all__ = ["check_prompt_fix"]

@@ -23,6 +23,7 @@ from ..kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
 from ..scheduler import Scheduler
 from ._harness import Checker, _short, call_learner, guarded_check
+from .fixtures import pool_state
 
 
 @dataclass
@@ -44,30 +45,46 @@ class Scenario:
     enable_caching: bool = True
 
 
+class _CheckedScheduler(Scheduler):
+    """A :class:`Scheduler` whose admission is the learner's ``schedule_waiting(scheduler, token_budget, output)``.
+
+    ``Scheduler.schedule_waiting`` is chapter 08's exercise and a subclass may
+    override it: this one calls the learner's function, guarded (a crash names
+    the step, the queues and the free blocks), or the reference when there is
+    none, and records the budget it returns.
+    """
+
+    def __init__(self, *args, learner_fn: Callable | None, describe_step: Callable[[], str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.learner_fn = learner_fn
+        self.describe_step = describe_step
+        self.budget_returned: int | None = None
+
+    def schedule_waiting(self, token_budget: int, output) -> int:
+        if self.learner_fn is None:
+            self.budget_returned = super().schedule_waiting(token_budget, output)
+            return self.budget_returned
+        waiting = [r.request_id for r in self.waiting]
+        self.budget_returned = call_learner(
+            self.learner_fn, self, token_budget, output, name="schedule_waiting",
+            what=f"{self.describe_step()}: schedule_waiting(scheduler, token_budget={token_budget}, output) with "
+            f"waiting={waiting}, running={[r.request_id for r in self.running]}, "
+            f"{self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks",
+            expected="the budget left, after admitting waiting requests in order while they fit",
+        )
+        return self.budget_returned
+
+
 class _Run:
     """One scheduler (the reference, or one with the learner's admission) driven by a fake model."""
 
     def __init__(self, scenario: Scenario, schedule_waiting: Callable | None) -> None:
         self.scenario = scenario
         manager = KVCacheManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
-        self.scheduler = scheduler = Scheduler(manager, scenario.max_num_seqs, scenario.max_num_batched_tokens)
-        admit = schedule_waiting if schedule_waiting is not None else Scheduler._schedule_waiting
-        self.budget_returned: int | None = None
-
-        def admission(token_budget: int, output) -> int:
-            # Plugged in exactly as the exercise does; also records the budget it returns.
-            waiting = [r.request_id for r in scheduler.waiting]
-            self.budget_returned = call_learner(
-                admit, scheduler, token_budget, output, name="schedule_waiting",
-                what=f"scenario '{scenario.name}', step {self.step_index}: schedule_waiting(scheduler, "
-                f"token_budget={token_budget}, output) with waiting={waiting}, "
-                f"running={[r.request_id for r in scheduler.running]}, "
-                f"{manager.block_pool.get_num_free_blocks()} free blocks",
-                expected="the budget left, after admitting waiting requests in order while they fit",
-            )
-            return self.budget_returned
-
-        scheduler._schedule_waiting = admission
+        self.scheduler = _CheckedScheduler(
+            manager, scenario.max_num_seqs, scenario.max_num_batched_tokens, learner_fn=schedule_waiting,
+            describe_step=lambda: f"scenario '{scenario.name}', step {self.step_index}",
+        )
         self.requests: dict[str, Request] = {}
         self.max_tokens: dict[str, int] = {}
         self.step_index = 0
@@ -84,7 +101,7 @@ class _Run:
                 self.max_tokens[arrival.request_id] = arrival.max_tokens
                 self.scheduler.add_request(request)
         waiting_before = [r.request_id for r in self.scheduler.waiting]
-        self.budget_returned = None
+        self.scheduler.budget_returned = None
         output = self.scheduler.schedule()
         snapshot = self.snapshot(output, waiting_before)
         # The fake model: every request whose prompt is fully computed gets one new token.
@@ -114,10 +131,9 @@ class _Run:
             "num_computed_tokens": {rid: r.num_computed_tokens for rid, r in self.requests.items()},
             "num_cached_tokens": {rid: r.num_cached_tokens for rid, r in self.requests.items()},
             "num_preemptions": {rid: r.num_preemptions for rid, r in self.requests.items()},
-            "ref_cnt": [block.ref_cnt for block in pool.blocks],
-            "free_queue": [block.block_id for block in pool.free_block_queue.get_all_free_blocks()],
+            "pool": pool_state(pool),
             "prefix_cache_stats": (stats.requests, stats.queries, stats.hits),
-            "budget_returned": self.budget_returned,
+            "budget_returned": self.scheduler.budget_returned,
         }
 
 
@@ -237,10 +253,11 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             f"yours: {got['prefix_cache_stats']}",
             "call get_computed_blocks once per request you try to admit (it counts every lookup)",
         )
-    if got["ref_cnt"] != want["ref_cnt"] or got["free_queue"] != want["free_queue"]:
+    if got["pool"] != want["pool"]:
+        queue = "free queue (head -> tail)"
         return (
-            f"{where}: block ref counts / free queue differ: expected ref_cnt {want['ref_cnt']}, "
-            f"free queue {want['free_queue']}; yours: {got['ref_cnt']}, {got['free_queue']}",
+            f"{where}: block ref counts / free queue differ: expected ref_cnt {want['pool']['ref_cnt']}, "
+            f"free queue {want['pool'][queue]}; yours: {got['pool']['ref_cnt']}, {got['pool'][queue]}",
             "let allocate_slots take the references (it touches the hit blocks); do not touch blocks yourself",
         )
     for key in want:
@@ -360,7 +377,7 @@ def random_scenario(rng, index: int) -> Scenario:
 
 @guarded_check(part="schedule_waiting")
 def check_schedule_waiting(schedule_waiting: Callable) -> None:
-    """Your ``schedule_waiting(scheduler, token_budget, output) -> int`` (Scheduler._schedule_waiting)."""
+    """Your ``schedule_waiting(scheduler, token_budget, output) -> int`` (``Scheduler.schedule_waiting``)."""
     check = Checker("schedule_waiting")
     # Two engines at once must not interfere (first: state kept between calls shows up here by name).
     _run_scenario(schedule_waiting, check, fixed_scenarios()[0], copies=2)
@@ -369,6 +386,3 @@ def check_schedule_waiting(schedule_waiting: Callable) -> None:
     for index in range(40):
         _run_scenario(schedule_waiting, check, random_scenario(check.rng, index), random_case=True)
     check.passed()
-
-
-__all__ = ["check_schedule_waiting"]

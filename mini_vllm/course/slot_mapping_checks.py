@@ -157,6 +157,3 @@ def check_slot_mapping(compute_slot_mapping: Callable) -> None:
         end = check.rng.randint(start + 1, capacity)
         _run(check, compute_slot_mapping, (block_ids, start, end, block_size), "random case", random_case=True)
     check.passed()
-
-
-__all__ = ["check_slot_mapping"]
