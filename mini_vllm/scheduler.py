@@ -177,7 +177,7 @@ class Scheduler:
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
             if not self._allocate_or_preempt(request, num_new_tokens, output):
                 break  # the request preempted itself: nothing left to preempt for it
-            self._schedule(request, request.num_computed_tokens, num_new_tokens, output)
+            self.schedule_request(request, request.num_computed_tokens, num_new_tokens, output)
             token_budget -= num_new_tokens
             index += 1
         return token_budget
@@ -213,7 +213,7 @@ class Scheduler:
                 block_ids = tuple(block.block_id for block in new_computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self._schedule(request, num_new_local_computed_tokens, num_new_tokens, output, first_admission)
+            self.schedule_request(request, num_new_local_computed_tokens, num_new_tokens, output, first_admission)
             token_budget -= num_new_tokens
         return token_budget
 
@@ -234,7 +234,7 @@ class Scheduler:
             if victim is request:
                 return False
 
-    def _schedule(
+    def schedule_request(
         self,
         request: Request,
         num_computed_tokens: int,
@@ -242,6 +242,13 @@ class Scheduler:
         output: SchedulerOutput,
         first_admission: bool = False,
     ) -> None:
+        """Put ``request`` in this step's batch: compute ``num_new_tokens`` tokens after its first ``num_computed_tokens``.
+
+        Records a ``ScheduledRequest`` (with the request's block table) in
+        ``output`` and advances ``request.num_computed_tokens``: the model
+        computes those tokens in this step. Chapter 08's ``schedule_waiting``
+        exercise calls it for every request it admits.
+        """
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
         output.scheduled.append(
             ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids, first_admission)

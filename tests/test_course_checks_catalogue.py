@@ -601,7 +601,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, take_from_the_back=Fal
                 request.num_cached_tokens = num_computed_tokens
         elif request.num_cached_tokens < 0:
             request.num_cached_tokens = num_computed_tokens
-        scheduler._schedule(request, num_computed_tokens, num_new_tokens, output)
+        scheduler.schedule_request(request, num_computed_tokens, num_new_tokens, output)
         token_budget -= num_new_tokens
     return token_budget
 

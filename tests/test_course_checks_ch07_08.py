@@ -254,7 +254,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         request.status = RequestStatus.RUNNING
         if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
             request.num_cached_tokens = num_computed_tokens
-        scheduler._schedule(request, num_computed_tokens, num_new_tokens, output)
+        scheduler.schedule_request(request, num_computed_tokens, num_new_tokens, output)
         token_budget -= num_new_tokens
     scheduler.waiting.extendleft(reversed(skipped))
     return token_budget

@@ -89,13 +89,13 @@ def test_stats_reset_and_events_go_through_the_scheduler(llm):
 def test_a_schedule_that_raises_leaves_no_uncomputed_block_in_the_cache(llm, monkeypatch):
     engine = llm.llm_engine
     assert llm.reset_prefix_cache()
-    real_schedule = scheduler.Scheduler._schedule
+    real_schedule = scheduler.Scheduler.schedule_request
 
     def schedule_then_fail(self, request, *args, **kwargs):
         real_schedule(self, request, *args, **kwargs)
         raise RuntimeError("a bug in the scheduler")
 
-    monkeypatch.setattr(scheduler.Scheduler, "_schedule", schedule_then_fail)
+    monkeypatch.setattr(scheduler.Scheduler, "schedule_request", schedule_then_fail)
     engine.add_request("bug", list(PROMPT["prompt_token_ids"]), GREEDY)
     with pytest.raises(RuntimeError, match="a bug in the scheduler"):
         engine.step()
@@ -107,7 +107,7 @@ def test_a_schedule_that_raises_leaves_no_uncomputed_block_in_the_cache(llm, mon
 
     # Without the scheduler's clean-up the blocks would stay cached, K/V never written.
     monkeypatch.setattr(KVCacheManager, "uncache_blocks", lambda self, blocks: None)
-    monkeypatch.setattr(scheduler.Scheduler, "_schedule", schedule_then_fail)
+    monkeypatch.setattr(scheduler.Scheduler, "schedule_request", schedule_then_fail)
     engine.add_request("bug", list(PROMPT["prompt_token_ids"]), GREEDY)
     with pytest.raises(RuntimeError):
         engine.step()

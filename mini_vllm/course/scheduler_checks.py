@@ -201,7 +201,7 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             if computed == 0 and want_computed > 0:
                 return problem, (
                     f"get_computed_blocks found {want_computed} cached tokens: start from there "
-                    "(pass num_computed_tokens to _schedule) and compute only the rest"
+                    "(pass num_computed_tokens to schedule_request) and compute only the rest"
                 )
             if new > want_new and want_computed + want_new < computed + new:
                 return problem, (
