@@ -34,8 +34,13 @@ Qwen3              adds an RMSNorm on each query and key head (``q_norm``,
 tied embeddings    the output projection reuses the input embedding matrix
 =================  =========================================================
 
-Module names mirror the checkpoint keys (``model.layers.3.self_attn.q_proj``),
-so loading is a plain ``load_state_dict``.
+Module names mirror the checkpoint keys (``model.layers.3.self_attn.o_proj``),
+except where vLLM fuses projections that read the same input: ``qkv_proj``
+holds ``q_proj``, ``k_proj`` and ``v_proj`` stacked, ``gate_up_proj`` holds
+``gate_proj`` and ``up_proj`` (one matrix multiply instead of three or two).
+:func:`load_model` stacks the checkpoint's tensors in that order
+(:data:`STACKED_PARAMS`, vLLM's ``stacked_params_mapping``), then loading is a
+plain ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -291,6 +296,11 @@ class RotaryEmbedding(nn.Module):
     product ``q . k`` depends only on the distance between their positions --
     which is why a block of K/V computed for one request can be reused by
     another: same tokens at the same positions give the same rotated keys.
+
+    One instance serves every layer (``model.rotary_emb``, as in
+    ``transformers``): the angles depend only on the positions, so
+    :class:`CausalLM` computes ``cos`` and ``sin`` once per step and every
+    layer applies them with :func:`apply_rotary_pos_emb`.
     """
 
     def __init__(self, head_dim: int, theta: float, scaling: dict | None = None) -> None:
@@ -298,17 +308,20 @@ class RotaryEmbedding(nn.Module):
         # A buffer (moves with .to(device)) but not part of the checkpoint.
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` ``[n, Hq, D]`` and ``k`` ``[n, Hkv, D]`` by their tokens' positions ``[n]``."""
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and ``sin`` ``[n, 1, D]`` of the tokens' positions ``[n]``, in ``dtype``."""
         # The angles are computed in float32 (bfloat16 positions would be too
         # coarse past 256), then cast to the activations' dtype.
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [n, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]: same angle for i and i + D/2
-        cos = emb.cos().to(q.dtype)[:, None, :]  # broadcast over heads
-        sin = emb.sin().to(q.dtype)[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]  # broadcast over heads
+
+
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` ``[n, Hq, D]`` and ``k`` ``[n, Hkv, D]`` by the angles of :class:`RotaryEmbedding`."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
 class Attention(nn.Module):
@@ -321,40 +334,42 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.scale = self.head_dim**-0.5
         hidden = config.hidden_size
-        self.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias=config.qkv_bias)
-        self.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=config.o_bias)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q_proj, k_proj and v_proj stacked (rows in that order): one multiply reads the input once.
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden, bias=config.o_bias)
         if config.qk_norm:
             # Qwen3: normalise each head's query and key before RoPE (keeps
             # attention logits in range without a bias).
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
-        self.rotary = RotaryEmbedding(self.head_dim, config.rope_theta, config.rope_scaling)
         self.attn_backend = attn_backend
 
     def forward(
         self,
         hidden: torch.Tensor,
-        positions: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:
+        """``rope``: this step's ``(cos, sin)`` from :class:`RotaryEmbedding`."""
         n = hidden.shape[0]
-        q = self.q_proj(hidden).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
         # The backend writes k and v into this step's cache slots, then each
         # sequence's queries attend over its whole context in the cache --
         # the cached prefix and the tokens just written.
         out = self.attn_backend.forward(q, k, v, k_cache, v_cache, attn_metadata, self.scale)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(n, self.q_size))
 
 
 class MLP(nn.Module):
@@ -363,12 +378,13 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
-        self.gate_proj = Linear(hidden, inter, bias=config.mlp_bias)
-        self.up_proj = Linear(hidden, inter, bias=config.mlp_bias)
+        # gate_proj and up_proj stacked (rows in that order): one multiply reads the input once.
+        self.gate_up_proj = Linear(hidden, 2 * inter, bias=config.mlp_bias)
         self.down_proj = Linear(inter, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -381,15 +397,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, hidden, positions, k_cache, v_cache, attn_metadata) -> torch.Tensor:
+    def forward(self, hidden, rope, k_cache, v_cache, attn_metadata) -> torch.Tensor:
         hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), positions, k_cache, v_cache, attn_metadata
+            self.input_layernorm(hidden), rope, k_cache, v_cache, attn_metadata
         )
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class DecoderModel(nn.Module):
-    """Embedding, the layers and the final norm (checkpoint prefix ``model.``)."""
+    """Embedding, the layers, the final norm (checkpoint prefix ``model.``) and the RoPE angles."""
 
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
@@ -398,6 +414,7 @@ class DecoderModel(nn.Module):
             DecoderLayer(config, attn_backend) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
 
 class CausalLM(nn.Module):
@@ -437,8 +454,10 @@ class CausalLM(nn.Module):
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed_tokens(input_ids)
+        # The RoPE angles depend only on the positions: computed once per step, not once per layer.
+        rope = self.model.rotary_emb(positions, hidden.dtype)
         for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
-            hidden = layer(hidden, positions, k_cache, v_cache, attn_metadata)
+            hidden = layer(hidden, rope, k_cache, v_cache, attn_metadata)
         return self.model.norm(hidden)
 
     def pack_linear_weights_for_cpu(self) -> int:
@@ -462,6 +481,30 @@ class CausalLM(nn.Module):
 # --------------------------------------------------------------------------- #
 # Loading
 # --------------------------------------------------------------------------- #
+
+# (fused module, the checkpoint's modules stacked into it, in row order): vLLM's stacked_params_mapping.
+STACKED_PARAMS = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+def stack_checkpoint(checkpoint: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint with each layer's q/k/v and gate/up tensors stacked into the fused modules' names.
+
+    ``model.layers.0.self_attn.{q,k,v}_proj.weight`` become the rows of
+    ``model.layers.0.self_attn.qkv_proj.weight`` (biases likewise). A group
+    with a member missing is left as it is, so the name check reports it.
+    """
+    stacked = dict(checkpoint)
+    for name in checkpoint:
+        for fused, parts in STACKED_PARAMS:
+            module, found, param = name.rpartition(f".{parts[0]}.")  # "model.layers.0.self_attn", "weight"
+            names = [f"{module}.{part}.{param}" for part in parts]
+            if found and all(n in checkpoint for n in names):
+                stacked[f"{module}.{fused}.{param}"] = torch.cat([stacked.pop(n) for n in names])
+    return stacked
+
 
 def load_model(
     path: str | Path,
@@ -497,6 +540,7 @@ def load_model(
         checkpoint.update(load_file(str(file), device="cpu"))
     # Old Llama checkpoints carry RoPE's inv_freq; we compute it ourselves.
     checkpoint = {k: v for k, v in checkpoint.items() if not k.endswith("rotary_emb.inv_freq")}
+    checkpoint = stack_checkpoint(checkpoint)
     expected = set(model.state_dict())
     if config.tie_word_embeddings:
         # Tied: transformers stores the matrix once, as the embedding; a copy
@@ -531,7 +575,10 @@ __all__ = [
     "CausalLM",
     "RMSNorm",
     "RotaryEmbedding",
+    "apply_rotary_pos_emb",
     "Linear",
+    "STACKED_PARAMS",
+    "stack_checkpoint",
     "rope_inv_freq",
     "load_model",
     "default_model_path",

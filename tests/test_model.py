@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from mini_vllm.attention import AttentionMetadata, TorchAttentionBackend
+from mini_vllm.course.one_sequence import contiguous_kv_cache, run_model
 from mini_vllm.model import SUPPORTED_ARCHITECTURES, ModelConfig, default_model_path, load_model
 
 ATOL = 1e-4
@@ -148,6 +149,25 @@ def test_prefill_and_decode_logits_match_transformers(default_models, chat_ids):
         next_id = int(logits[0].argmax())
 
 
+def test_chapter01_one_sequence_forward_matches_transformers_and_the_paged_cache(default_models, chat_ids):
+    """Chapter 01's ``run_model`` over a contiguous cache: prefill, then decode steps, as the exercise does."""
+    ours, theirs = default_models
+    ids = list(chat_ids)
+    kv_caches = contiguous_kv_cache(ours.config, len(ids) + 3)
+    prefill = run_model(ours, kv_caches, ids, list(range(len(ids))), seq_len=len(ids), all_logits=True)
+    assert_close(prefill, run(ours, PagedCache(ours.config), [("a", ids)]))  # scattered blocks, same logits
+    next_id = int(prefill[-1].argmax())
+    for _ in range(3):
+        ids.append(next_id)
+        logits = run_model(ours, kv_caches, [next_id], [len(ids) - 1], seq_len=len(ids))
+        assert logits.shape == (ours.config.vocab_size,)
+        assert_close(logits, hf_logits(theirs, ids)[-1])
+        next_id = int(logits.argmax())
+    # A decode step that reads one token too few (seq_len off by one) differs: the comparison can fail.
+    short = run_model(ours, kv_caches, [ids[-1]], [len(ids) - 1], seq_len=len(ids) - 1)
+    assert (short - hf_logits(theirs, ids)[-1]).abs().max().item() > ATOL
+
+
 def test_mixed_batch_equals_one_by_one(default_models, chat_ids, tokenizer):
     """A prefill and a decode packed in one forward == each run on its own."""
     ours, _ = default_models
@@ -184,6 +204,41 @@ def test_load_model_casts_to_dtype_and_freezes():
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in model.parameters())
     assert not model.training
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied after loading
+
+
+def test_stacked_projections_compute_the_checkpoints_separate_projections():
+    """qkv_proj and gate_up_proj, stacked at load, give what q/k/v_proj and gate/up_proj give apart."""
+    from safetensors.torch import load_file
+
+    checkpoint = load_file(str(Path(default_model_path()) / "model.safetensors"))
+    model = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
+    x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    for i, layer in enumerate(model.model.layers):
+        ckpt = {name.removeprefix(f"model.layers.{i}."): t for name, t in checkpoint.items()
+                if name.startswith(f"model.layers.{i}.")}
+        attn = layer.self_attn
+        q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        for got, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")):
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, ckpt[f"self_attn.{name}.weight"]))
+        gate, up = (torch.nn.functional.linear(x, ckpt[f"mlp.{name}.weight"]) for name in ("gate_proj", "up_proj"))
+        expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, ckpt["mlp.down_proj.weight"])
+        torch.testing.assert_close(layer.mlp(x), expected)
+
+
+@pytest.mark.parametrize("stacked, right", [
+    ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), True),
+    # Known-wrong stacking orders: same shapes (k and v have as many rows), wrong numbers.
+    ((("qkv_proj", ("q_proj", "v_proj", "k_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), False),
+    ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("up_proj", "gate_proj"))), False),
+])
+def test_a_wrong_stacking_order_is_caught_by_the_transformers_comparison(default_models, chat_ids, monkeypatch,
+                                                                        stacked, right):
+    import mini_vllm.model
+
+    monkeypatch.setattr(mini_vllm.model, "STACKED_PARAMS", stacked)
+    ours = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
+    diff = (run(ours, PagedCache(ours.config), [("a", chat_ids)]) - hf_logits(default_models[1], chat_ids)).abs().max()
+    assert (diff < ATOL) if right else (diff > 1.0), f"max abs logit difference {diff:.2e}"
 
 
 # --------------------------------------------------------------------------- #

@@ -13,7 +13,10 @@ on a CPU:
   queries are its last ``q_len`` tokens).
 
 Grouped-query attention is left to ``enable_gqa`` (no ``repeat_interleave``
-copies of K/V). Computed in float32, like the reference. The reference loop
+copies of K/V). Blocks are gathered with ``index_select`` and new K/V stored
+with ``index_copy_``: the same copies as the reference's indexing, at a
+quarter of its per-call cost (paid once per layer and step). Computed in
+float32, like the reference. The reference loop
 (``kernels.reference.unified_attention``) stays the readable oracle; the tests
 compare this backend with it and with ``transformers``.
 """
@@ -34,7 +37,13 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        if bool((slot_mapping < 0).any()):  # tokens to skip: the reference drops them first
+            reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+            return
+        # The cache viewed as one row per slot: index_copy_ writes row slot_mapping[i] from token i.
+        slots = slot_mapping.long()
+        k_cache.flatten(0, 1).index_copy_(0, slots, key.to(k_cache.dtype))
+        v_cache.flatten(0, 1).index_copy_(0, slots, value.to(v_cache.dtype))
 
     def attention(
         self,
@@ -53,9 +62,40 @@ class TorchAttentionBackend(AttentionBackend):
         for s, seq_len in enumerate(metadata.seq_lens.tolist()):
             start, end = cu[s], cu[s + 1]
             if end > start:
-                keys, values = reference.gather_kv(k_cache, v_cache, metadata.block_tables[s], seq_len)
-                out[start:end] = prefill_attention(query[start:end], keys, values, scale)
+                keys, values = gather_kv(k_cache, v_cache, metadata.block_tables[s:s + 1], metadata.seq_lens[s:s + 1],
+                                         seq_len)
+                out[start:end] = prefill_attention(query[start:end], keys[0], values[0], scale)
         return out
+
+
+def gather_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's context K/V through its block table: ``[num_seqs, max_seq_len, Hkv, D]`` copies.
+
+    ``kernels.reference.gather_kv`` for a batch. Rows past a shorter sequence's
+    length repeat its last token's row: its own K/V (finite, unlike a slot
+    nobody has written yet), for the attention mask to hide -- no zeroing pass.
+    """
+    num_seqs, block_size = block_tables.shape[0], k_cache.shape[1]
+    if num_seqs == 1:  # whole blocks, then the first max_seq_len rows: no per-token index
+        block_ids = block_tables[0, : (max_seq_len + block_size - 1) // block_size].long()
+        slots = None
+    else:  # one slot per (sequence, position), as compute_slot_mapping does, capped at the last token
+        positions = torch.arange(max_seq_len, device=k_cache.device)[None, :].minimum(seq_lens[:, None] - 1)
+        blocks = block_tables.gather(1, positions // block_size).long()
+        slots = (blocks * block_size + positions % block_size).flatten()
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        if slots is None:
+            return cache.index_select(0, block_ids).flatten(0, 1)[None, :max_seq_len]
+        return cache.flatten(0, 1).index_select(0, slots).view(num_seqs, max_seq_len, *cache.shape[2:])
+
+    return gather(k_cache), gather(v_cache)
 
 
 def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
@@ -67,9 +107,8 @@ def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     v = values.float().transpose(0, 1)[None]
     if q_len == seq_len:  # nothing cached: the usual causal mask
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:  # query i sits at position seq_len - q_len + i and sees keys 0..that
-        query_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)[:, None]
-        visible = torch.arange(seq_len, device=query.device)[None, :] <= query_pos
+    else:  # query i sits at position seq_len - q_len + i and sees keys 0..that: a shifted lower triangle
+        visible = torch.ones(q_len, seq_len, dtype=torch.bool, device=query.device).tril(seq_len - q_len)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1).to(query.dtype)
 
@@ -84,18 +123,12 @@ def decode_attention(
     scale: float,
 ) -> torch.Tensor:
     """One query per sequence (``[num_seqs, Hq, D]``) over its whole context, all sequences at once."""
-    block_size = k_cache.shape[1]
-    num_blocks_used = (max_seq_len + block_size - 1) // block_size
-    table = block_tables[:, :num_blocks_used].long()
-    # Rows past a sequence's length belong to padding or to slots not written yet:
-    # masked out, and zeroed, since a masked score times a NaN/inf there is still NaN.
-    visible = torch.arange(max_seq_len, device=query.device)[None, :] < seq_lens[:, None]  # [num_seqs, L]
-    hidden_rows = ~visible[:, :, None, None]
-    # The gather copies; the zeroing then works in place on that copy.
-    # [num_seqs, num_blocks_used * block_size, Hkv, D] -> [num_seqs, Hkv, max_seq_len, D]
-    keys = k_cache[table].flatten(1, 2)[:, :max_seq_len].float().masked_fill_(hidden_rows, 0.0).transpose(1, 2)
-    values = v_cache[table].flatten(1, 2)[:, :max_seq_len].float().masked_fill_(hidden_rows, 0.0).transpose(1, 2)
+    keys, values = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_seq_len)  # [num_seqs, L, Hkv, D]
+    keys, values = keys.float(), values.float()
+    visible = None  # one sequence: every gathered row is its own context, nothing to hide
+    if query.shape[0] > 1:  # rows past a sequence's length repeat its last token: masked out
+        visible = (torch.arange(max_seq_len, device=query.device)[None, :] < seq_lens[:, None])[:, None, None, :]
     q = query.float()[:, :, None, :]  # [num_seqs, Hq, 1, D]
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible[:, None, None, :], scale=scale,
-                                         enable_gqa=True)
+    out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible,
+                                         scale=scale, enable_gqa=True)  # K/V as [num_seqs, Hkv, L, D]
     return out[:, :, 0, :].to(query.dtype)
