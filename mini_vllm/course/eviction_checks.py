@@ -27,6 +27,7 @@ from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
+from ..scheduler import schedule_whole_prompt
 from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
 from .fixtures import CountingBlock, block_ids, cache_block, counting_pool, pool_state
 
@@ -125,10 +126,8 @@ def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
     for index in range(rng.randint(3, 6)):
         tokens = rng.choice(prefixes) + [rng.randrange(30) for _ in range(rng.randint(1, 9))]
         request = Request(f"r{index}", tokens, block_size=BLOCK_SIZE)
-        hits, num_hit_tokens = manager.get_computed_blocks(request)
-        if manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits) is None:
+        if schedule_whole_prompt(manager, request) is None:
             continue
-        request.num_computed_tokens = request.num_tokens
         running[request.request_id] = request
         if rng.random() < 0.5:  # some finish at once
             finished = running.pop(rng.choice(list(running)))
@@ -312,9 +311,7 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
         a = Request("A", shared + list(range(7)))
         b = Request("B", shared + list(range(100, 105)))
         for request in (a, b):
-            hits, num_hit_tokens = manager.get_computed_blocks(request)
-            manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
-            request.num_computed_tokens = request.num_tokens
+            schedule_whole_prompt(manager, request)
         return manager, a, b
 
     manager, a, b = chapter_example()

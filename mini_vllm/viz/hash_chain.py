@@ -32,7 +32,8 @@ class HashChainView(View):
             or a prompt dict as ``LLM.generate`` takes.
         reference: an optional second prompt; the view shows the first token
             where the two differ — the block where their chains part.
-        cache_salt / lora_name: extra keys, as the engine would hash them.
+        cache_salt: the extra key, as the engine would hash it; lora_name: the LoRA key vLLM would add
+            (mini-vLLM serves no adapters; chapter 04 shows how the key separates them).
     """
 
     css_class = "mv-hashchain"
@@ -51,8 +52,6 @@ class HashChainView(View):
         super().__init__(source, **kwargs)
         if cache_salt is None:  # a Request or a prompt dict carries its own salt
             cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else getattr(prompt, "cache_salt", None)
-        if lora_name is None:
-            lora_name = getattr(prompt, "lora_name", None)
         self.token_ids = self._to_token_ids(prompt)
         self.reference_ids = self._to_token_ids(reference) if reference is not None else None
         self.cache_salt = cache_salt
