@@ -23,7 +23,7 @@ SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
 	@echo "make test           install test dependencies into .venv and run the whole suite (what CI runs)"
-	@echo "make lint           ruff over every Python file (part of make test)"
+	@echo "make lint           ruff check + ruff format --check over every Python file (part of make test)"
 	@echo "make test-unit      only the pytest suite under tests/"
 	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
 	@echo "make test-browser   the real-browser widget test (headless Chromium)"
@@ -64,9 +64,11 @@ lab: $(VENV)/.course
 
 test: lint test-unit test-notebooks
 
-# ruff (configured in pyproject.toml): syntax errors, pyflakes and `X | None` annotations over every Python file.
+# ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
+# and the formatter's check over every Python file; `ruff format .` fixes what the second one reports.
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The unit suite includes the real-browser test (tests/browser: a learner's path
 # through `make lab`'s JupyterLab, chapter 00 and an exercise; screenshots in

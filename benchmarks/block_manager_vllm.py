@@ -75,7 +75,9 @@ def make_request_factory():
     from vllm.v1.request import Request
 
     kv_cache_utils.init_none_hash(sha256)
-    hasher_kwargs = _accepted(kv_cache_utils.get_request_block_hasher, hash_block_size=BLOCK_SIZE, block_size=BLOCK_SIZE)
+    hasher_kwargs = _accepted(
+        kv_cache_utils.get_request_block_hasher, hash_block_size=BLOCK_SIZE, block_size=BLOCK_SIZE
+    )
     block_hasher = kv_cache_utils.get_request_block_hasher(caching_hash_fn=sha256, **hasher_kwargs)
     params = SamplingParams(max_tokens=DECODE_STEPS + 1)
 
@@ -105,7 +107,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=1, help="rounds, one JSON line each (the caller takes medians)")
     parser.add_argument(
-        "--serve", action="store_true",
+        "--serve",
+        action="store_true",
         help="read a number of requests per line on stdin, answer one JSON line per round (lets the caller interleave)",
     )
     args = parser.parse_args()
@@ -116,7 +119,11 @@ def main() -> None:
     import vllm
 
     def report(round_index: int, num_requests: int) -> None:
-        result = {"vllm_version": vllm.__version__, "round": round_index, "us": run_round(num_requests, seed=round_index)}
+        result = {
+            "vllm_version": vllm.__version__,
+            "round": round_index,
+            "us": run_round(num_requests, seed=round_index),
+        }
         print(json.dumps(result), flush=True)
 
     if args.serve:

@@ -127,8 +127,9 @@ class DecodeBatch:
 def sdpa_gqa(query, keys, values, attn_mask=None, is_causal=False):
     """SDPA with grouped-query attention; repeats K/V heads where enable_gqa is missing."""
     try:
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=attn_mask, is_causal=is_causal,
-                                              enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True
+        )
     except TypeError:
         group = query.shape[1] // keys.shape[1]
         keys = keys.repeat_interleave(group, dim=1)
@@ -171,18 +172,23 @@ def sweep_decode(args, kv_bytes, batch, context, on_gpu, copy_gbps, results):
         for num_splits in (1, 2, 4, 8, 16, 32, 64):
             name = f"sweep paged num_splits={num_splits}"
             fn = lambda: kernels.paged_attention(*args, num_splits=num_splits)  # noqa: E731
-            record_time(results, "decode-sweep", name, batch, context, kv_bytes, None, fn, on_gpu, copy_gbps,
-                        quiet=True)
+            record_time(
+                results, "decode-sweep", name, batch, context, kv_bytes, None, fn, on_gpu, copy_gbps, quiet=True
+            )
     for block_n in (32, 64, 128):
         for num_warps in (4, 8):
             for num_stages in (2, 3, 4):
                 name = f"sweep paged block_n={block_n} warps={num_warps} stages={num_stages}"
                 config = {"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages}
                 fn = lambda: kernels.paged_attention(*args, **config)  # noqa: E731
-                record_time(results, "decode-sweep", name, batch, context, kv_bytes, None, fn, on_gpu, copy_gbps,
-                            quiet=True)
-    best = min((r for r in results if r["kind"] == "decode-sweep" and r["batch"] == batch and r.get("us")),
-               key=lambda r: r["us"], default=None)
+                record_time(
+                    results, "decode-sweep", name, batch, context, kv_bytes, None, fn, on_gpu, copy_gbps, quiet=True
+                )
+    best = min(
+        (r for r in results if r["kind"] == "decode-sweep" and r["batch"] == batch and r.get("us")),
+        key=lambda r: r["us"],
+        default=None,
+    )
     if best:
         log(f"   best: {best['name']}  {best['us']:.1f} us  {best.get('pct_of_copy', 0):.0f}% of copy")
 
@@ -192,8 +198,12 @@ def prefill_batch(num_seqs, cached, new, shape, device):
     context = cached + new
     data = DecodeBatch(num_seqs, context, device=device, **shape)
     generator = torch.Generator(device=device).manual_seed(1)
-    query = torch.randn((num_seqs * new, shape["num_q_heads"], shape["head_dim"]), generator=generator,
-                        device=device, dtype=shape["dtype"])
+    query = torch.randn(
+        (num_seqs * new, shape["num_q_heads"], shape["head_dim"]),
+        generator=generator,
+        device=device,
+        dtype=shape["dtype"],
+    )
     cu_seqlens_q = torch.arange(0, num_seqs * new + 1, new, dtype=torch.int32, device=device)
     return data, query, cu_seqlens_q
 
@@ -229,22 +239,37 @@ def bench_prefill(shape, num_seqs, cached, new, device, on_gpu, copy_gbps, resul
         "sdpa boolean mask": (lambda: sdpa_gqa(dense_query, keys, values, attn_mask=mask), False),
     }
     for name, (fn, slow) in candidates.items():
-        record_time(results, "prefill", name, num_seqs, cached + new, data.kv_bytes, flops, fn, on_gpu, copy_gbps,
-                    slow)
+        record_time(results, "prefill", name, num_seqs, cached + new, data.kv_bytes, flops, fn, on_gpu, copy_gbps, slow)
 
     if sweep:
         for block_m in (64, 128):
             for block_n in (32, 64):
                 for num_warps in (4, 8):
                     for num_stages in (2, 3):
-                        config = {"block_m": block_m, "block_n": block_n, "num_warps": num_warps,
-                                  "num_stages": num_stages}
+                        config = {
+                            "block_m": block_m,
+                            "block_n": block_n,
+                            "num_warps": num_warps,
+                            "num_stages": num_stages,
+                        }
                         name = "sweep unified " + " ".join(f"{k}={v}" for k, v in config.items())
                         fn = lambda: kernels.unified_attention(*args, max_query_len=new, **config)  # noqa: E731
-                        record_time(results, "prefill-sweep", name, num_seqs, cached + new, data.kv_bytes, flops,
-                                    fn, on_gpu, copy_gbps, quiet=True)
-        best = min((r for r in results if r["kind"] == "prefill-sweep" and r.get("us")),
-                   key=lambda r: r["us"], default=None)
+                        record_time(
+                            results,
+                            "prefill-sweep",
+                            name,
+                            num_seqs,
+                            cached + new,
+                            data.kv_bytes,
+                            flops,
+                            fn,
+                            on_gpu,
+                            copy_gbps,
+                            quiet=True,
+                        )
+        best = min(
+            (r for r in results if r["kind"] == "prefill-sweep" and r.get("us")), key=lambda r: r["us"], default=None
+        )
         if best:
             log(f"   best: {best['name']}  {best['us']:.1f} us  {best.get('tflops', 0):.1f} TFLOP/s")
 
@@ -271,8 +296,7 @@ def graph_and_cpu_us(fn: Callable[[], object]) -> tuple[float, float]:
     return graph_us, cpu_us
 
 
-def record_time(results, kind, name, batch, context, kv_bytes, flops, fn, on_gpu, copy_gbps, slow=False,
-                quiet=False):
+def record_time(results, kind, name, batch, context, kv_bytes, flops, fn, on_gpu, copy_gbps, slow=False, quiet=False):
     row = {"kind": kind, "name": name, "batch": batch, "context": context, "kv_bytes": kv_bytes}
     try:
         microseconds = time_us(fn, on_gpu, slow)
@@ -286,15 +310,19 @@ def record_time(results, kind, name, batch, context, kv_bytes, flops, fn, on_gpu
             try:
                 row["graph_us"], row["cpu_launch_us"] = graph_and_cpu_us(fn)
                 row["graph_pct_of_copy"] = 100 * kv_bytes / (row["graph_us"] * 1e-6) / 1e9 / copy_gbps
-                graph_text = (f"  | graph {row['graph_us']:8.1f} us {row['graph_pct_of_copy']:5.1f}%"
-                              f"  launch {row['cpu_launch_us']:5.1f} us")
+                graph_text = (
+                    f"  | graph {row['graph_us']:8.1f} us {row['graph_pct_of_copy']:5.1f}%"
+                    f"  launch {row['cpu_launch_us']:5.1f} us"
+                )
             except Exception as error:
                 row["graph_error"] = repr(error)
                 graph_text = f"  | graph: {error!r}"[:80]
         if not quiet:
             extra = f"  {row['tflops']:6.1f} TFLOP/s" if flops else ""
-            log(f"   {name:<30} {microseconds:9.1f} us  {row['kv_gbps']:6.0f} GB/s  "
-                f"{row['pct_of_copy']:5.1f}% of copy{extra}{graph_text}")
+            log(
+                f"   {name:<30} {microseconds:9.1f} us  {row['kv_gbps']:6.0f} GB/s  "
+                f"{row['pct_of_copy']:5.1f}% of copy{extra}{graph_text}"
+            )
     except Exception as error:
         row["error"] = repr(error)
         log(f"   {name:<34} FAILED: {error!r}")
@@ -324,11 +352,11 @@ def check_against_sdpa(shape, device, smoke, checks):
             data = DecodeBatch(batch, context, device=device, seed=7, **shape)
             keys, values = data.dense_kv()
             expected = sdpa_gqa(data.query.unsqueeze(2), keys, values).squeeze(2)
-            actual = kernels.paged_attention(data.query, data.k_cache, data.v_cache, data.block_tables,
-                                             data.seq_lens)
+            actual = kernels.paged_attention(data.query, data.k_cache, data.v_cache, data.block_tables, data.seq_lens)
             report(f"paged_attention B={batch} ctx={context} vs sdpa", actual, expected)
-            actual = kernels.unified_attention(data.query, data.k_cache, data.v_cache, data.cu_seqlens_q,
-                                               data.seq_lens, data.block_tables)
+            actual = kernels.unified_attention(
+                data.query, data.k_cache, data.v_cache, data.cu_seqlens_q, data.seq_lens, data.block_tables
+            )
             report(f"unified_attention (decode) B={batch} ctx={context} vs sdpa", actual, expected)
         except Exception as error:
             checks.append({"name": f"decode B={batch} ctx={context}", "error": repr(error), "passed": False})
@@ -342,8 +370,9 @@ def check_against_sdpa(shape, device, smoke, checks):
         dense_query = query.view(num_seqs, new, shape["num_q_heads"], shape["head_dim"]).transpose(1, 2)
         mask = lower_right_causal_mask(new, cached + new, device)
         expected = sdpa_gqa(dense_query, keys, values, attn_mask=mask).transpose(1, 2).flatten(0, 1)
-        actual = kernels.unified_attention(query, data.k_cache, data.v_cache, cu_seqlens_q, data.seq_lens,
-                                           data.block_tables)
+        actual = kernels.unified_attention(
+            query, data.k_cache, data.v_cache, cu_seqlens_q, data.seq_lens, data.block_tables
+        )
         report(f"unified_attention prefill {num_seqs}x({cached}+{new}) vs sdpa", actual, expected)
     except Exception as error:
         checks.append({"name": "prefill", "error": repr(error), "passed": False})
@@ -374,8 +403,10 @@ def main() -> int:
     device_name = torch.cuda.get_device_name(device) if on_gpu else platform.processor() or "cpu"
     import triton
 
-    log(f"device: {device_name} | torch {torch.__version__} | triton {triton.__version__} | "
-        f"{'compiled' if on_gpu else 'interpreted'}")
+    log(
+        f"device: {device_name} | torch {torch.__version__} | triton {triton.__version__} | "
+        f"{'compiled' if on_gpu else 'interpreted'}"
+    )
 
     if smoke:
         log("smoke sizes: these numbers check that everything runs; they say nothing about a GPU")
@@ -417,8 +448,17 @@ def main() -> int:
     for batch in batches:
         for context in contexts:
             try:
-                bench_decode(shape, batch, context, device, on_gpu, copy_gbps, reference_max_batch=8,
-                             results=results, sweep=options.sweep and context == 4096)
+                bench_decode(
+                    shape,
+                    batch,
+                    context,
+                    device,
+                    on_gpu,
+                    copy_gbps,
+                    reference_max_batch=8,
+                    results=results,
+                    sweep=options.sweep and context == 4096,
+                )
             except Exception as error:
                 log(f"   decode B={batch} ctx={context} FAILED: {error!r}")
                 traceback.print_exc()
@@ -439,13 +479,23 @@ def main() -> int:
     goal_batch, goal_context = 64, 4096
     for row in results:
         if (row["kind"], row.get("name"), row.get("batch"), row.get("context")) == (
-            "decode", "triton paged_attention", goal_batch, goal_context
+            "decode",
+            "triton paged_attention",
+            goal_batch,
+            goal_context,
         ) and "pct_of_copy" in row:
-            goal = {"batch": goal_batch, "context": goal_context, "pct_of_copy": row["pct_of_copy"],
-                    "target_pct": 70.0, "met": row["pct_of_copy"] >= 70.0}
+            goal = {
+                "batch": goal_batch,
+                "context": goal_context,
+                "pct_of_copy": row["pct_of_copy"],
+                "target_pct": 70.0,
+                "met": row["pct_of_copy"] >= 70.0,
+            }
     if goal:
-        log(f"\ngoal: paged_attention at B={goal_batch}, ctx={goal_context} reads the KV cache at "
-            f"{goal['pct_of_copy']:.0f}% of the copy bandwidth (target 70%): {'met' if goal['met'] else 'NOT met'}")
+        log(
+            f"\ngoal: paged_attention at B={goal_batch}, ctx={goal_context} reads the KV cache at "
+            f"{goal['pct_of_copy']:.0f}% of the copy bandwidth (target 70%): {'met' if goal['met'] else 'NOT met'}"
+        )
 
     report["goal"] = goal
     save()

@@ -41,7 +41,9 @@ def shared_prefix_rows(s: dict, label: str) -> list[str]:
 
 
 def table(results: dict) -> str:
-    s, n, m, v, b = (results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager"))
+    s, n, m, v, b = (
+        results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager")
+    )
     lines = ["| benchmark | result | goal |", "|---|---|---|"]
     lines += shared_prefix_rows(s, f"{results.get('model', 'default_model')}: ")
     for name, model in results.get("models", {}).items():
@@ -78,11 +80,16 @@ def table(results: dict) -> str:
             f"{r['weights_read_floor_ms']:.1f} ms) | {goal} |"
         )
     ours_vs = {version: ratios for version, ratios in b.get("ratio_vs_vllm", {}).items()}
-    for key, label in (("admit_free_us", "lookup + allocate + free, 64-block request, 48 hit"),
-                       ("free_us", "free (of that request)"), ("build_request_us", "build request (hash 64 blocks)"),
-                       ("decode_step_us", "one decode step (append + allocate)")):
-        theirs = "; ".join(f"vLLM {version}: {b['vllm'][version][key]:.1f} µs ({ratios[key]:.2f}×)"
-                           for version, ratios in ours_vs.items())
+    for key, label in (
+        ("admit_free_us", "lookup + allocate + free, 64-block request, 48 hit"),
+        ("free_us", "free (of that request)"),
+        ("build_request_us", "build request (hash 64 blocks)"),
+        ("decode_step_us", "one decode step (append + allocate)"),
+    ):
+        theirs = "; ".join(
+            f"vLLM {version}: {b['vllm'][version][key]:.1f} µs ({ratios[key]:.2f}×)"
+            for version, ratios in ours_vs.items()
+        )
         worst = max((ratios[key] for ratios in ours_vs.values()), default=None)
         goal = f"≤ vLLM {_ok(worst <= 1.0)}" if worst is not None else ""
         lines.append(f"| block manager: {label} | {b[key]:.1f} µs ({theirs or 'no vLLM measured'}) | {goal} |")

@@ -56,7 +56,12 @@ def _prepare_triton() -> bool:
 TRITON_AVAILABLE: bool = _prepare_triton()
 """True when Triton is installed and importable (compiled or interpreted)."""
 
-TRITON_INTERPRETED: bool = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+TRITON_INTERPRETED: bool = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET", "0").lower() in (
+    "1",
+    "true",
+    "yes",
+    "on",
+)
 """True when the kernels run in Triton's interpreter rather than compiled for a GPU."""
 
 UNAVAILABLE_MESSAGE = (

@@ -20,9 +20,7 @@ CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def check_floating(name: str, tensor: torch.Tensor) -> None:
     if tensor.dtype not in CACHE_DTYPES:
-        raise ValueError(
-            f"{name} must be float16, bfloat16 or float32, got {tensor.dtype}"
-        )
+        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {tensor.dtype}")
 
 
 def check_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
@@ -48,8 +46,7 @@ def check_same_device(tensors: dict[str, torch.Tensor], interpreted: bool) -> No
     for name, device in devices.items():
         if device != first_device:
             raise ValueError(
-                f"all tensors must be on one device: {first_name} is on {first_device}, "
-                f"{name} is on {device}"
+                f"all tensors must be on one device: {first_name} is on {first_device}, {name} is on {device}"
             )
     if not interpreted and first_device.type == "cpu":
         raise ValueError(
@@ -65,8 +62,7 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     check_ndim("v_cache", v_cache, 4, layout)
     if k_cache.shape != v_cache.shape:
         raise ValueError(
-            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} "
-            f"and {tuple(v_cache.shape)}"
+            f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     check_floating("k_cache", k_cache)
     check_floating("v_cache", v_cache)
@@ -87,9 +83,7 @@ def check_store_kv(
     check_ndim("key", key, 3, layout)
     check_ndim("value", value, 3, layout)
     if key.shape != value.shape:
-        raise ValueError(
-            f"key and value must have the same shape, got {tuple(key.shape)} and {tuple(value.shape)}"
-        )
+        raise ValueError(f"key and value must have the same shape, got {tuple(key.shape)} and {tuple(value.shape)}")
     if key.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"key's (num_kv_heads, head_dim) = {tuple(key.shape[1:])} does not match the "
@@ -100,9 +94,7 @@ def check_store_kv(
     check_ndim("slot_mapping", slot_mapping, 1, "[num_tokens]")
     check_int_dtype("slot_mapping", slot_mapping, (torch.int64, torch.int32))
     if slot_mapping.shape[0] != key.shape[0]:
-        raise ValueError(
-            f"slot_mapping has {slot_mapping.shape[0]} entries but there are {key.shape[0]} tokens"
-        )
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries but there are {key.shape[0]} tokens")
     tensors = {"key": key, "value": value, "k_cache": k_cache, "v_cache": v_cache, "slot_mapping": slot_mapping}
     check_same_device(tensors, interpreted)
 

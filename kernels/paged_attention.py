@@ -104,7 +104,9 @@ def _paged_attention_kernel(
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_mask = dims < head_dim
 
-    q_ptrs = query_ptr + seq * stride_query_seq + q_heads[:, None] * stride_query_head + dims[None, :] * stride_query_dim
+    q_ptrs = (
+        query_ptr + seq * stride_query_seq + q_heads[:, None] * stride_query_head + dims[None, :] * stride_query_dim
+    )
     q = tl.load(q_ptrs, mask=row_mask[:, None] & dim_mask[None, :], other=0.0).to(tl.float32)
 
     running_max = tl.full([GROUP_ROWS], float("-inf"), dtype=tl.float32)
@@ -116,12 +118,32 @@ def _paged_attention_kernel(
         positions = tile_start + tl.arange(0, BLOCK_N)
         position_mask = positions < end
         k = load_kv_tile(
-            k_cache_ptr, block_table_ptr, positions, position_mask, kv_head, dims, dim_mask,
-            stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE,
+            k_cache_ptr,
+            block_table_ptr,
+            positions,
+            position_mask,
+            kv_head,
+            dims,
+            dim_mask,
+            stride_k_block,
+            stride_k_offset,
+            stride_k_head,
+            stride_k_dim,
+            BLOCK_SIZE,
         )
         v = load_kv_tile(
-            v_cache_ptr, block_table_ptr, positions, position_mask, kv_head, dims, dim_mask,
-            stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE,
+            v_cache_ptr,
+            block_table_ptr,
+            positions,
+            position_mask,
+            kv_head,
+            dims,
+            dim_mask,
+            stride_v_block,
+            stride_v_offset,
+            stride_v_head,
+            stride_v_dim,
+            BLOCK_SIZE,
         )
         # The decode query is the sequence's last token: it may see every position.
         scores = scores_of_tile(q, k, scale_log2, position_mask[None, :], USE_TF32)

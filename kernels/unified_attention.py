@@ -127,12 +127,32 @@ def _unified_attention_kernel(
         positions = tile_start + tl.arange(0, BLOCK_N)
         position_mask = positions < seq_len
         k = load_kv_tile(
-            k_cache_ptr, block_table_ptr, positions, position_mask, kv_head, dims, dim_mask,
-            stride_k_block, stride_k_offset, stride_k_head, stride_k_dim, BLOCK_SIZE,
+            k_cache_ptr,
+            block_table_ptr,
+            positions,
+            position_mask,
+            kv_head,
+            dims,
+            dim_mask,
+            stride_k_block,
+            stride_k_offset,
+            stride_k_head,
+            stride_k_dim,
+            BLOCK_SIZE,
         )
         v = load_kv_tile(
-            v_cache_ptr, block_table_ptr, positions, position_mask, kv_head, dims, dim_mask,
-            stride_v_block, stride_v_offset, stride_v_head, stride_v_dim, BLOCK_SIZE,
+            v_cache_ptr,
+            block_table_ptr,
+            positions,
+            position_mask,
+            kv_head,
+            dims,
+            dim_mask,
+            stride_v_block,
+            stride_v_offset,
+            stride_v_head,
+            stride_v_dim,
+            BLOCK_SIZE,
         )
         causal = positions[None, :] <= q_positions[:, None]
         allowed = position_mask[None, :] & causal

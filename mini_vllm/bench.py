@@ -92,8 +92,16 @@ class BenchSettings:
     @classmethod
     def quick(cls, device: str = "auto", model: str | None = None) -> "BenchSettings":
         return cls(
-            device=device, model=model, num_requests=8, max_tokens=8, num_turns=4, block_manager_requests=100,
-            shared_prefix_rounds=3, no_sharing_rounds=3, vs_transformers_rounds=3, block_manager_rounds=3,
+            device=device,
+            model=model,
+            num_requests=8,
+            max_tokens=8,
+            num_turns=4,
+            block_manager_requests=100,
+            shared_prefix_rounds=3,
+            no_sharing_rounds=3,
+            vs_transformers_rounds=3,
+            block_manager_rounds=3,
         )
 
     @classmethod
@@ -120,8 +128,14 @@ class BenchSettings:
     def real_model(cls, model: str, device: str = "auto", quick: bool = False) -> "BenchSettings":
         """A real model (SmolLM2-135M): prefills cost ~100x the bundled model's, so fewer requests."""
         return cls(
-            device=device, model=model, num_requests=4 if quick else 6, max_tokens=8, num_turns=4,
-            shared_prefix_rounds=2 if quick else 3, no_sharing_rounds=3, vs_transformers_rounds=3,
+            device=device,
+            model=model,
+            num_requests=4 if quick else 6,
+            max_tokens=8,
+            num_turns=4,
+            shared_prefix_rounds=2 if quick else 3,
+            no_sharing_rounds=3,
+            vs_transformers_rounds=3,
         )
 
 
@@ -231,7 +245,9 @@ def bench_shared_prefix(args, progress: Progress = no_progress) -> dict:
 
     # Untimed round: the outputs (caching must not change them) and what each request computes.
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-    first = {label: [llm.generate([{"prompt_token_ids": p}], params)[0] for p in prompts] for label, llm in engines.items()}
+    first = {
+        label: [llm.generate([{"prompt_token_ids": p}], params)[0] for p in prompts] for label, llm in engines.items()
+    }
     uncached = [len(o.prompt_token_ids) - o.num_cached_tokens for o in first["on"]]
     warm_ids = range(1, len(prompts))  # every request but the one that fills the cache
 
@@ -242,7 +258,11 @@ def bench_shared_prefix(args, progress: Progress = no_progress) -> dict:
         on.reset_prefix_cache()  # every round starts cold: request 0 fills the cache again
         for i, prompt in enumerate(prompts):
             # A fresh prompt per round: one seen in an earlier round would be a hit.
-            runs = [("warm", on, prompt), ("cold", off, prompt), ("fresh", on, _random_prompt(rng, vocab_size, uncached[i]))]
+            runs = [
+                ("warm", on, prompt),
+                ("cold", off, prompt),
+                ("fresh", on, _random_prompt(rng, vocab_size, uncached[i])),
+            ]
             shift = (round_index + i) % len(runs)  # rotate which one runs first
             for kind, llm, ids in runs[shift:] + runs[:shift]:
                 output = llm.generate([{"prompt_token_ids": ids}], one_token)[0]
@@ -277,7 +297,8 @@ def bench_shared_prefix(args, progress: Progress = no_progress) -> dict:
         "ttft_fresh_same_uncached_ms": 1000 * statistics.median(samples["fresh"]),
         "ttft_p90_on_ms": 1000 * _percentile(samples["warm"], 0.9),
         "ttft_p90_off_ms": 1000 * _percentile(samples["cold"], 0.9),
-        "outputs_equal_on_off": [o.outputs[0].token_ids for o in first["on"]] == [o.outputs[0].token_ids for o in first["off"]],
+        "outputs_equal_on_off": [o.outputs[0].token_ids for o in first["on"]]
+        == [o.outputs[0].token_ids for o in first["off"]],
         # Per request, the median over rounds (for the plot).
         "_ttfts_on": [statistics.median(ttft["warm"][i]) for i in warm_ids],
         "_ttfts_off": [statistics.median(ttft["cold"][i]) for i in warm_ids],
@@ -339,7 +360,11 @@ def bench_multi_turn(args, progress: Progress = no_progress) -> dict:
         history: list[dict] = []
         rates = []
         for turn, user in enumerate(progress(users, f"multi-turn, {variant}")):
-            system_text = system if variant == "stable" else f"Current time: 2026-11-30 09:{turn:02d}:{(7 * turn) % 60:02d}\n{system}"
+            system_text = (
+                system
+                if variant == "stable"
+                else f"Current time: 2026-11-30 09:{turn:02d}:{(7 * turn) % 60:02d}\n{system}"
+            )
             messages = [{"role": "system", "content": system_text}] + history + [{"role": "user", "content": user}]
             output = llm.chat(messages, params)[0]
             rates.append(output.num_cached_tokens / len(output.prompt_token_ids))
@@ -364,7 +389,11 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
     prompts = [_chat_ids(llm, system, u) for u in users]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
-    hf = AutoModelForCausalLM.from_pretrained(args.model or default_model_path(), dtype=llm.llm_engine.dtype).to(device).eval()
+    hf = (
+        AutoModelForCausalLM.from_pretrained(args.model or default_model_path(), dtype=llm.llm_engine.dtype)
+        .to(device)
+        .eval()
+    )
     pad_id = llm.get_tokenizer().pad_token_id or 0
 
     def run_hf(batch_size: int) -> tuple[float, list[list[int]]]:
@@ -377,8 +406,12 @@ def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
             with torch.inference_mode():
                 generated = hf.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=args.max_tokens, min_new_tokens=args.max_tokens,
-                    do_sample=False, pad_token_id=pad_id,
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=args.max_tokens,
+                    min_new_tokens=args.max_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
                 )
             outputs += generated[:, width:].tolist()
         return time.perf_counter() - start, outputs
@@ -478,8 +511,12 @@ class VLLMBlockManagerRunner:
         if pythonpath:
             env["PYTHONPATH"] = pythonpath
         self.process = subprocess.Popen(
-            [python, str(VLLM_BLOCK_MANAGER_SCRIPT), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, env=env,
+            [python, str(VLLM_BLOCK_MANAGER_SCRIPT), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
         )
         ready = self._next_json()
         if ready is None:
@@ -566,11 +603,16 @@ def bench_block_manager(args, progress: Progress = no_progress) -> dict:
     result["rounds"] = len(ours)
     # vLLM 0.11's KVCacheManager on this workload, measured once on the course machine.
     result["vllm_reference_us"] = {
-        "build_request": 183, "lookup_allocate": 121, "free": 11, "append_token": 1.9, "decode_allocate": 6.8,
+        "build_request": 183,
+        "lookup_allocate": 121,
+        "free": 11,
+        "append_token": 1.9,
+        "decode_allocate": 6.8,
     }
     result["vllm"] = {version: _block_manager_summary(rounds) for version, rounds in theirs.items()}
     result["ratio_vs_vllm"] = {
-        version: {key: result[key] / value for key, value in summary.items()} for version, summary in result["vllm"].items()
+        version: {key: result[key] / value for key, value in summary.items()}
+        for version, summary in result["vllm"].items()
     }
     return result
 
@@ -670,9 +712,12 @@ def _vs_vllm_workloads(llm: LLM, rounds: int, max_tokens: int) -> list[dict]:
     rng = random.Random(3)
     workloads = []
     for r in range(rounds):
+
         def call(prompts, tokens):
-            return {"prompts": [{"prompt_token_ids": p} for p in prompts],
-                    "sampling": {"temperature": 0.0, "max_tokens": tokens, "ignore_eos": True}}
+            return {
+                "prompts": [{"prompt_token_ids": p} for p in prompts],
+                "sampling": {"temperature": 0.0, "max_tokens": tokens, "ignore_eos": True},
+            }
 
         warm_up = call([_random_prompt(rng, vocab_size, 64)], 2)
         workloads.append({"name": f"ttft_{r}", "calls": [warm_up] + [call([p], 8) for p in one_by_one]})
@@ -702,8 +747,14 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
     ours, theirs = [], []
     for r in progress(range(args.vs_vllm_rounds), "vs vLLM"):
         # One round = one vLLM process and one mini-vLLM engine; which goes first alternates.
-        engines = [{"block_size": VS_VLLM_BLOCK_SIZE, "num_blocks": VS_VLLM_NUM_BLOCKS, "workloads": workloads[2 * r : 2 * r + 2]}]
-        for side in (("vllm", "mini") if r % 2 == 0 else ("mini", "vllm")):
+        engines = [
+            {
+                "block_size": VS_VLLM_BLOCK_SIZE,
+                "num_blocks": VS_VLLM_NUM_BLOCKS,
+                "workloads": workloads[2 * r : 2 * r + 2],
+            }
+        ]
+        for side in ("vllm", "mini") if r % 2 == 0 else ("mini", "vllm"):
             if side == "vllm":
                 theirs_all = run_vllm(model_path, engines, dtype="float32", threads=threads)
                 theirs += theirs_all["engines"][0]["workloads"]
@@ -720,8 +771,11 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
             else:
                 generated = sum(len(ids) for r in requests for ids in r["token_ids"])
                 throughput.append(generated / workload["elapsed_s"])
-        return {"ttft_cold_ms": 1000 * statistics.median(cold), "ttft_warm_ms": 1000 * statistics.median(warm),
-                "throughput_tok_s": statistics.median(throughput)}
+        return {
+            "ttft_cold_ms": 1000 * statistics.median(cold),
+            "ttft_warm_ms": 1000 * statistics.median(warm),
+            "throughput_tok_s": statistics.median(throughput),
+        }
 
     def requests_of(results: list[dict]) -> list[dict]:
         return [r for w in results for r in w["requests"] if r["call"] > 0]
@@ -793,8 +847,12 @@ def plot_roofline(roofline: dict, ax) -> None:
     names = list(roofline)
     positions = range(len(names))
     ax.bar([x - 0.2 for x in positions], [roofline[n]["decode_step_ms"] for n in names], 0.4, label="decode step")
-    ax.bar([x + 0.2 for x in positions], [roofline[n]["weights_read_floor_ms"] for n in names], 0.4,
-           label="weights-read floor")
+    ax.bar(
+        [x + 0.2 for x in positions],
+        [roofline[n]["weights_read_floor_ms"] for n in names],
+        0.4,
+        label="weights-read floor",
+    )
     ax.set_xticks(list(positions), names)
     ax.set_yscale("log")
     ax.set_ylabel("ms per step (log scale)")
@@ -831,53 +889,108 @@ def _shared_prefix_rows(s: dict, label: str) -> list[tuple[str, str, str]]:
     low, high = s["ttft_speedup_range"]
     o_low, o_high = s["cache_overhead_ratio_range"]
     return [
-        (f"{label}shared prefix: TTFT cold / warm (p50)", f"{s['ttft_speedup']:.2f}x",
-         f"rounds {low:.2f}-{high:.2f}x; token ideal {s['ideal_speedup']:.2f}x, attainable (cold / fresh) {s['attainable_speedup']:.2f}x"),
-        (f"{label}shared prefix: cache overhead warm / fresh", f"{s['cache_overhead_ratio']:.3f}",
-         f"rounds {o_low:.3f}-{o_high:.3f}; {s['ttft_p50_on_ms']:.1f} vs {s['ttft_fresh_same_uncached_ms']:.1f} ms; goal <= 1.10"),
-        (f"{label}shared prefix: hit rate", f"{s['hit_rate']:.1%}", f"prefill tokens {s['prefill_tokens_on']} vs {s['prefill_tokens_off']}"),
-        (f"{label}shared prefix: TTFT p50 / p90 warm", f"{s['ttft_p50_on_ms']:.1f} / {s['ttft_p90_on_ms']:.1f} ms",
-         f"cold: {s['ttft_p50_off_ms']:.1f} / {s['ttft_p90_off_ms']:.1f} ms"),
+        (
+            f"{label}shared prefix: TTFT cold / warm (p50)",
+            f"{s['ttft_speedup']:.2f}x",
+            f"rounds {low:.2f}-{high:.2f}x; token ideal {s['ideal_speedup']:.2f}x, attainable (cold / fresh) {s['attainable_speedup']:.2f}x",
+        ),
+        (
+            f"{label}shared prefix: cache overhead warm / fresh",
+            f"{s['cache_overhead_ratio']:.3f}",
+            f"rounds {o_low:.3f}-{o_high:.3f}; {s['ttft_p50_on_ms']:.1f} vs {s['ttft_fresh_same_uncached_ms']:.1f} ms; goal <= 1.10",
+        ),
+        (
+            f"{label}shared prefix: hit rate",
+            f"{s['hit_rate']:.1%}",
+            f"prefill tokens {s['prefill_tokens_on']} vs {s['prefill_tokens_off']}",
+        ),
+        (
+            f"{label}shared prefix: TTFT p50 / p90 warm",
+            f"{s['ttft_p50_on_ms']:.1f} / {s['ttft_p90_on_ms']:.1f} ms",
+            f"cold: {s['ttft_p50_off_ms']:.1f} / {s['ttft_p90_off_ms']:.1f} ms",
+        ),
     ]
 
 
 def format_table(results: dict) -> str:
-    s, n, m, v, b = (results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager"))
+    s, n, m, v, b = (
+        results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager")
+    )
     rows = _shared_prefix_rows(s, "")
     rows += [
-        ("no sharing: throughput on/off", f"{n['throughput_ratio_on_off']:.3f}",
-         f"rounds {n['throughput_ratio_on_off_range'][0]:.3f}-{n['throughput_ratio_on_off_range'][1]:.3f}; goal >= 0.97"),
-        ("multi-turn: hit rate stable", f"{m['hit_rate_stable']:.1%}", f"timestamped template: {m['hit_rate_timestamped']:.1%}"),
-        ("vs transformers: throughput", f"{v['throughput_ratio']:.2f}x",
-         f"rounds {v['throughput_ratio_range'][0]:.2f}-{v['throughput_ratio_range'][1]:.2f}x; "
-         f"greedy outputs equal: {v['num_outputs_equal']}/{v['num_prompts']}"),
+        (
+            "no sharing: throughput on/off",
+            f"{n['throughput_ratio_on_off']:.3f}",
+            f"rounds {n['throughput_ratio_on_off_range'][0]:.3f}-{n['throughput_ratio_on_off_range'][1]:.3f}; goal >= 0.97",
+        ),
+        (
+            "multi-turn: hit rate stable",
+            f"{m['hit_rate_stable']:.1%}",
+            f"timestamped template: {m['hit_rate_timestamped']:.1%}",
+        ),
+        (
+            "vs transformers: throughput",
+            f"{v['throughput_ratio']:.2f}x",
+            f"rounds {v['throughput_ratio_range'][0]:.2f}-{v['throughput_ratio_range'][1]:.2f}x; "
+            f"greedy outputs equal: {v['num_outputs_equal']}/{v['num_prompts']}",
+        ),
         *(
-            [("vs transformers generate_batch (continuous batching)", f"{v['cb_throughput_ratio']:.2f}x", f"greedy outputs equal: {v['cb_num_outputs_equal']}/{v['num_prompts']}")]
+            [
+                (
+                    "vs transformers generate_batch (continuous batching)",
+                    f"{v['cb_throughput_ratio']:.2f}x",
+                    f"greedy outputs equal: {v['cb_num_outputs_equal']}/{v['num_prompts']}",
+                )
+            ]
             if "cb_throughput_ratio" in v
             else []
         ),
     ]
     reference = {"admit_free_us": 121 + 11, "build_request_us": 183, "decode_step_us": 1.9 + 6.8, "free_us": 11}
-    for key, label in (("admit_free_us", "admit + free"), ("build_request_us", "build request (hash 64 blocks)"),
-                       ("decode_step_us", "decode step"), ("free_us", "free")):
-        theirs = [f"vLLM {version}: {summary[key]:.1f} us ({b[key] / summary[key]:.2f}x)" for version, summary in b["vllm"].items()]
-        rows.append((f"block manager: {label}", f"{b[key]:.1f} us", "; ".join(theirs + [f"vLLM 0.11 (once): {reference[key]:.1f} us"])))
+    for key, label in (
+        ("admit_free_us", "admit + free"),
+        ("build_request_us", "build request (hash 64 blocks)"),
+        ("decode_step_us", "decode step"),
+        ("free_us", "free"),
+    ):
+        theirs = [
+            f"vLLM {version}: {summary[key]:.1f} us ({b[key] / summary[key]:.2f}x)"
+            for version, summary in b["vllm"].items()
+        ]
+        rows.append(
+            (
+                f"block manager: {label}",
+                f"{b[key]:.1f} us",
+                "; ".join(theirs + [f"vLLM 0.11 (once): {reference[key]:.1f} us"]),
+            )
+        )
     for name, model_results in results.get("models", {}).items():
         rows += _shared_prefix_rows(model_results["shared_prefix"], f"{name}: ")
     for name, r in results.get("roofline", {}).items():
-        rows.append((f"{name}: decode step (batch 1)", f"{r['decode_step_ms']:.1f} ms",
-                     f"weights-read floor {r['weights_read_floor_ms']:.1f} ms ({r['weight_bytes'] / 1e6:.0f} MB at "
-                     f"{r['memory_bandwidth_gbs']:.1f} GB/s): {r['decode_vs_floor']:.2f}x the floor; goal <= 2x"))
+        rows.append(
+            (
+                f"{name}: decode step (batch 1)",
+                f"{r['decode_step_ms']:.1f} ms",
+                f"weights-read floor {r['weights_read_floor_ms']:.1f} ms ({r['weight_bytes'] / 1e6:.0f} MB at "
+                f"{r['memory_bandwidth_gbs']:.1f} GB/s): {r['decode_vs_floor']:.2f}x the floor; goal <= 2x",
+            )
+        )
     for name, r in results.get("vs_vllm", {}).items():
         if "skipped" in r:
             rows.append((f"{name}: vs vLLM", "skipped", r["skipped"]))
             continue
         rows += [
-            (f"{name}: vs vLLM {r['vllm_version']}: throughput", f"{r['throughput_ratio']:.2f}x",
-             f"{r['mini']['throughput_tok_s']:.0f} vs {r['vllm']['throughput_tok_s']:.0f} tok/s, {r['threads']} thread(s) each"),
-            (f"{name}: vs vLLM: TTFT cold / warm", f"{r['ttft_cold_ratio']:.2f}x / {r['ttft_warm_ratio']:.2f}x",
-             f"cold {r['mini']['ttft_cold_ms']:.1f} vs {r['vllm']['ttft_cold_ms']:.1f} ms, warm {r['mini']['ttft_warm_ms']:.1f} vs "
-             f"{r['vllm']['ttft_warm_ms']:.1f} ms; cached tokens equal: {r['cached_tokens_equal']}, outputs equal: {r['outputs_equal']}"),
+            (
+                f"{name}: vs vLLM {r['vllm_version']}: throughput",
+                f"{r['throughput_ratio']:.2f}x",
+                f"{r['mini']['throughput_tok_s']:.0f} vs {r['vllm']['throughput_tok_s']:.0f} tok/s, {r['threads']} thread(s) each",
+            ),
+            (
+                f"{name}: vs vLLM: TTFT cold / warm",
+                f"{r['ttft_cold_ratio']:.2f}x / {r['ttft_warm_ratio']:.2f}x",
+                f"cold {r['mini']['ttft_cold_ms']:.1f} vs {r['vllm']['ttft_cold_ms']:.1f} ms, warm {r['mini']['ttft_warm_ms']:.1f} vs "
+                f"{r['vllm']['ttft_warm_ms']:.1f} ms; cached tokens equal: {r['cached_tokens_equal']}, outputs equal: {r['outputs_equal']}",
+            ),
         ]
     width = max(len(r[0]) for r in rows)
     lines = [f"device: {results['device']}", ""]
@@ -927,19 +1040,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="a local Hugging Face folder, e.g. models/SmolLM2-135M-Instruct (make real-model); "
-             "default: the bundled model",
+        "default: the bundled model",
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparisons with real vLLM (make vllm)")
     parser.add_argument(
-        "--no-real-model", action="store_true",
+        "--no-real-model",
+        action="store_true",
         help="skip the second model (SmolLM2-135M, when make real-model has installed it)",
     )
     parser.add_argument(
-        "--vllm-pythonpath", action="append", default=[], metavar="PATHS",
+        "--vllm-pythonpath",
+        action="append",
+        default=[],
+        metavar="PATHS",
         help="a vLLM source tree (plus its pure-Python dependencies, joined with ':') whose KVCacheManager "
-             "the block-manager benchmark also measures, e.g. vLLM 0.33's; repeatable",
+        "the block-manager benchmark also measures, e.g. vLLM 0.33's; repeatable",
     )
     args = parser.parse_args(argv)
     if args.model is not None:

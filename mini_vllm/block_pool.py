@@ -289,7 +289,9 @@ class BlockPool:
                 BlockStored(
                     block_hashes=tuple(request.block_hashes[num_cached_blocks:num_full_blocks]),
                     parent_block_hash=request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None,
-                    token_ids=tuple(request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]),
+                    token_ids=tuple(
+                        request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
+                    ),
                     block_size=block_size,
                     block_ids=tuple(block.block_id for block in blocks[num_cached_blocks:num_full_blocks]),
                 )

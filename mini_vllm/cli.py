@@ -40,7 +40,9 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     for name, option_type in ENGINE_OPTIONS.items():
         option = "--" + name.replace("_", "-")
         default = getattr(defaults, name)
-        parser.add_argument(option, type=option_type, default=default, help=f"EngineConfig.{name} (default: %(default)s)")
+        parser.add_argument(
+            option, type=option_type, default=default, help=f"EngineConfig.{name} (default: %(default)s)"
+        )
 
 
 def _engine_config(parser: argparse.ArgumentParser, args) -> EngineConfig:

@@ -461,7 +461,9 @@ def run_matrix(
     ours = run_mini(path, engines, dtype=dtype, threads=threads)
     runs = []
     for spec, mine, real in zip(engines, ours, theirs["engines"]):
-        compared = [compare_workload(w, m, r) for w, m, r in zip(spec["workloads"], mine["workloads"], real["workloads"])]
+        compared = [
+            compare_workload(w, m, r) for w, m, r in zip(spec["workloads"], mine["workloads"], real["workloads"])
+        ]
         runs.append({"block_size": spec["block_size"], "num_blocks": spec["num_blocks"], "workloads": compared})
     return {
         "model": Path(path).name,
@@ -495,7 +497,11 @@ REFERENCE_DIR = REPO_ROOT / "benchmarks" / "reference_results"
 # Appendix A also runs vLLM's probes (its cache classes driven directly).
 REFERENCE_RUNS = {
     "appendix_a": ("bundled", (32, 128), None),
-    "chapter_05": ("bundled", (32,), ("shared_system_prompt", "exact_block_multiple", "repeated_prompt", "n_greater_than_1")),
+    "chapter_05": (
+        "bundled",
+        (32,),
+        ("shared_system_prompt", "exact_block_multiple", "repeated_prompt", "n_greater_than_1"),
+    ),
     "chapter_10": ("bundled", (32,), ("shared_system_prompt", "multi_turn_chat", "eviction_and_preemption")),
 }
 PROBES_WITH = "appendix_a"
@@ -577,14 +583,20 @@ def format_table(result: dict, timings: bool = True, header: bool = True) -> str
     for run in result["runs"]:
         lines.append("")
         lines.append(f"block size {run['block_size']}, pool of {run['num_blocks']} blocks")
-        lines.append("  per request (call.prompt of the workload): prompt tokens, num_cached_tokens, greedy tokens equal?")
+        lines.append(
+            "  per request (call.prompt of the workload): prompt tokens, num_cached_tokens, greedy tokens equal?"
+        )
         header = f"  {'workload':<24} {'request':>9} {'prompt':>6} {'cached mini':>11} {'cached vLLM':>11} {'tokens equal':>12}"
         lines.append(header)
         for workload in run["workloads"]:
             for position, row in enumerate(workload["rows"]):
                 name = workload["name"] if position == 0 else ""
                 request = f"{row['call']}.{row['index']}" + (f" n={row['n']}" if row["n"] > 1 else "")
-                mark = "" if row["cached_equal"] else ("  (n>1: vLLM reports the last sample)" if row["n"] > 1 else "  <- differs")
+                mark = (
+                    ""
+                    if row["cached_equal"]
+                    else ("  (n>1: vLLM reports the last sample)" if row["n"] > 1 else "  <- differs")
+                )
                 lines.append(
                     f"  {name:<24} {request:>9} {row['num_prompt_tokens']:>6} {row['mini_cached']:>11} "
                     f"{row['vllm_cached']:>11} {_yes(row['tokens_equal']):>12}{mark}"
@@ -615,7 +627,9 @@ def format_table(result: dict, timings: bool = True, header: bool = True) -> str
 def format_timings(result: dict) -> str:
     """Mean TTFT and throughput per workload, both engines (these vary from run to run)."""
     lines = [f"{result['threads']} compute thread(s) per engine; TTFT = arrival -> first token, mean over requests"]
-    lines.append(f"  {'block':>5} {'workload':<24} {'TTFT ms mini':>12} {'TTFT ms vLLM':>12} {'tok/s mini':>10} {'tok/s vLLM':>10}")
+    lines.append(
+        f"  {'block':>5} {'workload':<24} {'TTFT ms mini':>12} {'TTFT ms vLLM':>12} {'tok/s mini':>10} {'tok/s vLLM':>10}"
+    )
     for run in result["runs"]:
         for workload in run["workloads"]:
             mini, real = workload["mini"], workload["vllm"]
@@ -632,17 +646,34 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m mini_vllm compare-vllm", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None, help="a local Hugging Face folder (default: the bundled model)")
-    parser.add_argument("--block-size", type=int, action="append", default=None,
-                        help="tokens per block, a multiple of 32 on a CPU (repeatable; default: 32 and 128)")
-    parser.add_argument("--workload", action="append", default=None, choices=WORKLOAD_NAMES,
-                        help="one workload (repeatable; default: all)")
-    parser.add_argument("--prompt", action="append", default=None,
-                        help="a prompt of your own (repeatable); without --workload only your prompts run")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        action="append",
+        default=None,
+        help="tokens per block, a multiple of 32 on a CPU (repeatable; default: 32 and 128)",
+    )
+    parser.add_argument(
+        "--workload",
+        action="append",
+        default=None,
+        choices=WORKLOAD_NAMES,
+        help="one workload (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="a prompt of your own (repeatable); without --workload only your prompts run",
+    )
     parser.add_argument("--num-blocks", type=int, default=None, help=f"pool size (default {DEFAULT_NUM_BLOCKS})")
     parser.add_argument("--threads", type=int, default=1, help="compute threads for each engine (default 1)")
     parser.add_argument("--json", default=None, help="also write the full results to this file")
-    parser.add_argument("--write-references", action="store_true",
-                        help="re-run the chapters' comparisons and save them in benchmarks/reference_results/")
+    parser.add_argument(
+        "--write-references",
+        action="store_true",
+        help="re-run the chapters' comparisons and save them in benchmarks/reference_results/",
+    )
     args = parser.parse_args(argv)
     if vllm_python() is None:
         print(vllm_missing_reason())
@@ -651,8 +682,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_references():
             print("wrote", path.relative_to(REPO_ROOT))
         return 0
-    result = run_matrix(args.model, tuple(args.block_size or (32, 128)), args.workload,
-                        num_blocks=args.num_blocks, threads=args.threads, prompts=args.prompt)
+    result = run_matrix(
+        args.model,
+        tuple(args.block_size or (32, 128)),
+        args.workload,
+        num_blocks=args.num_blocks,
+        threads=args.threads,
+        prompts=args.prompt,
+    )
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

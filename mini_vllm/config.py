@@ -125,5 +125,7 @@ def make_engine_config(config: EngineConfig | None, settings: dict[str, Any]) ->
     if not isinstance(config, EngineConfig):
         raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
     if settings:
-        raise TypeError(f"LLM() takes the settings as keywords or as config=EngineConfig(...), not both: got {sorted(settings)}")
+        raise TypeError(
+            f"LLM() takes the settings as keywords or as config=EngineConfig(...), not both: got {sorted(settings)}"
+        )
     return config

@@ -171,7 +171,9 @@ def hash_new_full_blocks(
     for index in range(first_block, num_full_blocks):
         start = index * block_size
         block_tokens = token_ids[start : start + block_size]
-        parent = hash_block_tokens(parent, block_tokens, block_extra_keys(index, cache_salt, lora_name, lora_path), hash_fn)
+        parent = hash_block_tokens(
+            parent, block_tokens, block_extra_keys(index, cache_salt, lora_name, lora_path), hash_fn
+        )
         new_hashes.append(parent)
     return new_hashes
 

@@ -144,12 +144,18 @@ class InputProcessor:
         the pool exactly is accepted with ``max_tokens=1``.
         """
         if not isinstance(sampling_params, SamplingParams):
-            raise TypeError(f"sampling_params must be a SamplingParams, got {type_name(sampling_params)} {sampling_params!r:.80}")
+            raise TypeError(
+                f"sampling_params must be a SamplingParams, got {type_name(sampling_params)} {sampling_params!r:.80}"
+            )
         # An empty salt is no salt, as in vLLM's offline LLM (its OpenAI server refuses "").
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise TypeError(f"cache_salt must be a str or None, got {type_name(cache_salt)} {cache_salt!r:.80}")
         if isinstance(prompt_token_ids, str) or not isinstance(prompt_token_ids, (list, tuple)):
-            hint = " (text goes in as the prompt itself)" if isinstance(prompt_token_ids, str) else " (convert it with .tolist() or list(...))"
+            hint = (
+                " (text goes in as the prompt itself)"
+                if isinstance(prompt_token_ids, str)
+                else " (convert it with .tolist() or list(...))"
+            )
             raise TypeError(f"prompt_token_ids must be a list of ints, got {type_name(prompt_token_ids)}{hint}")
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")

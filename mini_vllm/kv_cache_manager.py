@@ -367,7 +367,9 @@ class KVCacheManager:
             mapped[block.block_id] = block_hash
         for block in pool.blocks:
             if block.block_hash is not None:
-                assert mapped.get(block.block_id) == block.block_hash, f"hashed block {block.block_id} is not in the map"
+                assert mapped.get(block.block_id) == block.block_hash, (
+                    f"hashed block {block.block_id} is not in the map"
+                )
             if not self.enable_caching:
                 assert block.block_hash is None, "caching is off but a block has a hash"
         for request_id, num_cached in self.num_cached_block.items():

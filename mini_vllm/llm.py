@@ -141,7 +141,9 @@ class LLM:
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise TypeError(f"chat_template_kwargs must be a dict or None, got {type(chat_template_kwargs).__name__}")
         if not isinstance(messages, (list, tuple)) or not messages:
-            raise TypeError(f"messages must be a non-empty list of messages (or of conversations), got {messages!r:.80}")
+            raise TypeError(
+                f"messages must be a non-empty list of messages (or of conversations), got {messages!r:.80}"
+            )
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         prompts = []
         for index, conversation in enumerate(conversations):
@@ -171,7 +173,9 @@ def check_conversation(conversation: Any, where: str = "") -> None:
         raise TypeError(f"{where}a conversation must be a non-empty list of messages, got {conversation!r:.80}")
     for index, message in enumerate(conversation):
         if not isinstance(message, dict):
-            raise TypeError(f"{where}message {index} must be a dict with 'role' and 'content', got {type(message).__name__}")
+            raise TypeError(
+                f"{where}message {index} must be a dict with 'role' and 'content', got {type(message).__name__}"
+            )
         for key in ("role", "content"):
             if key not in message:
                 raise ValueError(f"{where}message {index} has no {key!r}: {message!r:.80}")

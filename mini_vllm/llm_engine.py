@@ -354,7 +354,9 @@ class LLMEngine:
         with keyboard_interrupts_deferred():
             return self._update_from_output(scheduler_output, logits)  # 3. sample, 4. update
 
-    def _update_from_output(self, scheduler_output: SchedulerOutput, logits: torch.Tensor | None) -> list[RequestOutput]:
+    def _update_from_output(
+        self, scheduler_output: SchedulerOutput, logits: torch.Tensor | None
+    ) -> list[RequestOutput]:
         """Sample a token for every request that completed its prefill, check stop conditions.
 
         A request whose own processing raises (a bug in sampling, a stop
@@ -377,7 +379,9 @@ class LLMEngine:
                     metrics.first_token_step = self.num_steps
                 status = self._check_stop(request)
             except Exception:
-                logger.exception("request %r failed after its forward pass; it finishes with an error", request.request_id)
+                logger.exception(
+                    "request %r failed after its forward pass; it finishes with an error", request.request_id
+                )
                 status = RequestStatus.FINISHED_ERROR
             if status is not None:
                 finished.append(self._finish(request, status))
@@ -413,12 +417,18 @@ class LLMEngine:
             requeue = not isinstance(error, Exception)
             self.scheduler.undo_failed_step(scheduler_output, requeue=requeue)
             if requeue:
-                logger.warning("step %d interrupted (%s): its requests will be recomputed", self.num_steps, type(error).__name__)
+                logger.warning(
+                    "step %d interrupted (%s): its requests will be recomputed", self.num_steps, type(error).__name__
+                )
                 finished = []
             else:
                 logger.error(
                     "step %d failed: %s: %s; its %d request(s) finish with an error",
-                    self.num_steps, type(error).__name__, error, len(scheduler_output.scheduled), exc_info=error,
+                    self.num_steps,
+                    type(error).__name__,
+                    error,
+                    len(scheduler_output.scheduled),
+                    exc_info=error,
                 )
                 finished = [self._finish(s.request, RequestStatus.FINISHED_ERROR) for s in scheduler_output.scheduled]
         if requeue:

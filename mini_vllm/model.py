@@ -72,6 +72,7 @@ def default_model_path() -> str:
 # Configuration
 # --------------------------------------------------------------------------- #
 
+
 @dataclass
 class ModelConfig:
     """The numbers the model needs, parsed from a Hugging Face ``config.json``."""
@@ -106,8 +107,7 @@ class ModelConfig:
         arch = architectures[0] if architectures else _ARCH_BY_MODEL_TYPE.get(cfg.get("model_type"))
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"unsupported architecture {arch!r}; mini-vLLM supports "
-                + ", ".join(SUPPORTED_ARCHITECTURES)
+                f"unsupported architecture {arch!r}; mini-vLLM supports " + ", ".join(SUPPORTED_ARCHITECTURES)
             )
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only 'silu' (SwiGLU)")
@@ -178,9 +178,7 @@ def _parse_rope(cfg: dict) -> tuple[float, dict | None]:
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in _SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"unsupported RoPE type {rope_type!r}; implemented: {', '.join(_SUPPORTED_ROPE_TYPES)}"
-        )
+        raise ValueError(f"unsupported RoPE type {rope_type!r}; implemented: {', '.join(_SUPPORTED_ROPE_TYPES)}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not implemented")
     theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
@@ -219,6 +217,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> t
 # --------------------------------------------------------------------------- #
 # Building blocks
 # --------------------------------------------------------------------------- #
+
 
 class RMSNorm(nn.Module):
     """``x / rms(x) * weight`` over the last dimension.
@@ -398,9 +397,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, hidden, rope, k_cache, v_cache, attn_metadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(
-            self.input_layernorm(hidden), rope, k_cache, v_cache, attn_metadata
-        )
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, k_cache, v_cache, attn_metadata)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -410,9 +407,7 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, attn_backend) for _ in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, attn_backend) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 

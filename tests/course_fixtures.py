@@ -24,7 +24,7 @@ def rejects(check, wrong, fragment: str, *args, regex: bool = False) -> str:
     with pytest.raises(CheckFailure) as info:
         check(wrong, *args)
     message = str(info.value)
-    assert (re.search(fragment, message) if regex else fragment in message), message
+    assert re.search(fragment, message) if regex else fragment in message, message
     return message
 
 

@@ -14,8 +14,15 @@ from mini_vllm import bench
 
 FIXED_KEYS = {
     "shared_prefix": {
-        "ttft_speedup", "ttft_speedup_range", "ideal_speedup", "attainable_speedup", "hit_rate",
-        "prefill_tokens_on", "prefill_tokens_off", "ttft_fresh_same_uncached_ms", "cache_overhead_ratio",
+        "ttft_speedup",
+        "ttft_speedup_range",
+        "ideal_speedup",
+        "attainable_speedup",
+        "hit_rate",
+        "prefill_tokens_on",
+        "prefill_tokens_off",
+        "ttft_fresh_same_uncached_ms",
+        "cache_overhead_ratio",
         "cache_overhead_ratio_range",
     },
     "no_sharing": {"throughput_ratio_on_off", "throughput_ratio_on_off_range"},
@@ -26,8 +33,13 @@ FIXED_KEYS = {
 # Per model, keyed by the model's folder name.
 ROOFLINE_KEYS = {"decode_step_ms": float, "weights_read_floor_ms": float, "decode_vs_floor": float, "weight_bytes": int}
 VS_VLLM_KEYS = {
-    "vllm_version": str, "threads": int, "throughput_ratio": float, "ttft_cold_ratio": float,
-    "ttft_warm_ratio": float, "cached_tokens_equal": bool, "outputs_equal": bool,
+    "vllm_version": str,
+    "threads": int,
+    "throughput_ratio": float,
+    "ttft_cold_ratio": float,
+    "ttft_warm_ratio": float,
+    "cached_tokens_equal": bool,
+    "outputs_equal": bool,
 }
 
 
@@ -56,7 +68,9 @@ def test_bench_writes_the_fixed_json_keys_and_plots(tmp_path, monkeypatch, capsy
     assert shared["hit_rate"] == 1 - shared["prefill_tokens_on"] / shared["prefill_tokens_off"]  # same requests
     assert all(low <= high for low, high in (shared["ttft_speedup_range"], shared["cache_overhead_ratio_range"]))
     check_types(results["roofline"]["default_model"], ROOFLINE_KEYS, "roofline['default_model']")
-    assert results["roofline"]["default_model"]["weight_bytes"] == 14_160_896  # 3.5 M float32 weights, tied counted once
+    assert (
+        results["roofline"]["default_model"]["weight_bytes"] == 14_160_896
+    )  # 3.5 M float32 weights, tied counted once
     assert results["vs_vllm"] == {}  # --quick and --no-vllm leave real vLLM out
     assert "shared prefix: TTFT cold / warm" in capsys.readouterr().out
 
@@ -68,8 +82,15 @@ def test_public_drops_raw_keys_at_every_depth():
 
 def test_vs_vllm_figures_checks_types_of_a_complete_section():
     """The contract's checker rejects a section with a wrong type (it can fail)."""
-    good = {"vllm_version": "0.32.0", "threads": 1, "throughput_ratio": 0.5, "ttft_cold_ratio": 1.0,
-            "ttft_warm_ratio": 1.1, "cached_tokens_equal": True, "outputs_equal": True}
+    good = {
+        "vllm_version": "0.32.0",
+        "threads": 1,
+        "throughput_ratio": 0.5,
+        "ttft_cold_ratio": 1.0,
+        "ttft_warm_ratio": 1.1,
+        "cached_tokens_equal": True,
+        "outputs_equal": True,
+    }
     check_types(good, VS_VLLM_KEYS, "vs_vllm")
     with pytest.raises(AssertionError, match="threads"):
         check_types(dict(good, threads="1"), VS_VLLM_KEYS, "vs_vllm")

@@ -19,7 +19,11 @@ def test_chat_reports_cached_tokens_for_the_second_turn(monkeypatch, capsys):
     main(["chat", "--max-tokens", "30", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.count("bot>") == 2
-    cached = [int(line.split("[")[1].split("/")[0]) for line in out.splitlines() if "prompt tokens from the prefix cache" in line]
+    cached = [
+        int(line.split("[")[1].split("/")[0])
+        for line in out.splitlines()
+        if "prompt tokens from the prefix cache" in line
+    ]
     assert cached[0] == 0 and cached[1] > 0  # the second turn re-sends the first: it hits
 
 

@@ -347,7 +347,11 @@ def _hits_in_a_default(block_pool, block_hashes, max_num_blocks, hits=[]):  # no
 
 
 def _assumes_every_hash_is_cached(block_pool, block_hashes, max_num_blocks):
-    return [block_pool.get_cached_block(h) for h in block_hashes[:max_num_blocks] if block_pool.get_cached_block(h).ref_cnt >= 0]
+    return [
+        block_pool.get_cached_block(h)
+        for h in block_hashes[:max_num_blocks]
+        if block_pool.get_cached_block(h).ref_cnt >= 0
+    ]
 
 
 @pytest.mark.parametrize(
@@ -538,11 +542,24 @@ if kernels.TRITON_AVAILABLE:
 
     @triton.jit
     def _store_kv_kernel(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, MISTAKE: tl.constexpr,
+        key_ptr,
+        value_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_mapping_ptr,
+        stride_key_token,
+        stride_key_head,
+        stride_value_token,
+        stride_value_head,
+        stride_cache_block,
+        stride_cache_offset,
+        stride_cache_head,
+        num_kv_heads,
+        head_dim,
+        BLOCK_SIZE: tl.constexpr,
+        HEADS_PAD: tl.constexpr,
+        HEAD_DIM_PAD: tl.constexpr,
+        MISTAKE: tl.constexpr,
     ):
         token = tl.program_id(0)
         heads = tl.arange(0, HEADS_PAD)[:, None]
@@ -566,11 +583,24 @@ if kernels.TRITON_AVAILABLE:
         def store_kv(key, value, k_cache, v_cache, slot_mapping):
             _, block_size, num_kv_heads, head_dim = k_cache.shape
             _store_kv_kernel[(key.shape[0],)](
-                key, value, k_cache, v_cache, slot_mapping,
-                key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_kv_heads, head_dim,
-                BLOCK_SIZE=block_size, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-                HEAD_DIM_PAD=triton.next_power_of_2(head_dim), MISTAKE=mistake,
+                key,
+                value,
+                k_cache,
+                v_cache,
+                slot_mapping,
+                key.stride(0),
+                key.stride(1),
+                value.stride(0),
+                value.stride(1),
+                k_cache.stride(0),
+                k_cache.stride(1),
+                k_cache.stride(2),
+                num_kv_heads,
+                head_dim,
+                BLOCK_SIZE=block_size,
+                HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+                HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
+                MISTAKE=mistake,
             )
 
         return store_kv
@@ -773,14 +803,16 @@ class _EmptyClass:
 # Every registered check, a new one included: the decode loop needs the model and the queue is a class
 # (both have their own test), store_kv needs Triton.
 ALL_CHECKS = [
-    check for name, check in CHECKS.items()
+    check
+    for name, check in CHECKS.items()
     if name not in ("check_decode_loop", "check_free_queue") and (name != "check_store_kv" or kernels.TRITON_AVAILABLE)
 ]
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
-@pytest.mark.parametrize("behaviour", [_returns_none, _returns_text, _raises_key_error, _returns_strange_items],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "behaviour", [_returns_none, _returns_text, _raises_key_error, _returns_strange_items], ids=lambda f: f.__name__
+)
 def test_every_chapter_check_survives_strange_learner_code(check, behaviour):
     """Every check ends in a CheckFailure (an AssertionError with a message), never another exception."""
     with pytest.raises(CheckFailure) as info:
@@ -788,8 +820,11 @@ def test_every_chapter_check_survives_strange_learner_code(check, behaviour):
     assert len(str(info.value).splitlines()[0]) > 20
 
 
-@pytest.mark.parametrize("queue_cls", [_EmptyClass, type("Raising", (Queue,), {"popleft": _raises_key_error})],
-                         ids=["no methods", "popleft raises"])
+@pytest.mark.parametrize(
+    "queue_cls",
+    [_EmptyClass, type("Raising", (Queue,), {"popleft": _raises_key_error})],
+    ids=["no methods", "popleft raises"],
+)
 def test_ch02_free_queue_check_survives_strange_learner_code(queue_cls):
     with pytest.raises(CheckFailure):
         check_free_queue(queue_cls)

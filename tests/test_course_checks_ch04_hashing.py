@@ -68,7 +68,9 @@ def _hashes_partial_tail_too(token_ids, block_size, cache_salt=None, lora_name=N
 
 def _unchained(token_ids, block_size, cache_salt=None, lora_name=None):
     return [
-        hashing.hash_block_tokens(None, token_ids[i * block_size : (i + 1) * block_size], hashing.block_extra_keys(i, cache_salt, lora_name))
+        hashing.hash_block_tokens(
+            None, token_ids[i * block_size : (i + 1) * block_size], hashing.block_extra_keys(i, cache_salt, lora_name)
+        )
         for i in range(len(token_ids) // block_size)
     ]
 
@@ -132,7 +134,9 @@ def _untagged_extra_keys(token_ids, block_size, cache_salt=None, lora_name=None)
     hashes, parent = [], None
     for i in range(len(token_ids) // block_size):
         keys = [k for k in (lora_name, cache_salt if i == 0 else None) if k is not None]
-        parent = hashing.hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], tuple(keys) or None)
+        parent = hashing.hash_block_tokens(
+            parent, token_ids[i * block_size : (i + 1) * block_size], tuple(keys) or None
+        )
         hashes.append(parent)
     return hashes
 

@@ -30,10 +30,20 @@ if kernels.TRITON_AVAILABLE:
         num_tokens = key.shape[0]
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         kernel[(num_tokens,)](
-            key, value, k_cache, v_cache, slot_mapping,
-            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            num_kv_heads, head_dim,
+            key,
+            value,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            key.stride(0),
+            key.stride(1),
+            value.stride(0),
+            value.stride(1),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            num_kv_heads,
+            head_dim,
             BLOCK_SIZE=block_size,
             HEADS_PAD=triton.next_power_of_2(num_kv_heads),
             HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
@@ -53,11 +63,23 @@ if kernels.TRITON_AVAILABLE:
 
     @triton.jit
     def _store_kv_kernel(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+        key_ptr,
+        value_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_mapping_ptr,
+        stride_key_token,
+        stride_key_head,
+        stride_value_token,
+        stride_value_head,
+        stride_cache_block,
+        stride_cache_offset,
+        stride_cache_head,
+        num_kv_heads,
+        head_dim,
+        BLOCK_SIZE: tl.constexpr,
+        HEADS_PAD: tl.constexpr,
+        HEAD_DIM_PAD: tl.constexpr,
         MISTAKE: tl.constexpr,
     ):
         """A correct store_kv (MISTAKE == 0), or one with exactly one typical mistake."""
@@ -94,11 +116,23 @@ if kernels.TRITON_AVAILABLE:
 
     @triton.jit
     def _stub_kernel(
-        key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-        stride_key_token, stride_key_head, stride_value_token, stride_value_head,
-        stride_cache_block, stride_cache_offset, stride_cache_head,
-        num_kv_heads, head_dim,
-        BLOCK_SIZE: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+        key_ptr,
+        value_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        slot_mapping_ptr,
+        stride_key_token,
+        stride_key_head,
+        stride_value_token,
+        stride_value_head,
+        stride_cache_block,
+        stride_cache_offset,
+        stride_cache_head,
+        num_kv_heads,
+        head_dim,
+        BLOCK_SIZE: tl.constexpr,
+        HEADS_PAD: tl.constexpr,
+        HEAD_DIM_PAD: tl.constexpr,
     ):
         token = tl.program_id(0)  # noqa: F841 (a learner's untouched stub)
         raise NotImplementedError("your code here: see the instructions above")
@@ -198,8 +232,12 @@ def test_ch07_paged_decode_accepts_a_gather_then_softmax_version(capsys):
 
     def gather_then_softmax(query, k_cache, v_cache, block_table, seq_len, scale=None):
         out = reference.paged_attention(
-            query[None], k_cache, v_cache, block_table[None].to(torch.int32),
-            torch.tensor([seq_len], dtype=torch.int32), scale,
+            query[None],
+            k_cache,
+            v_cache,
+            block_table[None].to(torch.int32),
+            torch.tensor([seq_len], dtype=torch.int32),
+            scale,
         )
         return out[0]
 

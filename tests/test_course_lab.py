@@ -24,8 +24,10 @@ def test_the_working_copy_mirrors_the_folders_and_keeps_the_learners_files(tmp_p
     root = _course(tmp_path)
     created = lab.prepare_working_copy(root)
     assert sorted(p.relative_to(root).as_posix() for p in created) == [
-        "my-course/exercises/01_x.ipynb", "my-course/notebooks/00_welcome.ipynb",
-        "my-course/notebooks/01_x.ipynb", "my-course/solutions/01_x.ipynb",
+        "my-course/exercises/01_x.ipynb",
+        "my-course/notebooks/00_welcome.ipynb",
+        "my-course/notebooks/01_x.ipynb",
+        "my-course/solutions/01_x.ipynb",
     ]
     mine = root / lab.START_NOTEBOOK
     mine.write_text('{"my": "work"}')  # the learner's autosave
@@ -33,7 +35,8 @@ def test_the_working_copy_mirrors_the_folders_and_keeps_the_learners_files(tmp_p
     (root / "notebooks" / "02_new.ipynb").write_text("{}")  # a chapter added to the course later
     again = lab.prepare_working_copy(root)
     assert sorted(p.relative_to(root).as_posix() for p in again) == [
-        "my-course/exercises/01_x.ipynb", "my-course/notebooks/02_new.ipynb",
+        "my-course/exercises/01_x.ipynb",
+        "my-course/notebooks/02_new.ipynb",
     ]
     assert mine.read_text() == '{"my": "work"}'  # kept
     assert (root / "notebooks" / "00_welcome.ipynb").read_text() == '{"shipped": true}'  # the shipped one untouched
@@ -65,7 +68,10 @@ def _notebook(outputs, saved_ids=()):
 
 
 def test_a_saved_notebook_keeps_only_widget_views_it_can_restore():
-    live = {"output_type": "display_data", "data": {WIDGET_VIEW: dict(VIEW), "text/html": "<b>snapshot</b>", "text/plain": "t"}}
+    live = {
+        "output_type": "display_data",
+        "data": {WIDGET_VIEW: dict(VIEW), "text/html": "<b>snapshot</b>", "text/plain": "t"},
+    }
     bare = {"output_type": "display_data", "data": {WIDGET_VIEW: dict(VIEW, model_id="gone")}}
     text = {"output_type": "stream", "name": "stdout", "text": "hello"}
 

@@ -28,7 +28,7 @@ from mini_vllm.course import (
 from mini_vllm.course import parts as parts_module
 from mini_vllm.course.lookup_checks import reference_find_longest_cache_hit
 
-LEARNER_NOTEBOOK = '''
+LEARNER_NOTEBOOK = """
 import math
 from mini_vllm.block_pool import KVCacheBlock
 from mini_vllm.course import check_find_longest_cache_hit, check_free_queue, check_slot_mapping
@@ -98,7 +98,7 @@ class FreeKVCacheBlockQueue:
 check_slot_mapping(compute_slot_mapping)
 check_find_longest_cache_hit(find_longest_cache_hit)
 check_free_queue(FreeKVCacheBlockQueue)
-'''
+"""
 
 
 @pytest.fixture
@@ -119,8 +119,7 @@ def _engine_args():
 
 
 PROMPTS = [
-    "You are a storyteller for children. Tell short, kind stories with animals. " * 2 + f"Animal {i}."
-    for i in range(4)
+    "You are a storyteller for children. Tell short, kind stories with animals. " * 2 + f"Animal {i}." for i in range(4)
 ]
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 

@@ -41,7 +41,9 @@ def makefile_targets(makefile: str) -> set[str]:
 def test_every_path_in_the_guide_exists():
     markdown = GUIDE.read_text()
     assert len(named_paths(markdown)) > 40  # the guide names the files; the regex finds them
-    assert not missing_paths(markdown, ROOT), f"ARCHITECTURE.md names paths that do not exist: {missing_paths(markdown, ROOT)}"
+    assert not missing_paths(markdown, ROOT), (
+        f"ARCHITECTURE.md names paths that do not exist: {missing_paths(markdown, ROOT)}"
+    )
 
 
 def test_every_make_target_in_the_guide_exists():

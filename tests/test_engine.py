@@ -37,7 +37,11 @@ def chat_prompts(llm, count=4, system_index=0):
     system = data["system_prompts"][system_index]
     requests = data["user_requests"][:count]
     return [
-        {"prompt_token_ids": llm.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": r}])}
+        {
+            "prompt_token_ids": llm.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": r}]
+            )
+        }
         for r in requests
     ]
 
@@ -174,7 +178,15 @@ def test_events_describe_sharing_caching_and_freeing(prompts):
     llm.llm_engine.add_listener(events.append)
     llm.generate([prompts[0], prompts[1]], SamplingParams(temperature=0, max_tokens=2))
     kinds = {type(e) for e in events}
-    assert {RequestAdded, ComputedBlocksFound, BlocksAllocated, BlockStored, BlocksFreed, RequestFinished, StepFinished} <= kinds
+    assert {
+        RequestAdded,
+        ComputedBlocksFound,
+        BlocksAllocated,
+        BlockStored,
+        BlocksFreed,
+        RequestFinished,
+        StepFinished,
+    } <= kinds
     found = [e for e in events if isinstance(e, ComputedBlocksFound)]
     assert found[0].block_ids == () and len(found[1].block_ids) > 0  # the second hit the shared system prompt
     cached_ids = {block_id for e in events if isinstance(e, BlockStored) for block_id in e.block_ids}
@@ -252,8 +264,13 @@ def test_invalid_sampling_params_name_the_field(kwargs, field):
 
 @pytest.mark.parametrize(
     "kwargs,field",
-    [({"block_size": 0}, "block_size"), ({"num_blocks": -1}, "num_blocks"), ({"max_num_seqs": 0}, "max_num_seqs"),
-     ({"dtype": "int8"}, "dtype"), ({"attention_backend": "flash"}, "attention_backend")],
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"num_blocks": -1}, "num_blocks"),
+        ({"max_num_seqs": 0}, "max_num_seqs"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"attention_backend": "flash"}, "attention_backend"),
+    ],
 )
 def test_invalid_engine_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -267,8 +284,10 @@ def test_greedy_generation_equals_transformers_generate(llm, prompts, reference_
     hf = AutoModelForCausalLM.from_pretrained(default_model_path(), dtype=torch.float32)
     for prompt, expected in zip(prompts[:2], reference_outputs[:2]):
         ids = torch.tensor([prompt["prompt_token_ids"]])
-        generated = hf.generate(ids, max_new_tokens=GREEDY.max_tokens, do_sample=False, attention_mask=torch.ones_like(ids))
-        hf_tokens = generated[0, ids.shape[1]:].tolist()
+        generated = hf.generate(
+            ids, max_new_tokens=GREEDY.max_tokens, do_sample=False, attention_mask=torch.ones_like(ids)
+        )
+        hf_tokens = generated[0, ids.shape[1] :].tolist()
         # transformers stops at EOS too; compare up to where either stopped.
         assert hf_tokens[: len(expected)] == expected[: len(hf_tokens)]
         assert len(expected) > 0

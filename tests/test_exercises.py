@@ -16,9 +16,7 @@ EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 
 def test_strip_solutions_keeps_indentation_and_everything_outside_the_markers():
     source = "def f(x):\n    '''doc'''\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION\n\nprint(f)"
-    assert build.strip_solutions(source) == (
-        "def f(x):\n    '''doc'''\n    " + build.STUB + "\n\nprint(f)"
-    )
+    assert build.strip_solutions(source) == ("def f(x):\n    '''doc'''\n    " + build.STUB + "\n\nprint(f)")
 
 
 @pytest.mark.parametrize(

@@ -203,7 +203,9 @@ def _none_hash_of_the_module_alone(env_seed):
         f"s = u.spec_from_file_location('h', {hashing.__file__!r}); "
         "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.NONE_HASH.hex())"
     )
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_none_hash_equals_vllm_0_33s():

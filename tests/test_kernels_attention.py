@@ -62,9 +62,15 @@ DECODE_SEQ_LENS = [1, 16, 37, 70, 9]
 def test_paged_attention_matches_reference(dtype, head_dim, group, block_size, num_splits):
     num_q_heads, num_kv_heads = HEADS[group]
     batch = make_paged_batch(
-        DECODE_SEQ_LENS, [1] * len(DECODE_SEQ_LENS),
-        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=block_size, dtype=dtype, device=DEVICE, generator=torch.Generator().manual_seed(head_dim + group),
+        DECODE_SEQ_LENS,
+        [1] * len(DECODE_SEQ_LENS),
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(head_dim + group),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
@@ -78,8 +84,16 @@ def test_paged_attention_matches_reference(dtype, head_dim, group, block_size, n
 def test_paged_attention_block_zero_padding_is_never_read(num_splits):
     # Block 0 holds only NaN and every table row is padded with it.
     batch = make_paged_batch(
-        [5, 33], [1, 1], num_q_heads=4, num_kv_heads=1, head_dim=64, block_size=16,
-        block_zero_unused=True, extra_table_columns=3, device=DEVICE, generator=torch.Generator().manual_seed(1),
+        [5, 33],
+        [1, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=16,
+        block_zero_unused=True,
+        extra_table_columns=3,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(1),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
@@ -91,8 +105,14 @@ def test_paged_attention_block_zero_padding_is_never_read(num_splits):
 
 def test_paged_attention_group_of_eight_and_custom_scale():
     batch = make_paged_batch(
-        [40, 3], [1, 1], num_q_heads=8, num_kv_heads=1, head_dim=64, block_size=8,
-        device=DEVICE, generator=torch.Generator().manual_seed(2),
+        [40, 3],
+        [1, 1],
+        num_q_heads=8,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=8,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(2),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, 0.3)
@@ -106,8 +126,15 @@ def test_paged_attention_bfloat16():
     # The interpreter truncates the float32 result to bfloat16 rather than
     # rounding it (one bf16 ulp, 2**-7 relative), hence the wider tolerance.
     batch = make_paged_batch(
-        [29, 50], [1, 1], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-        dtype=torch.bfloat16, device=DEVICE, generator=torch.Generator().manual_seed(3),
+        [29, 50],
+        [1, 1],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(3),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
@@ -120,8 +147,14 @@ def test_paged_attention_bfloat16():
 
 def test_paged_attention_equals_unified_attention_on_decode():
     batch = make_paged_batch(
-        [1, 17, 48], [1, 1, 1], num_q_heads=6, num_kv_heads=2, head_dim=80, block_size=16,
-        device=DEVICE, generator=torch.Generator().manual_seed(4),
+        [1, 17, 48],
+        [1, 1, 1],
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=80,
+        block_size=16,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(4),
     )
     batch.store_new_kv()
 
@@ -144,9 +177,15 @@ MIXED = [(20, 20), (48, 13), (41, 1), (1, 1), (32, 16), (27, 9)]
 def test_unified_attention_matches_reference_on_a_mixed_batch(dtype, head_dim, group, block_size):
     num_q_heads, num_kv_heads = HEADS[group]
     batch = make_paged_batch(
-        [s for s, _ in MIXED], [q for _, q in MIXED],
-        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=block_size, dtype=dtype, device=DEVICE, generator=torch.Generator().manual_seed(head_dim * group),
+        [s for s, _ in MIXED],
+        [q for _, q in MIXED],
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=dtype,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(head_dim * group),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables)
@@ -159,8 +198,15 @@ def test_unified_attention_matches_reference_on_a_mixed_batch(dtype, head_dim, g
 def test_unified_attention_sequence_without_queries_and_custom_scale():
     # A sequence with q_len 0 sits between two others: it must not disturb them.
     batch = make_paged_batch(
-        [18, 25, 7], [18, 0, 3], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=8,
-        block_zero_unused=True, device=DEVICE, generator=torch.Generator().manual_seed(5),
+        [18, 25, 7],
+        [18, 0, 3],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=8,
+        block_zero_unused=True,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(5),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, 0.2)
@@ -172,8 +218,14 @@ def test_unified_attention_sequence_without_queries_and_custom_scale():
 
 def test_unified_attention_strided_query_view():
     batch = make_paged_batch(
-        [30, 12], [10, 12], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-        device=DEVICE, generator=torch.Generator().manual_seed(6),
+        [30, 12],
+        [10, 12],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(6),
     )
     batch.store_new_kv()
     # The query as the first heads of a fused q|k|v projection: a strided view.
@@ -190,8 +242,14 @@ def test_unified_attention_strided_query_view():
 def test_unified_attention_is_causal():
     # Changing the last token's K/V must not change any earlier query's output.
     batch = make_paged_batch(
-        [24], [24], num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=8,
-        device=DEVICE, generator=torch.Generator().manual_seed(7),
+        [24],
+        [24],
+        num_q_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=8,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(7),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables)
@@ -224,9 +282,14 @@ def seq_and_query_len(draw) -> tuple[int, int]:
 )
 def test_unified_attention_random_shapes(group, num_kv_heads, head_dim, block_size, lens, seed):
     batch = make_paged_batch(
-        [s for s, _ in lens], [q for _, q in lens],
-        num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=block_size, device=DEVICE, generator=torch.Generator().manual_seed(seed),
+        [s for s, _ in lens],
+        [q for _, q in lens],
+        num_q_heads=group * num_kv_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(seed),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables)
@@ -247,8 +310,14 @@ def test_unified_attention_random_shapes(group, num_kv_heads, head_dim, block_si
 )
 def test_paged_attention_random_shapes(group, head_dim, block_size, seq_lens, num_splits, seed):
     batch = make_paged_batch(
-        seq_lens, [1] * len(seq_lens), num_q_heads=group, num_kv_heads=1, head_dim=head_dim,
-        block_size=block_size, device=DEVICE, generator=torch.Generator().manual_seed(seed),
+        seq_lens,
+        [1] * len(seq_lens),
+        num_q_heads=group,
+        num_kv_heads=1,
+        head_dim=head_dim,
+        block_size=block_size,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(seed),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
@@ -300,15 +369,25 @@ def test_unified_attention_rejects_bad_cu_seqlens():
         )
     with pytest.raises(ValueError, match="cu_seqlens_q must be int32"):
         kernels.unified_attention(
-            args["query"], args["k_cache"], args["v_cache"], torch.tensor([0, 1, 2], device=DEVICE), args["seq_lens"],
+            args["query"],
+            args["k_cache"],
+            args["v_cache"],
+            torch.tensor([0, 1, 2], device=DEVICE),
+            args["seq_lens"],
             args["block_tables"],
         )
 
 
 def test_default_scale_is_one_over_sqrt_head_dim():
     batch = make_paged_batch(
-        [12], [1], num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=8,
-        device=DEVICE, generator=torch.Generator().manual_seed(8),
+        [12],
+        [1],
+        num_q_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=8,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(8),
     )
     batch.store_new_kv()
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)

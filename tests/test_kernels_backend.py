@@ -49,8 +49,14 @@ def test_triton_backend_name():
 def test_mixed_step_matches_torch_backend():
     # A prefill over a cached prefix, a fresh prefill, a chunk and a decode.
     batch = make_paged_batch(
-        [40, 12, 32, 19], [8, 12, 16, 1], num_q_heads=6, num_kv_heads=2, head_dim=80, block_size=16,
-        device=DEVICE, generator=torch.Generator().manual_seed(0),
+        [40, 12, 32, 19],
+        [8, 12, 16, 1],
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=80,
+        block_size=16,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(0),
     )
     forward_both(batch, scale=80**-0.5)
 
@@ -58,7 +64,13 @@ def test_mixed_step_matches_torch_backend():
 def test_decode_step_matches_torch_backend():
     # max_query_len == 1: the backend takes the paged_attention path.
     batch = make_paged_batch(
-        [1, 33, 17], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=64, block_size=8,
-        device=DEVICE, generator=torch.Generator().manual_seed(1),
+        [1, 33, 17],
+        [1, 1, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        block_size=8,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(1),
     )
     forward_both(batch, scale=0.125)

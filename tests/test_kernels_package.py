@@ -12,9 +12,7 @@ import textwrap
 
 
 def run_python(script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=180
-    )
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=180)
 
 
 def test_without_triton_kernels_import_and_explain_themselves():

@@ -128,8 +128,14 @@ def test_strided_key_and_value_views():
 
 def test_store_then_read_back_through_block_tables():
     batch = make_paged_batch(
-        [21, 1, 16], [21, 1, 5], num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=8,
-        device=DEVICE, generator=torch.Generator().manual_seed(7),
+        [21, 1, 16],
+        [21, 1, 5],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=8,
+        device=DEVICE,
+        generator=torch.Generator().manual_seed(7),
     )
     kernels.store_kv(batch.key, batch.value, batch.k_cache, batch.v_cache, batch.slot_mapping)
 

@@ -172,7 +172,11 @@ def test_lookup_oracle_on_random_prompts():
         cap = (len(tokens) - 1) // BLOCK_SIZE
         for other in seen:
             n = 0
-            while n < cap and other[: (n + 1) * BLOCK_SIZE] == tokens[: (n + 1) * BLOCK_SIZE] and len(other) >= (n + 1) * BLOCK_SIZE:
+            while (
+                n < cap
+                and other[: (n + 1) * BLOCK_SIZE] == tokens[: (n + 1) * BLOCK_SIZE]
+                and len(other) >= (n + 1) * BLOCK_SIZE
+            ):
                 n += 1
             best = max(best, n)
         assert len(hits) == best, (tokens, best, len(hits))

@@ -34,6 +34,7 @@ BLOCK_SIZE = 16
 # A hand-built paged cache: what the engine's model runner does, in 40 lines
 # --------------------------------------------------------------------------- #
 
+
 class PagedCache:
     """KV cache tensors for every layer plus per-sequence block tables.
 
@@ -100,6 +101,7 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
 # The bundled default model (Qwen3: GQA, q/k norms, tied embeddings)
 # --------------------------------------------------------------------------- #
 
+
 @pytest.fixture(scope="module")
 def default_models():
     path = default_model_path()
@@ -121,8 +123,7 @@ def chat_ids(tokenizer) -> list[int]:
         {"role": "system", "content": prompts["system_prompts"][0]},
         {"role": "user", "content": "Tell me a story about a brave dog named Leo."},
     ]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                         return_dict=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
 def test_default_model_config_is_qwen3_with_gqa_and_tied_embeddings():
@@ -173,7 +174,10 @@ def test_mixed_batch_equals_one_by_one(default_models, chat_ids, tokenizer):
     ours, _ = default_models
     other = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Tell me a story about Mia the curious cat."}],
-        add_generation_prompt=True, tokenize=True, return_dict=False)
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     # Separately: sequence B prefill then one decode step; sequence A prefill.
     alone = PagedCache(ours.config, seed=1)
     run(ours, alone, [("b", other)])
@@ -185,7 +189,7 @@ def test_mixed_batch_equals_one_by_one(default_models, chat_ids, tokenizer):
     mixed = run(ours, together, [("a", chat_ids), ("b", [17])])
     assert mixed.shape[0] == len(chat_ids) + 1
     assert_close(mixed[: len(chat_ids)], a_prefill_alone)
-    assert_close(mixed[len(chat_ids):], b_decode_alone)
+    assert_close(mixed[len(chat_ids) :], b_decode_alone)
 
 
 def test_prefill_over_cached_prefix_equals_full_prefill(default_models, chat_ids):
@@ -214,8 +218,11 @@ def test_stacked_projections_compute_the_checkpoints_separate_projections():
     model = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
     x = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     for i, layer in enumerate(model.model.layers):
-        ckpt = {name.removeprefix(f"model.layers.{i}."): t for name, t in checkpoint.items()
-                if name.startswith(f"model.layers.{i}.")}
+        ckpt = {
+            name.removeprefix(f"model.layers.{i}."): t
+            for name, t in checkpoint.items()
+            if name.startswith(f"model.layers.{i}.")
+        }
         attn = layer.self_attn
         q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
         for got, name in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")):
@@ -225,14 +232,18 @@ def test_stacked_projections_compute_the_checkpoints_separate_projections():
         torch.testing.assert_close(layer.mlp(x), expected)
 
 
-@pytest.mark.parametrize("stacked, right", [
-    ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), True),
-    # Known-wrong stacking orders: same shapes (k and v have as many rows), wrong numbers.
-    ((("qkv_proj", ("q_proj", "v_proj", "k_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), False),
-    ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("up_proj", "gate_proj"))), False),
-])
-def test_a_wrong_stacking_order_is_caught_by_the_transformers_comparison(default_models, chat_ids, monkeypatch,
-                                                                        stacked, right):
+@pytest.mark.parametrize(
+    "stacked, right",
+    [
+        ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), True),
+        # Known-wrong stacking orders: same shapes (k and v have as many rows), wrong numbers.
+        ((("qkv_proj", ("q_proj", "v_proj", "k_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))), False),
+        ((("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("up_proj", "gate_proj"))), False),
+    ],
+)
+def test_a_wrong_stacking_order_is_caught_by_the_transformers_comparison(
+    default_models, chat_ids, monkeypatch, stacked, right
+):
     import mini_vllm.model
 
     monkeypatch.setattr(mini_vllm.model, "STACKED_PARAMS", stacked)
@@ -245,14 +256,22 @@ def test_a_wrong_stacking_order_is_caught_by_the_transformers_comparison(default
 # Other families: tiny random checkpoints made by transformers itself
 # --------------------------------------------------------------------------- #
 
+
 def _tiny_config(family: str):
-    common = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
-                  dtype=torch.float32)
+    common = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+        dtype=torch.float32,
+    )
     if family == "llama":  # untied, biases everywhere (attention_bias covers o_proj too)
-        return transformers.LlamaConfig(**common, tie_word_embeddings=False, attention_bias=True,
-                                        mlp_bias=True)
+        return transformers.LlamaConfig(**common, tie_word_embeddings=False, attention_bias=True, mlp_bias=True)
     if family == "qwen2":  # q/k/v biases, untied
         return transformers.Qwen2Config(**common, tie_word_embeddings=False)
     return transformers.Qwen3Config(**common, head_dim=24, tie_word_embeddings=True)
@@ -292,10 +311,13 @@ def test_unsupported_architecture_is_rejected(tmp_path):
         assert arch in str(err.value)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
-    {"rope_theta": 1e4, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}},
+        {"rope_theta": 1e4, "rope_scaling": {"type": "dynamic", "factor": 4.0}},
+    ],
+)
 def test_unimplemented_rope_scaling_is_rejected_not_ignored(rope):
     config = _tiny_config("llama").to_dict()
     config.pop("rope_parameters")
@@ -304,11 +326,19 @@ def test_unimplemented_rope_scaling_is_rejected_not_ignored(rope):
         ModelConfig.from_dict(config)
 
 
-@pytest.mark.parametrize("scaling", [
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-    {"rope_type": "linear", "factor": 2.0},
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        {"rope_type": "linear", "factor": 2.0},
+    ],
+)
 def test_scaled_rope_matches_transformers(scaling, tmp_path):
     """Llama 3.x checkpoints use "llama3" RoPE scaling: same logits as transformers, past 64 tokens."""
     torch.manual_seed(0)
@@ -334,15 +364,19 @@ def test_legacy_rope_theta_is_read():
 # Tokenizer and quality of the default model
 # --------------------------------------------------------------------------- #
 
+
 def test_tokenizer_loads_offline_with_a_qwen_style_chat_template(tokenizer):
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Tell me a story about a brave dog named Leo."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me a story about a brave dog named Leo."},
+    ]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n"
-                    "<|im_start|>user\nTell me a story about a brave dog named Leo.<|im_end|>\n"
-                    "<|im_start|>assistant\n")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nTell me a story about a brave dog named Leo.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
     assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer.decode(ids) == text
@@ -358,17 +392,20 @@ def test_prompts_json_has_long_system_prompts(tokenizer):
     assert len(prompts["user_requests"]) >= 10
 
 
-@pytest.mark.parametrize("request_text, name, animal", [
-    ("Tell me a story about a brave dog named Leo.", "Leo", "dog"),
-    ("Can you tell me a story about a curious owl called Ruby who lives by the river?", "Ruby", "owl"),
-    ("Tell me a story about Felix the sleepy turtle.", "Felix", "turtle"),
-])
-def test_greedy_story_uses_the_requested_name_and_animal(default_models, tokenizer, request_text,
-                                                         name, animal):
+@pytest.mark.parametrize(
+    "request_text, name, animal",
+    [
+        ("Tell me a story about a brave dog named Leo.", "Leo", "dog"),
+        ("Can you tell me a story about a curious owl called Ruby who lives by the river?", "Ruby", "owl"),
+        ("Tell me a story about Felix the sleepy turtle.", "Felix", "turtle"),
+    ],
+)
+def test_greedy_story_uses_the_requested_name_and_animal(default_models, tokenizer, request_text, name, animal):
     _, theirs = default_models
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": request_text}],
-                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": request_text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     out = theirs.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=160)
-    story = tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    story = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert out[0, -1] == tokenizer.eos_token_id, story  # it ends by itself
     assert name in story and animal in story, story

@@ -89,9 +89,7 @@ def test_eviction_takes_the_least_recently_used_leaf_and_keeps_the_shared_prefix
     cache.match_prefix(system + [100] * 5)  # A is used again: B is now the oldest
     cache.insert(system + [300] * 10)  # needs 10 tokens, 10 are free
     cache.insert([7] * 5)  # needs 5 more: B's leaf goes
-    assert cache.cached_sequences() == sorted(
-        [tuple(system + [100] * 5), tuple(system + [300] * 10), (7,) * 5]
-    )
+    assert cache.cached_sequences() == sorted([tuple(system + [100] * 5), tuple(system + [300] * 10), (7,) * 5])
     assert cache.num_evicted_tokens == 5
     cache.check_invariants()
 
@@ -159,8 +157,13 @@ def test_with_pages_of_one_the_tree_reuses_at_least_as_much_as_the_hash_map():
 
 
 @pytest.mark.parametrize(
-    "kwargs, field", [({"capacity_tokens": 0}, "capacity_tokens"), ({"capacity_tokens": 8, "page_size": 0}, "page_size"),
-                      ({"capacity_tokens": 8, "page_size": True}, "page_size"), ({"capacity_tokens": 2.5}, "capacity_tokens")]
+    "kwargs, field",
+    [
+        ({"capacity_tokens": 0}, "capacity_tokens"),
+        ({"capacity_tokens": 8, "page_size": 0}, "page_size"),
+        ({"capacity_tokens": 8, "page_size": True}, "page_size"),
+        ({"capacity_tokens": 2.5}, "capacity_tokens"),
+    ],
 )
 def test_bad_sizes_raise_value_error_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

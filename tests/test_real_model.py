@@ -73,6 +73,7 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 # real_model_path(): the folder, the override, the "not installed" answer
 # --------------------------------------------------------------------------- #
 
+
 def test_real_model_path_follows_the_environment_override(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_VAR, str(tmp_path))
     with pytest.raises(ValueError, match=ENV_VAR):  # a folder without config.json is refused, by name
@@ -113,6 +114,7 @@ def test_an_unknown_reference_result_is_an_error_that_lists_the_known_ones():
 # The converted folder
 # --------------------------------------------------------------------------- #
 
+
 @needs_real_model
 def test_folder_is_a_float32_llama_with_provenance_and_chat_template():
     path = Path(REAL_MODEL)
@@ -124,14 +126,16 @@ def test_folder_is_a_float32_llama_with_provenance_and_chat_template():
     assert provenance["license"] == "Apache-2.0" and provenance["source_sha256"] == GGUF_SHA256
     assert "Apache License" in (path / "LICENSE").read_text()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 # --------------------------------------------------------------------------- #
 # Logits: mini-vLLM == transformers
 # --------------------------------------------------------------------------- #
+
 
 @pytest.fixture(scope="module")
 def models():
@@ -203,9 +207,14 @@ def transformers_greedy(models) -> list[list[int]]:
     for question in QUESTIONS:
         ids = chat_ids(tokenizer, question)
         with torch.no_grad():
-            out = theirs.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                  eos_token_id=None, pad_token_id=tokenizer.eos_token_id)
-        expected.append(out[0, len(ids):].tolist())
+            out = theirs.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        expected.append(out[0, len(ids) :].tolist())
     return expected
 
 
@@ -219,12 +228,16 @@ def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int, batched: bool):
 
 @needs_real_model
 @pytest.mark.parametrize("enable_prefix_caching", [False, True], ids=["caching_off", "caching_on"])
-def test_torch_backend_greedy_equals_transformers_batched_and_alone(models, transformers_greedy,
-                                                                    enable_prefix_caching):
+def test_torch_backend_greedy_equals_transformers_batched_and_alone(models, transformers_greedy, enable_prefix_caching):
     _, _, tokenizer = models
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    llm = LLM(REAL_MODEL, dtype="float32", attention_backend="torch", num_blocks=64,
-              enable_prefix_caching=enable_prefix_caching)
+    llm = LLM(
+        REAL_MODEL,
+        dtype="float32",
+        attention_backend="torch",
+        num_blocks=64,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     alone = greedy(llm, prompts, MAX_TOKENS, batched=False)
     batched = greedy(llm, prompts, MAX_TOKENS, batched=True)
     assert [o.outputs[0].token_ids for o in alone] == transformers_greedy
@@ -259,9 +272,14 @@ def test_triton_backend_greedy_equals_transformers_batched_over_a_hit_then_alone
     expected = []
     for ids in prompts:
         with torch.no_grad():
-            out = theirs.generate(torch.tensor([ids]), max_new_tokens=2, do_sample=False,
-                                  eos_token_id=None, pad_token_id=tokenizer.eos_token_id)
-        expected.append(out[0, len(ids):].tolist())
+            out = theirs.generate(
+                torch.tensor([ids]),
+                max_new_tokens=2,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+        expected.append(out[0, len(ids) :].tolist())
     device = "cpu" if kernels.TRITON_INTERPRETED else "cuda"
     llm = LLM(REAL_MODEL, device=device, dtype="float32", attention_backend="triton", num_blocks=16)
     assert llm.llm_engine.model_runner.attn_backend.name == "triton"
@@ -276,6 +294,7 @@ def test_triton_backend_greedy_equals_transformers_batched_over_a_hit_then_alone
 # --------------------------------------------------------------------------- #
 # python -m mini_vllm bench --model PATH
 # --------------------------------------------------------------------------- #
+
 
 @pytest.mark.parametrize("argv, expected_model", [(["--model", "models/x"], "models/x"), ([], None)])
 def test_bench_model_option_sends_that_folder_to_every_benchmark(monkeypatch, tmp_path, argv, expected_model):

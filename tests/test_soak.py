@@ -51,7 +51,9 @@ class FakeModelStep:
         writes = []
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
-            for position in range(scheduled.num_computed_tokens, scheduled.num_computed_tokens + scheduled.num_new_tokens):
+            for position in range(
+                scheduled.num_computed_tokens, scheduled.num_computed_tokens + scheduled.num_new_tokens
+            ):
                 block_id = scheduled.block_ids[position // BLOCK_SIZE]
                 slot = block_id * BLOCK_SIZE + position % BLOCK_SIZE
                 writes.append((slot, (request.cache_salt, position, request.all_token_ids[position])))

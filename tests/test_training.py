@@ -91,14 +91,21 @@ def test_shared_prefix_loss_and_gradients_equal_the_full_forward():
 
 def test_quick_training_run_writes_a_loadable_model(tmp_path):
     assert main(["--quick", "--out", str(tmp_path)]) == 0
-    for name in ["config.json", "model.safetensors", "tokenizer.json", "training_report.json",
-                 "prompts.json", "generation_config.json"]:
+    for name in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "training_report.json",
+        "prompts.json",
+        "generation_config.json",
+    ]:
         assert (tmp_path / name).exists(), name
     report = json.loads((tmp_path / "training_report.json").read_text())
     assert report["steps"] == TrainConfig.quick().max_steps and report["final_val_loss"] > 0
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     ours = load_model(tmp_path, attn_backend=TorchAttentionBackend())
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert ours.config.vocab_size == len(tokenizer)
@@ -108,9 +115,13 @@ def test_quick_training_run_writes_a_loadable_model(tmp_path):
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(config.num_layers)]
     metadata = AttentionMetadata(
-        slot_mapping=torch.arange(n), block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
-        seq_lens=torch.tensor([n], dtype=torch.int32), cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
-        max_query_len=n, max_seq_len=n)
+        slot_mapping=torch.arange(n),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32)[None],
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+        max_query_len=n,
+        max_seq_len=n,
+    )
     with torch.no_grad():
         logits = ours.compute_logits(ours(torch.tensor(ids), torch.arange(n), caches, metadata))
         expected = theirs(torch.tensor([ids])).logits[0]

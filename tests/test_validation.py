@@ -90,7 +90,9 @@ def test_a_denormal_temperature_is_raised_to_the_minimum_as_vllm_does(llm):
     assert len(tokens) == 4 and all(0 <= t < llm.llm_engine.model_config.vocab_size for t in tokens)
 
 
-@pytest.mark.parametrize("bad", [{"temperature": 0}, "greedy", [GREEDY, {"max_tokens": 3}]], ids=["dict", "str", "list-with-dict"])
+@pytest.mark.parametrize(
+    "bad", [{"temperature": 0}, "greedy", [GREEDY, {"max_tokens": 3}]], ids=["dict", "str", "list-with-dict"]
+)
 def test_sampling_params_of_the_wrong_type_are_refused(llm, reference, bad):
     with pytest.raises(TypeError, match="sampling_params.* must be a SamplingParams"):
         llm.generate([PROMPT, PROMPT] if isinstance(bad, list) else [PROMPT], bad)
@@ -100,11 +102,19 @@ def test_sampling_params_of_the_wrong_type_are_refused(llm, reference, bad):
 # -- prompts and token ids ---------------------------------------------------------
 
 BAD_PROMPTS = [
-    ({"prompt": {"prompt": "Once upon a time", "cache_salt": "B"}}, TypeError, r"prompt\['prompt'\] must be a str, got dict"),
+    (
+        {"prompt": {"prompt": "Once upon a time", "cache_salt": "B"}},
+        TypeError,
+        r"prompt\['prompt'\] must be a str, got dict",
+    ),
     ({"prompt_token_ids": [1, 2.0]}, TypeError, r"prompt_token_ids\[1\] must be an int, got float 2.0"),
     ({"prompt_token_ids": [True, 2]}, TypeError, r"prompt_token_ids\[0\] must be an int, got bool True"),
     ({"prompt_token_ids": [1, "2"]}, TypeError, r"prompt_token_ids\[1\] must be an int, got str '2'"),
-    ({"prompt_token_ids": [1, np.int64(2)]}, TypeError, r"prompt_token_ids\[1\] must be an int, got numpy.int64.*tolist"),
+    (
+        {"prompt_token_ids": [1, np.int64(2)]},
+        TypeError,
+        r"prompt_token_ids\[1\] must be an int, got numpy.int64.*tolist",
+    ),
     ({"prompt_token_ids": np.array([1, 2])}, TypeError, "must be a list of ints, got numpy.ndarray"),
     ({"prompt_token_ids": torch.tensor([1, 2])}, TypeError, "must be a list of ints, got torch.Tensor"),
     ({"prompt_token_ids": range(1, 5)}, TypeError, "must be a list of ints, got range"),
@@ -177,10 +187,17 @@ BAD_CHATS = [
     ([{"role": "user"}], ValueError, "message 0 has no 'content'"),
     ([{"content": "hi"}], ValueError, "message 0 has no 'role'"),
     ([{"role": "user", "content": 42}], TypeError, "message 0: 'content' must be a str, got int 42"),
-    ([{"role": "system", "content": "a"}, {"role": None, "content": "b"}], TypeError, "message 1: 'role' must be a str, got NoneType"),
+    (
+        [{"role": "system", "content": "a"}, {"role": None, "content": "b"}],
+        TypeError,
+        "message 1: 'role' must be a str, got NoneType",
+    ),
     ([{"role": "user", "content": "a"}, "hello"], TypeError, "message 1 must be a dict"),
-    ([[{"role": "user", "content": "a"}], [{"role": "user", "content": ["parts"]}]], TypeError,
-     "conversation 1, message 0: 'content' must be a str, got list"),
+    (
+        [[{"role": "user", "content": "a"}], [{"role": "user", "content": ["parts"]}]],
+        TypeError,
+        "conversation 1, message 0: 'content' must be a str, got list",
+    ),
     ([[{"role": "user", "content": "a"}], []], TypeError, "conversation 1, a conversation must be a non-empty list"),
     ([], TypeError, "messages must be a non-empty list"),
 ]
@@ -195,7 +212,11 @@ def test_bad_chat_messages_name_the_message(llm, reference, messages, error, mes
 
 def test_a_template_that_rejects_a_conversation_raises_value_error(llm, reference):
     with pytest.raises(ValueError, match="the chat template rejected the conversation"):
-        llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs={"chat_template": "{{ raise_exception('no') }}"})
+        llm.chat(
+            [{"role": "user", "content": "hi"}],
+            GREEDY,
+            chat_template_kwargs={"chat_template": "{{ raise_exception('no') }}"},
+        )
     with pytest.raises(TypeError, match="chat_template_kwargs must be a dict"):
         llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs="x")
     assert_untouched_and_serving(llm, reference)

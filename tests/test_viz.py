@@ -183,8 +183,16 @@ def test_block_table_view_points_b_at_as_blocks_with_hits_shared_and_partial_tai
 
     html = view.to_html()
     rows = re.findall(r'class="mv-entry" data-request="(\w)" data-logical="(\d)" data-block="(\d)"', html)
-    assert rows == [("A", "0", "0"), ("A", "1", "1"), ("A", "2", "2"), ("A", "3", "3"),
-                    ("B", "0", "0"), ("B", "1", "1"), ("B", "2", "2"), ("B", "3", "4")]
+    assert rows == [
+        ("A", "0", "0"),
+        ("A", "1", "1"),
+        ("A", "2", "2"),
+        ("A", "3", "3"),
+        ("B", "0", "0"),
+        ("B", "1", "1"),
+        ("B", "2", "2"),
+        ("B", "3", "4"),
+    ]
     b_html = html[html.index('data-request="B" data-logical="0"') :]
     assert b_html.count('class="mv-hit"') == 3  # B's first three blocks came from the cache
     assert html[: html.index('data-request="B" data-logical="0"')].count('class="mv-hit"') == 0
@@ -308,8 +316,14 @@ def test_every_state_has_a_letter_and_a_legend_for_grayscale_readers(evicted):
     manager, requests = evicted
     html = PoolView(manager, requests=requests).to_html()
     assert 'class="mv-legend"' in html
-    for label in ("F = free, empty", "U = in use", "UC = in use and cached", "C = cached, free",
-                  "double border = shared", "thick border = evicted next"):
+    for label in (
+        "F = free, empty",
+        "U = in use",
+        "UC = in use and cached",
+        "C = cached, free",
+        "double border = shared",
+        "thick border = evicted next",
+    ):
         assert label in html
     cells, _ = texts_by(html, "mv-block")
     assert all(cell.split()[1] in {"F", "U", "C", "UC"} for cell in cells.values())
@@ -374,7 +388,8 @@ def run_workload(llm):
     sampled = llm.generate(prompts[:1], SamplingParams(temperature=1.0, max_tokens=3, n=2, seed=3))
     # Four 2-block prompts that all grow into a third block: more than 9 blocks hold.
     crowded = llm.generate(
-        [{"prompt_token_ids": [k] * 30} for k in range(60, 64)], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        [{"prompt_token_ids": [k] * 30} for k in range(60, 64)],
+        SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
     )
     outputs = [
         (o.request_id, o.num_cached_tokens, [c.token_ids for c in o.outputs]) for o in greedy + sampled + crowded
@@ -571,7 +586,9 @@ def test_a_cell_after_a_run_click_still_finds_its_output(llm):
     from mini_vllm import SamplingParams
 
     with EngineDashboard(llm) as dashboard:
-        [request_id] = dashboard.add_requests({"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=3))
+        [request_id] = dashboard.add_requests(
+            {"prompt_token_ids": PROMPT_IDS[0]}, SamplingParams(temperature=0, max_tokens=3)
+        )
         dashboard.step()
         dashboard.run_button.click()  # the learner
         assert dashboard.run() == []  # the next cell: nothing left to run ...
@@ -582,8 +599,12 @@ def test_a_cell_after_a_run_click_still_finds_its_output(llm):
 
 def test_every_button_works_on_an_idle_engine_in_any_order(llm):
     with EngineDashboard(llm) as dashboard:
-        for button, expected in [(dashboard.run_button, "Idle"), (dashboard.step_button, "Idle"),
-                                 (dashboard.reset_button, "Prefix cache reset"), (dashboard.run_button, "Idle")]:
+        for button, expected in [
+            (dashboard.run_button, "Idle"),
+            (dashboard.step_button, "Idle"),
+            (dashboard.reset_button, "Prefix cache reset"),
+            (dashboard.run_button, "Idle"),
+        ]:
             button.click()
             assert expected in dashboard.message
             assert not any(b.disabled for b in (dashboard.step_button, dashboard.run_button, dashboard.reset_button))

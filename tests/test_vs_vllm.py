@@ -207,8 +207,14 @@ def _as_engine_result(compared: dict, side: str) -> dict:
 def _fake_result(cached=(0, 32), tokens=((1, 2),), queries=100, hits=32) -> dict:
     return {
         "requests": [
-            {"call": i, "index": 0, "num_prompt_tokens": 50, "num_cached_tokens": c,
-             "token_ids": [list(t) for t in tokens], "ttft_s": 0.01}
+            {
+                "call": i,
+                "index": 0,
+                "num_prompt_tokens": 50,
+                "num_cached_tokens": c,
+                "token_ids": [list(t) for t in tokens],
+                "ttft_s": 0.01,
+            }
             for i, c in enumerate(cached)
         ],
         "prefix_cache_queries": queries,

@@ -267,7 +267,6 @@ class _EveryLookupCountsManager(KVCacheManager):
 @pytest.mark.parametrize("wrong", [_WrongFreeOrderManager, _EveryLookupCountsManager])
 def test_the_comparison_catches_a_wrong_manager(vllm_results, wrong):
     caught = [
-        first_difference(workload, snapshots, wrong)
-        for workload, snapshots in zip(WORKLOADS, vllm_results["results"])
+        first_difference(workload, snapshots, wrong) for workload, snapshots in zip(WORKLOADS, vllm_results["results"])
     ]
     assert any(difference is not None for difference in caught)

@@ -33,51 +33,96 @@ from dataclasses import dataclass, field
 
 # Each name has a fixed pronoun so the stories stay consistent ("Leo ... he").
 NAMES: dict[str, str] = {
-    "Leo": "he", "Max": "he", "Sam": "he", "Finn": "he", "Oscar": "he",
-    "Toby": "he", "Jack": "he", "Theo": "he", "Milo": "he", "Ben": "he",
-    "Hugo": "he", "Felix": "he", "Otto": "he", "Arlo": "he", "Noah": "he",
-    "Mia": "she", "Luna": "she", "Ruby": "she", "Ella": "she", "Lily": "she",
-    "Rosa": "she", "Nora": "she", "Zoe": "she", "Ivy": "she", "Daisy": "she",
-    "Maya": "she", "Hazel": "she", "Clara": "she", "Willow": "she", "Ada": "she",
+    "Leo": "he",
+    "Max": "he",
+    "Sam": "he",
+    "Finn": "he",
+    "Oscar": "he",
+    "Toby": "he",
+    "Jack": "he",
+    "Theo": "he",
+    "Milo": "he",
+    "Ben": "he",
+    "Hugo": "he",
+    "Felix": "he",
+    "Otto": "he",
+    "Arlo": "he",
+    "Noah": "he",
+    "Mia": "she",
+    "Luna": "she",
+    "Ruby": "she",
+    "Ella": "she",
+    "Lily": "she",
+    "Rosa": "she",
+    "Nora": "she",
+    "Zoe": "she",
+    "Ivy": "she",
+    "Daisy": "she",
+    "Maya": "she",
+    "Hazel": "she",
+    "Clara": "she",
+    "Willow": "she",
+    "Ada": "she",
 }
 POSSESSIVE = {"he": "his", "she": "her"}
 
 ANIMALS = [
-    "dog", "cat", "fox", "rabbit", "bear", "owl", "mouse", "duck", "horse", "lion",
-    "turtle", "frog", "pig", "goat", "deer", "squirrel", "hedgehog", "penguin",
-    "elephant", "tiger",
+    "dog",
+    "cat",
+    "fox",
+    "rabbit",
+    "bear",
+    "owl",
+    "mouse",
+    "duck",
+    "horse",
+    "lion",
+    "turtle",
+    "frog",
+    "pig",
+    "goat",
+    "deer",
+    "squirrel",
+    "hedgehog",
+    "penguin",
+    "elephant",
+    "tiger",
 ]
 
 # adjective -> sentences that show the trait (so the adjective is *used*, not just named).
 ADJECTIVES: dict[str, list[str]] = {
-    "brave": ["{Name} was never afraid, not even of the dark.",
-              "{Pron} always stood up for {pos} friends."],
-    "kind": ["{Name} always shared {pos} food with everyone.",
-             "{Pron} liked to help anyone who was sad."],
-    "curious": ["{Name} loved to ask questions about everything.",
-                "{Pron} always wanted to know what was behind the next hill."],
-    "shy": ["{Name} spoke very softly and liked to play alone.",
-            "{Pron} often hid behind {pos} mother when visitors came."],
-    "clever": ["{Name} could solve any puzzle in a few minutes.",
-               "{Pron} always had a good idea when something went wrong."],
-    "happy": ["{Name} sang a little song every morning.",
-              "{Pron} smiled at everyone {pron_lower} met."],
-    "gentle": ["{Name} never hurt even the smallest bug.",
-               "{Pron} always walked softly so the flowers would not break."],
-    "silly": ["{Name} loved to make funny faces.",
-              "{Pron} once wore a bucket as a hat for a whole day."],
-    "sleepy": ["{Name} could take a nap almost anywhere.",
-               "{Pron} yawned so much that {pos} friends yawned too."],
-    "little": ["{Name} was smaller than all the other animals.",
-               "{Pron} had to stand on a stone to see over the grass."],
-    "friendly": ["{Name} said hello to every animal {pron_lower} met.",
-                 "{Pron} had more friends than anyone else."],
-    "playful": ["{Name} loved to run, jump and chase butterflies.",
-                "{Pron} turned every walk into a game."],
-    "grumpy": ["{Name} did not like noise in the morning.",
-               "{Pron} frowned a lot, but {pos} heart was warm."],
-    "lazy": ["{Name} liked to lie in the sun all afternoon.",
-             "{Pron} always said that tomorrow was a good day for work."],
+    "brave": ["{Name} was never afraid, not even of the dark.", "{Pron} always stood up for {pos} friends."],
+    "kind": ["{Name} always shared {pos} food with everyone.", "{Pron} liked to help anyone who was sad."],
+    "curious": [
+        "{Name} loved to ask questions about everything.",
+        "{Pron} always wanted to know what was behind the next hill.",
+    ],
+    "shy": [
+        "{Name} spoke very softly and liked to play alone.",
+        "{Pron} often hid behind {pos} mother when visitors came.",
+    ],
+    "clever": [
+        "{Name} could solve any puzzle in a few minutes.",
+        "{Pron} always had a good idea when something went wrong.",
+    ],
+    "happy": ["{Name} sang a little song every morning.", "{Pron} smiled at everyone {pron_lower} met."],
+    "gentle": [
+        "{Name} never hurt even the smallest bug.",
+        "{Pron} always walked softly so the flowers would not break.",
+    ],
+    "silly": ["{Name} loved to make funny faces.", "{Pron} once wore a bucket as a hat for a whole day."],
+    "sleepy": ["{Name} could take a nap almost anywhere.", "{Pron} yawned so much that {pos} friends yawned too."],
+    "little": [
+        "{Name} was smaller than all the other animals.",
+        "{Pron} had to stand on a stone to see over the grass.",
+    ],
+    "friendly": ["{Name} said hello to every animal {pron_lower} met.", "{Pron} had more friends than anyone else."],
+    "playful": ["{Name} loved to run, jump and chase butterflies.", "{Pron} turned every walk into a game."],
+    "grumpy": ["{Name} did not like noise in the morning.", "{Pron} frowned a lot, but {pos} heart was warm."],
+    "lazy": [
+        "{Name} liked to lie in the sun all afternoon.",
+        "{Pron} always said that tomorrow was a good day for work.",
+    ],
 }
 
 # place noun -> how a story says where someone lives.
@@ -97,23 +142,53 @@ PLACES: dict[str, str] = {
 }
 # ... and when the story comes back to it ("everyone in the forest knew ...")
 PLACES_THE: dict[str, str] = {
-    "forest": "in the forest", "farm": "on the farm", "river": "by the river",
-    "meadow": "in the meadow", "garden": "in the garden", "village": "in the village",
-    "beach": "at the beach", "hill": "on the hill", "pond": "at the pond",
-    "mountain": "on the mountain", "jungle": "in the jungle", "lake": "by the lake",
+    "forest": "in the forest",
+    "farm": "on the farm",
+    "river": "by the river",
+    "meadow": "in the meadow",
+    "garden": "in the garden",
+    "village": "in the village",
+    "beach": "at the beach",
+    "hill": "on the hill",
+    "pond": "at the pond",
+    "mountain": "on the mountain",
+    "jungle": "in the jungle",
+    "lake": "by the lake",
 }
 # the same places as a user might say them: "who lives in the forest"
 USER_PLACES: dict[str, str] = {
-    "forest": "in the forest", "farm": "on a farm", "river": "by the river",
-    "meadow": "in a meadow", "garden": "in a garden", "village": "in a village",
-    "beach": "near the beach", "hill": "on a hill", "pond": "by a pond",
-    "mountain": "on a mountain", "jungle": "in the jungle", "lake": "by a lake",
+    "forest": "in the forest",
+    "farm": "on a farm",
+    "river": "by the river",
+    "meadow": "in a meadow",
+    "garden": "in a garden",
+    "village": "in a village",
+    "beach": "near the beach",
+    "hill": "on a hill",
+    "pond": "by a pond",
+    "mountain": "on a mountain",
+    "jungle": "in the jungle",
+    "lake": "by a lake",
 }
 
-OBJECTS = ["a shiny red ball", "a golden key", "an old map", "a blue feather",
-           "a tiny silver bell", "a big green apple", "a lost kite", "a wooden box"]
-SPOTS = ["under a tall tree", "behind a big rock", "near the old bridge",
-         "in the long grass", "next to the path", "under a pile of leaves"]
+OBJECTS = [
+    "a shiny red ball",
+    "a golden key",
+    "an old map",
+    "a blue feather",
+    "a tiny silver bell",
+    "a big green apple",
+    "a lost kite",
+    "a wooden box",
+]
+SPOTS = [
+    "under a tall tree",
+    "behind a big rock",
+    "near the old bridge",
+    "in the long grass",
+    "next to the path",
+    "under a pile of leaves",
+]
 LANDMARKS = ["old bridge", "tall tree", "big rock", "little stream", "red barn", "stone wall"]
 
 
@@ -151,7 +226,6 @@ SYSTEM_PROMPTS: list[str] = [
     f"Allowed animals: {_ANIMAL_LIST}.\n"
     f"Allowed places: {_PLACE_LIST}.\n"
     "If the user asks for an animal that is not on the list, pick the closest one from the list.",
-
     # 1: the library storyteller, ends with "The end."
     "You are the storyteller of the Little Acorn Library. Every evening, children come "
     "to the reading corner and ask for a story about an animal friend. Your job is to "
@@ -162,13 +236,12 @@ SYSTEM_PROMPTS: list[str] = [
     "- Then tell one small event: finding something, helping a friend, a rainy day, a walk.\n"
     "- Finish with a calm, happy ending.\n"
     "- Keep it between three and six sentences.\n\n"
-    "Important library rule: always finish the story with the words \"The end.\" on the "
+    'Important library rule: always finish the story with the words "The end." on the '
     "same line, so the children know the story is over and it is time for the next one.\n\n"
     "Things to avoid: monsters, fights, sad endings, long words and long sentences. "
     "Never change the name or the animal the child asked for.\n\n"
     f"Animals that live in our stories: {_ANIMAL_LIST}.\n"
     f"Places in our story world: {_PLACE_LIST}.",
-
     # 2: a terse, rule-list system prompt
     "SYSTEM CONFIGURATION FOR THE STORY ASSISTANT\n"
     "Role: children's story generator.\n"
@@ -184,7 +257,6 @@ SYSTEM_PROMPTS: list[str] = [
     f"Known settings: {_PLACE_LIST}.\n"
     "Known traits: " + ", ".join(ADJECTIVES) + ".\n"
     "Version: 2.3. This configuration applies to every conversation in this session.",
-
     # 3: the grandmother persona, ends with a good-night wish
     "You are Grandma Rose, a gentle grandmother who tells bedtime stories to her "
     "grandchildren. You speak slowly and warmly, and you love animals of every kind.\n\n"
@@ -193,13 +265,12 @@ SYSTEM_PROMPTS: list[str] = [
     "are getting heavy. Let the story have one small adventure, and let everything turn "
     "out well in the end.\n\n"
     "Because these are bedtime stories, always close with the sentence "
-    "\"Good night, sleep tight.\" after the story.\n\n"
+    '"Good night, sleep tight." after the story.\n\n'
     "Remember your rules: no scary parts, no sad parts, simple words, and always the same "
     "name and animal from the beginning to the end. The animals you know stories about are "
     f"the {_ANIMAL_LIST}. The places you like to describe are the {_PLACE_LIST}.\n\n"
     "Your grandchildren are allowed one story each before they sleep, and sometimes they "
     "beg for a second one. If they do, you may tell one more.",
-
     # 4: the classroom assistant
     "You are a helpful assistant for a kindergarten classroom. The teacher uses you to "
     "create short stories that she reads aloud during circle time. The children choose "
@@ -225,6 +296,7 @@ SYSTEM_ENDINGS: list[str] = ["", "The end.", "", "Good night, sleep tight.", ""]
 # --------------------------------------------------------------------------- #
 # Requests and stories
 # --------------------------------------------------------------------------- #
+
 
 @dataclass
 class StorySpec:
@@ -265,8 +337,9 @@ def user_request(spec: StorySpec, rng: random.Random, follow_up: bool = False) -
         templates.append(f"Tell me a story about {n} the {an}{where}.")
     text = rng.choice(templates)
     if follow_up:
-        lead = rng.choice(["Another one, please! ", "That was lovely. ", "Thank you! Now ",
-                           "One more story, please. ", "Great! "])
+        lead = rng.choice(
+            ["Another one, please! ", "That was lovely. ", "Thank you! Now ", "One more story, please. ", "Great! "]
+        )
         if lead.endswith("Now ") and not text.startswith("I "):
             text = text[0].lower() + text[1:]
         text = lead + text
@@ -291,12 +364,14 @@ def story(spec: StorySpec, rng: random.Random, ending_line: str = "") -> str:
     opening = rng.randrange(4)
     said_place = opening >= 2
     char = with_article(f"{adj} {animal}")
-    sentences.append([
-        f"Once upon a time, there was {char} named {name}.",
-        f"There once was {char} called {name}.",
-        f"Long ago, {char} named {name} lived {PLACES[place]}.",
-        f"{name} was {char} who lived {PLACES[place]}.",
-    ][opening])
+    sentences.append(
+        [
+            f"Once upon a time, there was {char} named {name}.",
+            f"There once was {char} called {name}.",
+            f"Long ago, {char} named {name} lived {PLACES[place]}.",
+            f"{name} was {char} who lived {PLACES[place]}.",
+        ][opening]
+    )
 
     # 2. Optional extras: where the character lives (unless the opening said it),
     #    what it is like, and later how the event turned out. Taking the first k
@@ -306,10 +381,14 @@ def story(spec: StorySpec, rng: random.Random, ending_line: str = "") -> str:
     if spec.place and not said_place:
         chosen.add("place")  # a place the user asked for is always mentioned
     if "place" in chosen:
-        sentences.append(rng.choice([
-            f"{name} lived {PLACES[place]}.",
-            f"{pron.capitalize()} lived {PLACES[place]} with {pos} family.",
-        ]))
+        sentences.append(
+            rng.choice(
+                [
+                    f"{name} lived {PLACES[place]}.",
+                    f"{pron.capitalize()} lived {PLACES[place]} with {pos} family.",
+                ]
+            )
+        )
     if "trait" in chosen:
         sentences.append(fmt(rng.choice(ADJECTIVES[adj])))
 
@@ -340,13 +419,17 @@ def story(spec: StorySpec, rng: random.Random, ending_line: str = "") -> str:
         sentences.append(resolution)
 
     # 4. The ending.
-    sentences.append(rng.choice([
-        f"At the end of the day, {name} went home and slept well.",
-        f"From that day on, everyone {PLACES_THE[place]} knew how {adj} {name} was.",
-        f"{name} smiled, because it had been a wonderful day.",
-        f"And {name} the {animal} lived happily ever after.",
-        f"That night, {name} fell asleep with a big smile.",
-    ]))
+    sentences.append(
+        rng.choice(
+            [
+                f"At the end of the day, {name} went home and slept well.",
+                f"From that day on, everyone {PLACES_THE[place]} knew how {adj} {name} was.",
+                f"{name} smiled, because it had been a wonderful day.",
+                f"And {name} the {animal} lived happily ever after.",
+                f"That night, {name} fell asleep with a big smile.",
+            ]
+        )
+    )
     text = " ".join(sentences)
     if ending_line:
         text += " " + ending_line
@@ -356,6 +439,7 @@ def story(spec: StorySpec, rng: random.Random, ending_line: str = "") -> str:
 # --------------------------------------------------------------------------- #
 # Conversations
 # --------------------------------------------------------------------------- #
+
 
 @dataclass
 class Example:
@@ -393,8 +477,15 @@ def sample_requests(n: int = 16, seed: int = 1234) -> list[dict]:
     out = []
     for _ in range(n):
         spec = random_spec(rng)
-        out.append({"request": user_request(spec, rng), "name": spec.name,
-                    "animal": spec.animal, "adjective": spec.adjective, "place": spec.place})
+        out.append(
+            {
+                "request": user_request(spec, rng),
+                "name": spec.name,
+                "animal": spec.animal,
+                "adjective": spec.adjective,
+                "place": spec.place,
+            }
+        )
     return out
 
 

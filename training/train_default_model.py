@@ -83,15 +83,29 @@ class TrainConfig:
     @classmethod
     def quick(cls) -> "TrainConfig":
         """A smoke-test configuration: tiny everything, a few seconds."""
-        return cls(num_train=300, num_val=20, vocab_size=400, hidden_size=64, num_layers=2,
-                   num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128,
-                   max_steps=8, tokens_per_batch=4096, warmup_steps=2,
-                   num_eval_requests=2, num_two_turn_evals=1, max_new_tokens=8)
+        return cls(
+            num_train=300,
+            num_val=20,
+            vocab_size=400,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=32,
+            intermediate_size=128,
+            max_steps=8,
+            tokens_per_batch=4096,
+            warmup_steps=2,
+            num_eval_requests=2,
+            num_two_turn_evals=1,
+            max_new_tokens=8,
+        )
 
 
 # --------------------------------------------------------------------------- #
 # Tokenizer
 # --------------------------------------------------------------------------- #
+
 
 def render(messages: list[dict[str, str]]) -> str:
     """The chat template, in Python (the tests check it matches the Jinja one)."""
@@ -169,14 +183,16 @@ def encode_example(tokenizer, example: Example) -> Encoded:
     return Encoded(ids, labels, example.system_index, prefix_len)
 
 
-def make_batches(encoded: list[Encoded], tokens_per_batch: int, max_batch_size: int,
-                 rng: random.Random, share_prefix: bool = True) -> list[list[int]]:
+def make_batches(
+    encoded: list[Encoded], tokens_per_batch: int, max_batch_size: int, rng: random.Random, share_prefix: bool = True
+) -> list[list[int]]:
     """Group conversations into batches of about ``tokens_per_batch`` padded tokens.
 
     Within a batch all conversations have the same system prompt (or none)
     and similar lengths. With ``share_prefix`` the budget counts only the
     tokens after the shared system turn, which is computed once per batch.
     """
+
     def group(i: int) -> int:
         s = encoded[i].system_index
         return -1 if s is None or not share_prefix else s
@@ -188,9 +204,11 @@ def make_batches(encoded: list[Encoded], tokens_per_batch: int, max_batch_size: 
     batches, current, longest = [], [], 0
     for i in order:
         n = length(i)
-        if current and (group(i) != group(current[0])
-                        or max(longest, n) * (len(current) + 1) > tokens_per_batch
-                        or len(current) == max_batch_size):
+        if current and (
+            group(i) != group(current[0])
+            or max(longest, n) * (len(current) + 1) > tokens_per_batch
+            or len(current) == max_batch_size
+        ):
             batches.append(current)
             current, longest = [], 0
         current.append(i)
@@ -214,8 +232,9 @@ def collate(rows: list[tuple[list[int], list[int]]], pad_id: int):
     return ids, mask, labels
 
 
-def batch_loss(model, encoded: list[Encoded], batch: list[int], pad_id: int,
-               share_prefix: bool = True) -> tuple[torch.Tensor, int]:
+def batch_loss(
+    model, encoded: list[Encoded], batch: list[int], pad_id: int, share_prefix: bool = True
+) -> tuple[torch.Tensor, int]:
     """Mean loss over the batch's assistant tokens, and the number of tokens computed.
 
     Shared-prefix training -- prefix caching, for training: when every
@@ -238,14 +257,14 @@ def batch_loss(model, encoded: list[Encoded], batch: list[int], pad_id: int,
     full_mask = torch.cat([torch.ones(len(batch), p, dtype=mask.dtype), mask], dim=1)
     # The first suffix token's label would need the prefix's last logits, but it
     # is "<|im_start|>" of the user turn: never trained. So the loss is complete.
-    out = model(input_ids=ids, attention_mask=full_mask, past_key_values=cache, labels=labels,
-                use_cache=True)
+    out = model(input_ids=ids, attention_mask=full_mask, past_key_values=cache, labels=labels, use_cache=True)
     return out.loss, p + int(mask.sum())
 
 
 # --------------------------------------------------------------------------- #
 # Model, training, evaluation
 # --------------------------------------------------------------------------- #
+
 
 def build_model(cfg: TrainConfig, tokenizer):
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -289,7 +308,8 @@ def evaluate_loss(model, encoded: list[Encoded], pad_id: int, tokens_per_batch: 
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         targets = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum")
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         total += loss.item()
         count += int((targets != -100).sum())
     model.train()
@@ -298,13 +318,17 @@ def evaluate_loss(model, encoded: list[Encoded], pad_id: int, tokens_per_batch: 
 
 @torch.no_grad()
 def greedy_story(model, tokenizer, messages, max_new_tokens: int) -> str:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     input_ids = torch.tensor([ids])
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
 
 
 def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
@@ -322,29 +346,33 @@ def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
             system_index = (k // 2) % len(SYSTEM_PROMPTS)
             messages.insert(0, {"role": "system", "content": SYSTEM_PROMPTS[system_index]})
         text = greedy_story(model, tokenizer, messages, cfg.max_new_tokens)
-        results.append({
-            "system_prompt": system_index,
-            "request": req["request"],
-            "story": text,
-            "name_ok": req["name"] in text,
-            "animal_ok": req["animal"] in text,
-            "adjective_ok": req["adjective"] is None or req["adjective"] in text,
-            "place_ok": req["place"] is None or req["place"] in text,
-        })
+        results.append(
+            {
+                "system_prompt": system_index,
+                "request": req["request"],
+                "story": text,
+                "name_ok": req["name"] in text,
+                "animal_ok": req["animal"] in text,
+                "adjective_ok": req["adjective"] is None or req["adjective"] in text,
+                "place_ok": req["place"] is None or req["place"] in text,
+            }
+        )
     # Two-turn chats: the model's own first story stays in the context, and the
     # second request must be answered about the *second* character.
     two_turn = []
     specs = sample_requests(2 * cfg.num_two_turn_evals, seed=cfg.seed + 4321)
     for k in range(cfg.num_two_turn_evals):
         first, second = specs[2 * k], specs[2 * k + 1]
-        messages = [{"role": "system", "content": SYSTEM_PROMPTS[k % len(SYSTEM_PROMPTS)]},
-                    {"role": "user", "content": first["request"]}]
-        messages.append({"role": "assistant",
-                         "content": greedy_story(model, tokenizer, messages, cfg.max_new_tokens)})
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPTS[k % len(SYSTEM_PROMPTS)]},
+            {"role": "user", "content": first["request"]},
+        ]
+        messages.append({"role": "assistant", "content": greedy_story(model, tokenizer, messages, cfg.max_new_tokens)})
         messages.append({"role": "user", "content": "Another one, please! " + second["request"]})
         text = greedy_story(model, tokenizer, messages, cfg.max_new_tokens)
-        two_turn.append({"messages": messages, "story": text,
-                         "ok": second["name"] in text and second["animal"] in text})
+        two_turn.append(
+            {"messages": messages, "story": text, "ok": second["name"] in text and second["animal"] in text}
+        )
     n = len(results)
     model.train()
     return {
@@ -356,8 +384,7 @@ def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
         "animal_correct": sum(r["animal_ok"] for r in results),
         "adjective_correct": sum(r["adjective_ok"] for r in results),
         "place_correct": sum(r["place_ok"] for r in results),
-        "all_correct": sum(r["name_ok"] and r["animal_ok"] and r["adjective_ok"] and r["place_ok"]
-                           for r in results),
+        "all_correct": sum(r["name_ok"] and r["animal_ok"] and r["adjective_ok"] and r["place_ok"] for r in results),
         "samples": results,
     }
 
@@ -378,8 +405,10 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     val_encoded = [encode_example(tokenizer, ex) for ex in val_set]
     num_tokens = sum(len(e.ids) for e in encoded)
     num_target = sum(sum(1 for t in e.labels if t != -100) for e in encoded)
-    log(f"tokenizer: {len(tokenizer)} tokens; corpus: {len(encoded)} conversations, "
-        f"{num_tokens} tokens ({num_target} trained) [{time.time() - t_start:.0f}s]")
+    log(
+        f"tokenizer: {len(tokenizer)} tokens; corpus: {len(encoded)} conversations, "
+        f"{num_tokens} tokens ({num_target} trained) [{time.time() - t_start:.0f}s]"
+    )
 
     # 3. Model and training loop.
     model = build_model(cfg, tokenizer)
@@ -390,7 +419,9 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95))
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     pad_id = tokenizer.pad_token_id
     batches: list[list[int]] = []
     step, epoch, seen_tokens = 0, 0, 0  # seen: tokens actually computed
@@ -411,17 +442,21 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
         seen_tokens += computed
         step += 1
         if step % 50 == 0 or step == cfg.max_steps:
-            log(f"step {step}/{cfg.max_steps} epoch {epoch} loss {train_loss:.3f} "
-                f"lr {lr_at(step, cfg):.2e} [{time.time() - t_train:.0f}s]")
+            log(
+                f"step {step}/{cfg.max_steps} epoch {epoch} loss {train_loss:.3f} "
+                f"lr {lr_at(step, cfg):.2e} [{time.time() - t_train:.0f}s]"
+            )
     train_seconds = time.time() - t_train
 
     # 4. Evaluation.
     val_loss = evaluate_loss(model, val_encoded, pad_id, cfg.tokens_per_batch)
     log(f"val loss {val_loss:.3f}")
     quality = evaluate_quality(model, tokenizer, cfg)
-    log(f"greedy: name {quality['name_correct']}/{quality['num_requests']}, "
+    log(
+        f"greedy: name {quality['name_correct']}/{quality['num_requests']}, "
         f"animal {quality['animal_correct']}/{quality['num_requests']}, "
-        f"all {quality['all_correct']}/{quality['num_requests']}")
+        f"all {quality['all_correct']}/{quality['num_requests']}"
+    )
 
     # 5. Save: model (safetensors, float32), tokenizer, report, prompts.
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -437,8 +472,12 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
         "config": asdict(cfg),
         "torch_version": torch.__version__,
         "num_threads": torch.get_num_threads(),
-        "corpus": {"train_conversations": len(encoded), "val_conversations": len(val_encoded),
-                   "train_tokens": num_tokens, "train_target_tokens": num_target},
+        "corpus": {
+            "train_conversations": len(encoded),
+            "val_conversations": len(val_encoded),
+            "train_tokens": num_tokens,
+            "train_target_tokens": num_target,
+        },
         "vocab_size": len(tokenizer),
         "num_parameters": num_params,
         "weights_dtype": "float32",

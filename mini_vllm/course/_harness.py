@@ -37,9 +37,10 @@ _PACKAGE_DIRS = tuple(
         Path(__file__).resolve().parents[2] / "kernels",
     )
 )
-_LIBRARY_DIRS = tuple(
-    {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-) + (sys.prefix, sys.base_prefix)
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}) + (
+    sys.prefix,
+    sys.base_prefix,
+)
 
 
 class CheckFailure(AssertionError):
@@ -112,8 +113,15 @@ class Checker:
 
         return guarded
 
-    def expect_list(self, value: Any, case: str, item_type: type | None = None, item_name: str = "",
-                    random_case: bool = False, fresh: bool = True) -> list:
+    def expect_list(
+        self,
+        value: Any,
+        case: str,
+        item_type: type | None = None,
+        item_name: str = "",
+        random_case: bool = False,
+        fresh: bool = True,
+    ) -> list:
         """``value`` as a list; a generator, None or another type fails with a message naming it.
 
         A tuple is accepted (and converted). ``item_type``: every item must be one.
@@ -239,8 +247,9 @@ def _run_guarded(check_fn: Callable, args: tuple, kwargs: dict):
         raise CheckFailure(message, origin) from None
 
 
-def call_learner(fn: Callable, *args, name: str = "your function", what: str = "", expected: str = "",
-                 hint: str = "", **kwargs):
+def call_learner(
+    fn: Callable, *args, name: str = "your function", what: str = "", expected: str = "", hint: str = "", **kwargs
+):
     """Call the learner's function; an exception becomes a :class:`CheckFailure`.
 
     NotImplementedError (the exercise stub) and :class:`CheckFailure` pass
@@ -253,8 +262,9 @@ def call_learner(fn: Callable, *args, name: str = "your function", what: str = "
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as error:  # noqa: BLE001 - reported with the input that triggered it
-        raise learner_error(name, what or f"calling {getattr(fn, '__name__', 'your function')}", error,
-                            expected, hint) from None
+        raise learner_error(
+            name, what or f"calling {getattr(fn, '__name__', 'your function')}", error, expected, hint
+        ) from None
 
 
 def learner_error(name: str, what: str, error: BaseException, expected: str = "", hint: str = "") -> CheckFailure:
@@ -284,22 +294,30 @@ def likely_mistake(error: BaseException) -> str:
     text = str(error)
     kind = type(error).__name__
     if isinstance(error, RecursionError):
-        return ("a function or method calls itself without end (e.g. append calling self.append instead of "
-                "linking the blocks, or a property that reads itself)")
+        return (
+            "a function or method calls itself without end (e.g. append calling self.append instead of "
+            "linking the blocks, or a property that reads itself)"
+        )
     if "mask" in text and "dtype" in text:
-        return ("a Triton mask must be boolean: build it from comparisons combined with & and |, e.g. "
-                "(heads < num_kv_heads) & (dims < head_dim); multiplying or adding masks gives integers")
+        return (
+            "a Triton mask must be boolean: build it from comparisons combined with & and |, e.g. "
+            "(heads < num_kv_heads) & (dims < head_dim); multiplying or adding masks gives integers"
+        )
     if isinstance(error, TypeError):
         if "generator" in text:
-            return ("a generator is not a list: it has no len() and no indexing, and it can be read only once; "
-                    "build a list ([... for ...]) where a list is needed")
+            return (
+                "a generator is not a list: it has no len() and no indexing, and it can be read only once; "
+                "build a list ([... for ...]) where a list is needed"
+            )
         if "not iterable" in text and "KVCacheBlock" in text:
             return "you passed one block where a list (or any iterable) of blocks is expected: wrap it, [block]"
         if "not iterable" in text:
             return "something you loop over is not a collection (a single value, or None): check what you pass"
         if "not subscriptable" in text or "has no len()" in text:
-            return ("you indexed or took len() of something that can only be looped over (reversed(...), a "
-                    "generator): use a for loop, or make a list first")
+            return (
+                "you indexed or took len() of something that can only be looped over (reversed(...), a "
+                "generator): use a for loop, or make a list first"
+            )
         if "NoneType" in text:
             return "a value you compute with is None: a function that forgot to return, or a lookup that found nothing"
         if "argument" in text:
@@ -307,19 +325,25 @@ def likely_mistake(error: BaseException) -> str:
         return "a value of the wrong type: print the types of what your code receives and returns"
     if isinstance(error, AttributeError):
         if "NoneType" in text:
-            return ("something you expected to be an object is None: e.g. the link past the end of the list, "
-                    "or get_cached_block(...) for a hash that is not cached")
+            return (
+                "something you expected to be an object is None: e.g. the link past the end of the list, "
+                "or get_cached_block(...) for a hash that is not cached"
+            )
         return "an attribute or method that the object does not have: check the names the exercise uses"
     if isinstance(error, IndexError):
-        return ("an index past the end: check your loop bounds (range(start, end), len(...) // block_size) and "
-                "that the list you index is the one you meant")
+        return (
+            "an index past the end: check your loop bounds (range(start, end), len(...) // block_size) and "
+            "that the list you index is the one you meant"
+        )
     if isinstance(error, KeyError):
         return "a dict lookup with a key that is not there: check with `in`, or use .get(key)"
     if isinstance(error, ZeroDivisionError):
         return "a division by zero: an empty range or a sum of zero weights"
     if isinstance(error, ValueError):
-        return ("a ValueError: if it comes from the engine (e.g. 'No free blocks available'), your code asked for "
-                "more than there is, or did the same thing twice")
+        return (
+            "a ValueError: if it comes from the engine (e.g. 'No free blocks available'), your code asked for "
+            "more than there is, or did the same thing twice"
+        )
     if isinstance(error, AssertionError):
         return "an assert in your code failed"
     return f"{kind}: read the traceback below, it starts at your code"

@@ -145,8 +145,11 @@ def _free_random_pools(check: Checker, free_table: Callable, reference_free_tabl
             free_table(manager.block_pool, manager.req_to_blocks.pop(request_id))
             reference_free_table(expected_manager.block_pool, expected_manager.req_to_blocks.pop(request_id))
             _compare_states(
-                check, manager.block_pool, expected_manager.block_pool,
-                f"random pool (seed {seed}), request {request_id} freed", random_case=True,
+                check,
+                manager.block_pool,
+                expected_manager.block_pool,
+                f"random pool (seed {seed}), request {request_id} freed",
+                random_case=True,
             )
 
 
@@ -168,7 +171,10 @@ def check_free_blocks(free_blocks: Callable) -> None:
     given = list(reversed(table))
     free_blocks(pool, given)
     check.expect_unchanged(
-        [3, 2, 1, 0], snapshot(given), "one request freed with ordered_blocks = [3, 2, 1, 0]", "ordered_blocks",
+        [3, 2, 1, 0],
+        snapshot(given),
+        "one request freed with ordered_blocks = [3, 2, 1, 0]",
+        "ordered_blocks",
         "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
         "it, do not reverse, sort or empty it in place",
     )
@@ -187,7 +193,8 @@ def check_free_blocks(free_blocks: Callable) -> None:
         "find it again",
     )
     check.expect(
-        [b.block_hash is not None for b in table] == [True, True, True, False] and all(_in_map(pool, b) for b in table[:3]),
+        [b.block_hash is not None for b in table] == [True, True, True, False]
+        and all(_in_map(pool, b) for b in table[:3]),
         "one request freed: blocks 0-2 lost their hash or left the map",
         "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
         "eviction), so a later request can still hit it",
@@ -280,7 +287,10 @@ def check_free_blocks(free_blocks: Callable) -> None:
     _reference_free_blocks(expected_pool, list(reversed(e_first)))
     _reference_free_blocks(expected_pool, list(reversed(e_second)))
     _compare_states(
-        check, pool, expected_pool, "two requests freed one after the other",
+        check,
+        pool,
+        expected_pool,
+        "two requests freed one after the other",
         "the request freed last has its blocks at the very tail: they are the most recently used",
     )
 
@@ -291,7 +301,8 @@ def check_free_blocks(free_blocks: Callable) -> None:
 
     # 6. Random pools (some with caching off): free the running requests one by one, as the engine does.
     _free_random_pools(
-        check, lambda pool, table: free_blocks(pool, list(reversed(table))),
+        check,
+        lambda pool, table: free_blocks(pool, list(reversed(table))),
         lambda pool, table: _reference_free_blocks(pool, list(reversed(table))),
     )
     check.passed()
@@ -319,7 +330,10 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
     given = manager.req_to_blocks.pop("A")
     free_request_blocks(manager.block_pool, given)
     check.expect_unchanged(
-        [b.block_id for b in table_a], snapshot(given), "A freed", "block table (req_blocks)",
+        [b.block_id for b in table_a],
+        snapshot(given),
+        "A freed",
+        "block table (req_blocks)",
         "reversed(req_blocks) gives the blocks last first without changing the list; req_blocks.reverse() "
         "(or .sort(), .pop()) changes the caller's block table",
     )
@@ -340,7 +354,9 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
         "its head, which every request with the same start needs",
     )
     check.expect_equal(
-        queue, [4, 3, 5, 6, 7, 8, 9, 2, 1, 0], "A then B freed: the free queue (head -> tail)",
+        queue,
+        [4, 3, 5, 6, 7, 8, 9, 2, 1, 0],
+        "A then B freed: the free queue (head -> tail)",
         "pass reversed(req_blocks) to your free_blocks",
     )
 
@@ -366,7 +382,9 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             raise
         except Exception as error:  # noqa: BLE001 - reported with the case
             raise learner_error(
-                check.name, f"{case}: get_new_blocks(pool, {num_blocks})", error,
+                check.name,
+                f"{case}: get_new_blocks(pool, {num_blocks})",
+                error,
                 expected="ValueError (not enough free blocks)",
                 hint="check pool.get_num_free_blocks() first and raise ValueError when it is too small",
             ) from None
@@ -386,7 +404,9 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             random_case=random_case,
         )
         check.expect_equal(
-            [b.block_id for b in got], [b.block_id for b in expected], f"{case}: the blocks returned",
+            [b.block_id for b in got],
+            [b.block_id for b in expected],
+            f"{case}: the blocks returned",
             hint or "pop from the HEAD of the free queue (free_block_queue.popleft()), in order",
             random_case=random_case,
         )
@@ -404,8 +424,9 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
 
     old_hash = _hash(0)
     pool = cached_head()
-    got = check.expect_list(get_new_blocks(pool, 1), "get_new_blocks(pool, 1) with a cached block at the head",
-                            KVCacheBlock, "KVCacheBlock")
+    got = check.expect_list(
+        get_new_blocks(pool, 1), "get_new_blocks(pool, 1) with a cached block at the head", KVCacheBlock, "KVCacheBlock"
+    )
     block = pool.blocks[0]
     check.expect(
         [b.block_id for b in got] == [0],
@@ -519,7 +540,9 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
         num_blocks = rng.randint(0, num_free)
         run_both(
-            lambda seed=seed: _random_pool(seed)[0].block_pool, num_blocks,
-            f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped", random_case=True,
+            lambda seed=seed: _random_pool(seed)[0].block_pool,
+            num_blocks,
+            f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped",
+            random_case=True,
         )
     check.passed()

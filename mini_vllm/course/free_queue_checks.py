@@ -31,7 +31,9 @@ class _Scenario:
         self.name = name
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.queue = check.call(
-            queue_cls, list(self.blocks), what=f"{name}: FreeKVCacheBlockQueue(blocks of ids 0..{num_blocks - 1})",
+            queue_cls,
+            list(self.blocks),
+            what=f"{name}: FreeKVCacheBlockQueue(blocks of ids 0..{num_blocks - 1})",
             expected="a queue holding every block given, head first",
         )
         self.expected = list(range(num_blocks))
@@ -46,7 +48,9 @@ class _Scenario:
         got = block_ids(self.free_list())
         check.expect_equal(got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", hint)
         check.expect_equal(
-            self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks",
+            self.queue.num_free_blocks,
+            len(self.expected),
+            f"{self.where()}: num_free_blocks",
             "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft",
         )
         # The links must agree in both directions: the next operation follows them.
@@ -74,7 +78,10 @@ class _Scenario:
     def free_list(self) -> list:
         """``get_all_free_blocks()`` as a list of blocks, or a message saying what came back instead."""
         return self.check.expect_list(
-            self.call("get_all_free_blocks"), f"{self.where()}: get_all_free_blocks()", KVCacheBlock, "KVCacheBlock",
+            self.call("get_all_free_blocks"),
+            f"{self.where()}: get_all_free_blocks()",
+            KVCacheBlock,
+            "KVCacheBlock",
             fresh=False,
         )
 
@@ -93,8 +100,11 @@ class _Scenario:
                     "that has left the queue) is the usual cause"
                 )
             raise learner_error(
-                self.check.name, f"{self.where()}: {operation}()", error,
-                expected="the operation to succeed on this queue", hint=hint,
+                self.check.name,
+                f"{self.where()}: {operation}()",
+                error,
+                expected="the operation to succeed on this queue",
+                hint=hint,
             ) from None
 
     def popleft(self, hint: str) -> None:
@@ -158,13 +168,15 @@ def _expect_value_error_on_empty(check: Checker, queue: Any, case: str) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - the message names what was raised instead
         check.expect(
-            False, f"{case}: popleft() raised {type(error).__name__}: {error}",
+            False,
+            f"{case}: popleft() raised {type(error).__name__}: {error}",
             "popleft on an empty queue must raise ValueError (the pool relies on it), not another exception",
         )
         return
     check.expect(
-        False, f"{case}: popleft() returned {_name(result)} instead of raising",
-        "popleft on an empty queue must raise ValueError(\"No free blocks available\")",
+        False,
+        f"{case}: popleft() returned {_name(result)} instead of raising",
+        'popleft on an empty queue must raise ValueError("No free blocks available")',
     )
 
 
@@ -304,13 +316,16 @@ def check_free_queue(queue_cls: Callable) -> None:
                 got = check.call(mine.popleft, what=f"random trial {trial}: {' -> '.join(history)}")
                 got, expected = getattr(got, "block_id", got), ref.popleft().block_id
                 in_queue.discard(expected)
-                check.expect_equal(got, expected, f"random trial {trial}: {' -> '.join(history)}: popleft()",
-                                   random_case=True)
+                check.expect_equal(
+                    got, expected, f"random trial {trial}: {' -> '.join(history)}: popleft()", random_case=True
+                )
             else:
                 pool = sorted(in_queue) if op == "remove" else out_of_queue
                 block_id = check.rng.choice(pool)
                 history.append(f"{op}({block_id})")
-                check.call(getattr(mine, op), mine_blocks[block_id], what=f"random trial {trial}: {' -> '.join(history)}")
+                check.call(
+                    getattr(mine, op), mine_blocks[block_id], what=f"random trial {trial}: {' -> '.join(history)}"
+                )
                 getattr(ref, op)(ref_blocks[block_id])
                 if op == "remove":
                     in_queue.discard(block_id)

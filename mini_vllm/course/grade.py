@@ -85,8 +85,9 @@ def _environment(**values: str):
                 os.environ[key] = value
 
 
-def grade_notebook(path: Path, learner: str, parts_folder: Path, timeout: int = 600,
-                   all_cells: bool = False) -> list[CheckResult]:
+def grade_notebook(
+    path: Path, learner: str, parts_folder: Path, timeout: int = 600, all_cells: bool = False
+) -> list[CheckResult]:
     """Execute one notebook (a copy, in memory) and return one result per check cell."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -97,8 +98,13 @@ def grade_notebook(path: Path, learner: str, parts_folder: Path, timeout: int = 
         return []
     if not all_cells:
         nb.cells = nb.cells[: check_indices[-1] + 1]
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     stopped = ""
     with _environment(**{PARTS_ENV: str(parts_folder)}):
         try:

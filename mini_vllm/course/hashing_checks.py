@@ -35,7 +35,10 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
     given = list(block)
     first = hash_block_tokens(None, given)
     check.expect_unchanged(
-        list(block), given, "hash_block_tokens(None, range(16))", "token_ids",
+        list(block),
+        given,
+        "hash_block_tokens(None, range(16))",
+        "token_ids",
         "the token ids are the request's own: hash a copy (tuple(token_ids)), never append to or sort the list",
     )
     check.expect(
@@ -131,7 +134,10 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         case = f"hash_request_tokens({len(given)} tokens, block_size={block_size})"
         result = check.expect_list(learner(given, block_size, cache_salt, lora_name), case, bytes, "bytes hashes")
         check.expect_unchanged(
-            before, given, case, "token_ids",
+            before,
+            given,
+            case,
+            "token_ids",
             "the prompt's token ids belong to the request: slice them (token_ids[a:b] is a copy), do not "
             "pop, extend or sort the list",
         )
@@ -168,7 +174,9 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     )
     first = reference_hash_block_tokens(None, tokens[:16])
     check.expect_equal(
-        hash_request_tokens(tokens, 16, None, None)[0], first, "block 0 of a prompt without extra keys",
+        hash_request_tokens(tokens, 16, None, None)[0],
+        first,
+        "block 0 of a prompt without extra keys",
         "block 0 is hash_block_tokens(None, token_ids[0:16], None)",
     )
     salted = hash_request_tokens(tokens, 16, "tenant-a", None)
@@ -186,14 +194,24 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     # Then the exact bytes, block by block.
     cases = [
         ("48 tokens: three blocks", (tokens, 16, None, None), "chain each block to the previous block's hash"),
-        ("47 tokens: the partial tail is not hashed", (tokens[:47], 16, None, None), "len(token_ids) // block_size blocks"),
+        (
+            "47 tokens: the partial tail is not hashed",
+            (tokens[:47], 16, None, None),
+            "len(token_ids) // block_size blocks",
+        ),
         ("a cache salt", (tokens, 16, "tenant-a", None), "the salt goes into block 0's extra keys only"),
         ("a LoRA name", (tokens, 16, None, "pirate"), "the LoRA name goes into every block's extra keys"),
         ("salt and LoRA", (list(range(32)), 4, "s", "l"), "use block_extra_keys(index, cache_salt, lora_name)"),
-        ("block_size 5 (not a power of two): 23 tokens, 4 full blocks", (list(range(23)), 5, None, None),
-         "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size"),
-        ("block_size 12, a cache salt", (list(range(40)), 12, "t", None),
-         "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size"),
+        (
+            "block_size 5 (not a power of two): 23 tokens, 4 full blocks",
+            (list(range(23)), 5, None, None),
+            "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size",
+        ),
+        (
+            "block_size 12, a cache salt",
+            (list(range(40)), 12, "t", None),
+            "block i holds token_ids[i * block_size : (i + 1) * block_size], for any block_size",
+        ),
     ]
     for case, args, hint in cases:
         _compare_chains(check, hash_request_tokens(*args), reference_hash_request_tokens(*args), case, args[1], hint)

@@ -68,7 +68,10 @@ def _call_kernel_launcher(fn: Callable, *args, what: str = "store_kv(...)") -> N
         if _is_stub(error):
             raise NotImplementedError("your code here: the kernel body is still the exercise stub") from None
         raise learner_error(
-            "store_kv", what, error, expected="each token's K/V row stored in its slot, nothing else changed",
+            "store_kv",
+            what,
+            error,
+            expected="each token's K/V row stored in its slot, nothing else changed",
         ) from None
 
 
@@ -166,7 +169,12 @@ def _store_case(
     slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=device)
 
     _call_kernel_launcher(
-        store_kv, key, value, k.cache, v.cache, slot_mapping,
+        store_kv,
+        key,
+        value,
+        k.cache,
+        v.cache,
+        slot_mapping,
         what=f"{case}: store_kv(key {key_dtype}, cache {cache_dtype}, slots={slots}, block_size={block_size}, "
         f"num_kv_heads={num_kv_heads}, head_dim={head_dim})",
     )
@@ -191,7 +199,8 @@ def _store_case(
         if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
             continue
         narrowed = [
-            narrow for narrow in (torch.float16, torch.bfloat16)
+            narrow
+            for narrow in (torch.float16, torch.bfloat16)
             if narrow != cache_dtype and torch.equal(got_k, want_k.to(narrow).to(cache_dtype))
         ]
         if narrowed or (magnitude > 1e4 and torch.isinf(got_k).any() and not torch.isinf(want_k).any()):
@@ -328,8 +337,7 @@ def _store_past_two_to_the_31(store_kv: Callable, check: Checker) -> bool:
         torch.cuda.empty_cache()  # give the 8 GiB back to the GPU, not to PyTorch's cache
     check.expect(
         landed,
-        f"slot {slot} (element offset {element:,} > 2**31 = {2**31:,}, slot_mapping int32): "
-        "the row is not in its slot",
+        f"slot {slot} (element offset {element:,} > 2**31 = {2**31:,}, slot_mapping int32): the row is not in its slot",
         hint,
     )
     return True
@@ -346,20 +354,49 @@ def check_store_kv(store_kv: Callable) -> None:
     _store_case(store_kv, check, "slot -1 (a padding token)", slots=[2, -1, 9], **base)
     _store_case(store_kv, check, "slots -1 only", slots=[-1, -1], **base)
     _store_case(store_kv, check, "the last slot of the last block", slots=[15, 0], **base)
-    _store_case(store_kv, check, "one KV head, head_dim 12 (not a power of two)", slots=[1, 11, 4],
-                num_blocks=3, block_size=4, num_kv_heads=1, head_dim=12)
+    _store_case(
+        store_kv,
+        check,
+        "one KV head, head_dim 12 (not a power of two)",
+        slots=[1, 11, 4],
+        num_blocks=3,
+        block_size=4,
+        num_kv_heads=1,
+        head_dim=12,
+    )
     _store_case(store_kv, check, "three KV heads", slots=[3, 8], num_blocks=3, block_size=4, num_kv_heads=3, head_dim=4)
-    _store_case(store_kv, check, "key and value are views into a fused qkv tensor", slots=[7, 1, 12],
-                fused_qkv=True, **base)
-    _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9],
-                cache_dtype=torch.float16, **base)
+    _store_case(
+        store_kv, check, "key and value are views into a fused qkv tensor", slots=[7, 1, 12], fused_qkv=True, **base
+    )
+    _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9], cache_dtype=torch.float16, **base)
     _store_case(store_kv, check, "an int32 slot_mapping", slots=[14, 3], slot_dtype=torch.int32, **base)
-    _store_case(store_kv, check, "float16 key and value into a float16 cache", slots=[2, 12],
-                key_dtype=torch.float16, cache_dtype=torch.float16, **base)
-    _store_case(store_kv, check, "values of magnitude 1e30 (float32 holds them, float16 does not)", slots=[0, 5],
-                magnitude=1e30, **base)
-    _store_case(store_kv, check, "block_size 3 (not a power of two)", slots=[4, 0, 8],
-                num_blocks=3, block_size=3, num_kv_heads=2, head_dim=8)
+    _store_case(
+        store_kv,
+        check,
+        "float16 key and value into a float16 cache",
+        slots=[2, 12],
+        key_dtype=torch.float16,
+        cache_dtype=torch.float16,
+        **base,
+    )
+    _store_case(
+        store_kv,
+        check,
+        "values of magnitude 1e30 (float32 holds them, float16 does not)",
+        slots=[0, 5],
+        magnitude=1e30,
+        **base,
+    )
+    _store_case(
+        store_kv,
+        check,
+        "block_size 3 (not a power of two)",
+        slots=[4, 0, 8],
+        num_blocks=3,
+        block_size=3,
+        num_kv_heads=2,
+        head_dim=8,
+    )
     _store_past_two_to_the_31(store_kv, check)
     rng = check.rng
     for index in range(25):
@@ -403,8 +440,22 @@ def _dense_decode(query, keys, values, scale, kv_head_of) -> torch.Tensor:
 class _DecodeCase:
     """One sequence's decode step over a paged cache whose unused slots hold ``fill``."""
 
-    def __init__(self, *, seq_len, block_size, num_q_heads, num_kv_heads, head_dim, table, num_blocks,
-                 fill=float("nan"), pad_table=0, seed=0, dtype=torch.float32, very_negative=False):
+    def __init__(
+        self,
+        *,
+        seq_len,
+        block_size,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        table,
+        num_blocks,
+        fill=float("nan"),
+        pad_table=0,
+        seed=0,
+        dtype=torch.float32,
+        very_negative=False,
+    ):
         generator = torch.Generator().manual_seed(seed)
         self.seq_len, self.block_size = seq_len, block_size
         self.num_q_heads, self.num_kv_heads, self.head_dim = num_q_heads, num_kv_heads, head_dim
@@ -441,8 +492,12 @@ class _DecodeCase:
         from kernels import reference
 
         out = reference.paged_attention(
-            self.query[None], self.k_cache, self.v_cache, self.block_table[None],
-            torch.tensor([self.seq_len], dtype=torch.int32), scale,
+            self.query[None],
+            self.k_cache,
+            self.v_cache,
+            self.block_table[None],
+            torch.tensor([self.seq_len], dtype=torch.int32),
+            scale,
         )
         return out[0]
 
@@ -470,14 +525,21 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(torch.allclose(got.float(), want.float(), rtol=tolerance[0], atol=tolerance[1]))
 
 
-def _decode_case(paged_decode: Callable, check: Checker, case: _DecodeCase, name: str, scale=None,
-                 random_case: bool = False) -> None:
+def _decode_case(
+    paged_decode: Callable, check: Checker, case: _DecodeCase, name: str, scale=None, random_case: bool = False
+) -> None:
     kwargs = {} if scale is None else {"scale": scale}
     where = f"{name} ({case.describe()}{'' if scale is None else f', scale={scale}'})"
     check.case = where
     given = (case.query.clone(), case.k_cache.clone(), case.v_cache.clone(), case.block_table.clone())
-    got = check.call(paged_decode, *given, case.seq_len, **kwargs, what=f"{where}: paged_decode(...)",
-                     expected=f"a tensor [num_q_heads, head_dim] = [{case.num_q_heads}, {case.head_dim}]")
+    got = check.call(
+        paged_decode,
+        *given,
+        case.seq_len,
+        **kwargs,
+        what=f"{where}: paged_decode(...)",
+        expected=f"a tensor [num_q_heads, head_dim] = [{case.num_q_heads}, {case.head_dim}]",
+    )
     want = case.expected(scale)
     check.expect(
         all(_same(a, b) for a, b in zip(given, (case.query, case.k_cache, case.v_cache, case.block_table))),
@@ -543,8 +605,13 @@ def _decode_case(paged_decode: Callable, check: Checker, case: _DecodeCase, name
                 "you read the blocks in logical order (block i of the sequence = k_cache[i]); "
                 "the sequence's i-th block lives in physical block block_table[i]"
             )
-    check.expect(False, f"{where}: your output differs from the reference by up to "
-                        f"{(got.float() - want.float()).abs().max().item():.3g}", hint, random_case=random_case)
+    check.expect(
+        False,
+        f"{where}: your output differs from the reference by up to "
+        f"{(got.float() - want.float()).abs().max().item():.3g}",
+        hint,
+        random_case=random_case,
+    )
 
 
 def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:
@@ -573,45 +640,139 @@ def check_paged_decode(paged_decode: Callable) -> None:
     """Your ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``, one sequence."""
     check = Checker("paged_decode")
     fixed = [
-        ("one full block, block_table [0]",
-         dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1), None),
-        ("an explicit scale",
-         dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1), 0.3),
-        ("three full blocks in shuffled physical blocks",
-         dict(seq_len=12, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[3, 0, 5], num_blocks=6,
-              fill=0.0), None),
-        ("a partial last block (unused slots hold 100.0)",
-         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3,
-              fill=100.0), None),
-        ("a partial last block (unused slots hold NaN)",
-         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3), None),
-        ("grouped-query attention: 4 query heads share 2 KV heads",
-         dict(seq_len=8, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[2, 1], num_blocks=4,
-              fill=0.0), None),
-        ("grouped-query attention: 6 query heads share 2 KV heads, partial block",
-         dict(seq_len=7, block_size=4, num_q_heads=6, num_kv_heads=2, head_dim=4, table=[1, 3], num_blocks=4), None),
-        ("a block table padded past the sequence's blocks (block 0 holds NaN)",
-         dict(seq_len=5, block_size=4, num_q_heads=2, num_kv_heads=1, head_dim=8, table=[2, 1], num_blocks=3,
-              pad_table=2), None),
-        ("seq_len 1 (the first decode step of a 1-token prompt)",
-         dict(seq_len=1, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[2], num_blocks=3), None),
-        ("block_size 1",
-         dict(seq_len=5, block_size=1, num_q_heads=2, num_kv_heads=1, head_dim=4, table=[4, 0, 3, 1, 2],
-              num_blocks=6), None),
-        ("large scores (softmax must subtract the running max)",
-         dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3),
-         40.0),
-        ("every score about -1000 (softmax must subtract the running max)",
-         dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3,
-              very_negative=True), None),
-        ("float16 query and caches (the output keeps the query's dtype)",
-         dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=1, head_dim=8, table=[2, 0, 1], num_blocks=3,
-              dtype=torch.float16), None),
-        ("bfloat16 query and caches",
-         dict(seq_len=6, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[1, 0], num_blocks=3,
-              dtype=torch.bfloat16), None),
-        ("block_size 3 (not a power of two)",
-         dict(seq_len=8, block_size=3, num_q_heads=2, num_kv_heads=2, head_dim=4, table=[2, 0, 3], num_blocks=4), None),
+        (
+            "one full block, block_table [0]",
+            dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1),
+            None,
+        ),
+        (
+            "an explicit scale",
+            dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1),
+            0.3,
+        ),
+        (
+            "three full blocks in shuffled physical blocks",
+            dict(
+                seq_len=12,
+                block_size=4,
+                num_q_heads=2,
+                num_kv_heads=2,
+                head_dim=8,
+                table=[3, 0, 5],
+                num_blocks=6,
+                fill=0.0,
+            ),
+            None,
+        ),
+        (
+            "a partial last block (unused slots hold 100.0)",
+            dict(
+                seq_len=10,
+                block_size=4,
+                num_q_heads=2,
+                num_kv_heads=2,
+                head_dim=8,
+                table=[1, 2, 0],
+                num_blocks=3,
+                fill=100.0,
+            ),
+            None,
+        ),
+        (
+            "a partial last block (unused slots hold NaN)",
+            dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3),
+            None,
+        ),
+        (
+            "grouped-query attention: 4 query heads share 2 KV heads",
+            dict(
+                seq_len=8, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[2, 1], num_blocks=4, fill=0.0
+            ),
+            None,
+        ),
+        (
+            "grouped-query attention: 6 query heads share 2 KV heads, partial block",
+            dict(seq_len=7, block_size=4, num_q_heads=6, num_kv_heads=2, head_dim=4, table=[1, 3], num_blocks=4),
+            None,
+        ),
+        (
+            "a block table padded past the sequence's blocks (block 0 holds NaN)",
+            dict(
+                seq_len=5,
+                block_size=4,
+                num_q_heads=2,
+                num_kv_heads=1,
+                head_dim=8,
+                table=[2, 1],
+                num_blocks=3,
+                pad_table=2,
+            ),
+            None,
+        ),
+        (
+            "seq_len 1 (the first decode step of a 1-token prompt)",
+            dict(seq_len=1, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[2], num_blocks=3),
+            None,
+        ),
+        (
+            "block_size 1",
+            dict(
+                seq_len=5, block_size=1, num_q_heads=2, num_kv_heads=1, head_dim=4, table=[4, 0, 3, 1, 2], num_blocks=6
+            ),
+            None,
+        ),
+        (
+            "large scores (softmax must subtract the running max)",
+            dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3),
+            40.0,
+        ),
+        (
+            "every score about -1000 (softmax must subtract the running max)",
+            dict(
+                seq_len=9,
+                block_size=4,
+                num_q_heads=2,
+                num_kv_heads=2,
+                head_dim=8,
+                table=[0, 2, 1],
+                num_blocks=3,
+                very_negative=True,
+            ),
+            None,
+        ),
+        (
+            "float16 query and caches (the output keeps the query's dtype)",
+            dict(
+                seq_len=10,
+                block_size=4,
+                num_q_heads=2,
+                num_kv_heads=1,
+                head_dim=8,
+                table=[2, 0, 1],
+                num_blocks=3,
+                dtype=torch.float16,
+            ),
+            None,
+        ),
+        (
+            "bfloat16 query and caches",
+            dict(
+                seq_len=6,
+                block_size=4,
+                num_q_heads=4,
+                num_kv_heads=2,
+                head_dim=8,
+                table=[1, 0],
+                num_blocks=3,
+                dtype=torch.bfloat16,
+            ),
+            None,
+        ),
+        (
+            "block_size 3 (not a power of two)",
+            dict(seq_len=8, block_size=3, num_q_heads=2, num_kv_heads=2, head_dim=4, table=[2, 0, 3], num_blocks=4),
+            None,
+        ),
     ]
     for seed, (name, kwargs, scale) in enumerate(fixed):
         _decode_case(paged_decode, check, _DecodeCase(seed=seed, **kwargs), name, scale)
@@ -625,12 +786,19 @@ def check_paged_decode(paged_decode: Callable) -> None:
         group = rng.choice([1, 2, 4])
         table = rng.sample(range(num_blocks), num_used)
         case = _DecodeCase(
-            seq_len=seq_len, block_size=block_size, num_q_heads=num_kv_heads * group, num_kv_heads=num_kv_heads,
-            head_dim=rng.choice([4, 8, 16]), table=table, num_blocks=num_blocks, pad_table=rng.randint(0, 2),
+            seq_len=seq_len,
+            block_size=block_size,
+            num_q_heads=num_kv_heads * group,
+            num_kv_heads=num_kv_heads,
+            head_dim=rng.choice([4, 8, 16]),
+            table=table,
+            num_blocks=num_blocks,
+            pad_table=rng.randint(0, 2),
             seed=100 + index,
         )
-        _decode_case(paged_decode, check, case, f"random case {index}",
-                     rng.choice([None, None, 0.25]), random_case=True)
+        _decode_case(
+            paged_decode, check, case, f"random case {index}", rng.choice([None, None, 0.25]), random_case=True
+        )
     check.passed()
 
 

@@ -69,16 +69,31 @@ def _load_default_model():
     return load_model(default_model_path(), attn_backend=TorchAttentionBackend())
 
 
-def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list[int], max_new_tokens: int,
-               case: str, random_case: bool) -> None:
+def _check_one(
+    check: Checker,
+    greedy_decode: Callable,
+    model: Any,
+    prompt: list[int],
+    max_new_tokens: int,
+    case: str,
+    random_case: bool,
+) -> None:
     recorder = _RecordingModel(model)
     given = list(prompt)
-    output = check.call(greedy_decode, recorder, given, max_new_tokens,
-                        what=f"{case}: greedy_decode(model, {len(prompt)} prompt tokens, max_new_tokens={max_new_tokens})",
-                        expected=f"a list of {max_new_tokens} new token ids")
+    output = check.call(
+        greedy_decode,
+        recorder,
+        given,
+        max_new_tokens,
+        what=f"{case}: greedy_decode(model, {len(prompt)} prompt tokens, max_new_tokens={max_new_tokens})",
+        expected=f"a list of {max_new_tokens} new token ids",
+    )
     n = len(prompt)
     check.expect_unchanged(
-        list(prompt), given, case, "prompt_ids list",
+        list(prompt),
+        given,
+        case,
+        "prompt_ids list",
         "the prompt belongs to the caller: copy it before appending new tokens (tokens = list(prompt_ids))",
     )
     output = check.expect_list(output, f"{case}: greedy_decode", random_case=random_case)
@@ -89,28 +104,42 @@ def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list
         random_case,
     )
     check.expect_equal(
-        len(output), max_new_tokens, f"{case}: number of new tokens returned",
-        "return exactly max_new_tokens new tokens (not the prompt)", random_case,
+        len(output),
+        max_new_tokens,
+        f"{case}: number of new tokens returned",
+        "return exactly max_new_tokens new tokens (not the prompt)",
+        random_case,
     )
     calls = recorder.calls
     check.expect(
-        bool(calls), f"{case}: your function never called model(...)",
-        "run the model through run_model(model, kv_caches, token_ids, positions, seq_len)", random_case,
+        bool(calls),
+        f"{case}: your function never called model(...)",
+        "run the model through run_model(model, kv_caches, token_ids, positions, seq_len)",
+        random_case,
     )
 
     # The prefill: the whole prompt, at positions 0..n-1, in one forward.
     prefill = calls[0]
     check.expect_equal(
-        prefill["input_ids"], list(prompt), f"{case}: the first forward (the prefill) fed these tokens",
-        "the prefill feeds the whole prompt in one forward", random_case,
+        prefill["input_ids"],
+        list(prompt),
+        f"{case}: the first forward (the prefill) fed these tokens",
+        "the prefill feeds the whole prompt in one forward",
+        random_case,
     )
     check.expect_equal(
-        prefill["positions"], list(range(n)), f"{case}: positions of the prefill",
-        "prompt token i sits at position i: positions are 0, 1, ..., n-1", random_case,
+        prefill["positions"],
+        list(range(n)),
+        f"{case}: positions of the prefill",
+        "prompt token i sits at position i: positions are 0, 1, ..., n-1",
+        random_case,
     )
     check.expect_equal(
-        prefill["seq_lens"], [n], f"{case}: seq_len of the prefill",
-        "seq_len counts the tokens in the cache after this forward: the n prompt tokens", random_case,
+        prefill["seq_lens"],
+        [n],
+        f"{case}: seq_len of the prefill",
+        "seq_len counts the tokens in the cache after this forward: the n prompt tokens",
+        random_case,
     )
 
     # Each decode step: exactly the newest token, at the next position.
@@ -135,25 +164,33 @@ def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list
         )
         if step - 1 < len(output):
             check.expect_equal(
-                call["input_ids"][0], output[step - 1], f"{where}: the token fed to the model",
+                call["input_ids"][0],
+                output[step - 1],
+                f"{where}: the token fed to the model",
                 "feed the token you generated in the previous step (append it to the sequence first), "
                 "not a prompt token or an older one",
                 random_case,
             )
         check.expect_equal(
-            call["positions"], [expected_len - 1], f"{where}: the position of the fed token",
+            call["positions"],
+            [expected_len - 1],
+            f"{where}: the position of the fed token",
             "positions advance: the newest token's position is the number of tokens before it "
             f"({n} prompt tokens + {step - 1} earlier new token(s) = {expected_len - 1})",
             random_case,
         )
         check.expect_equal(
-            call["seq_lens"], [expected_len], f"{where}: seq_len",
+            call["seq_lens"],
+            [expected_len],
+            f"{where}: seq_len",
             "seq_len counts every token in the cache after this forward, the one just fed included "
             f"({expected_len - 1} earlier tokens + 1 = {expected_len})",
             random_case,
         )
     check.expect_equal(
-        len(calls), max_new_tokens, f"{case}: number of forwards",
+        len(calls),
+        max_new_tokens,
+        f"{case}: number of forwards",
         "one prefill (its last logits give the first new token), then max_new_tokens - 1 decode steps",
         random_case,
     )
@@ -168,7 +205,8 @@ def _check_one(check: Checker, greedy_decode: Callable, model: Any, prompt: list
             is_argmax,
             f"{case}: new token {i} is {token}, but recomputing the whole sequence without a cache gives "
             f"{best} (logit {float(row[best]):.3f} vs {float(row[token]):.3f} for yours)"
-            if 0 <= token < row.numel() else f"{case}: new token {i} ({token}) is not a token id",
+            if 0 <= token < row.numel()
+            else f"{case}: new token {i} ({token}) is not a token id",
             "greedy decoding picks argmax of the LAST position's logits; and every forward must see the "
             "K/V of all earlier tokens",
             random_case,
@@ -190,8 +228,11 @@ def check_decode_loop(greedy_decode: Callable, model: Any | None = None) -> None
     fixed = [
         ("a 20-token prompt, 6 new tokens", [(7 * i + 3) % vocab for i in range(20)], 6),
         ("a 1-token prompt", [5 % vocab], 4),
-        ("a prompt of exactly one block (16 tokens): the first new token opens block 1",
-         [(11 * i + 1) % vocab for i in range(16)], 5),
+        (
+            "a prompt of exactly one block (16 tokens): the first new token opens block 1",
+            [(11 * i + 1) % vocab for i in range(16)],
+            5,
+        ),
         ("a 30-token prompt whose decode crosses into block 2", [(13 * i + 2) % vocab for i in range(30)], 5),
         ("max_new_tokens=1: the prefill alone", [(3 * i + 4) % vocab for i in range(9)], 1),
     ]
@@ -200,6 +241,13 @@ def check_decode_loop(greedy_decode: Callable, model: Any | None = None) -> None
     for _ in range(4):
         prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
         max_new_tokens = rng.randint(1, 6)
-        _check_one(check, greedy_decode, model, prompt, max_new_tokens,
-                   f"a random {len(prompt)}-token prompt, {max_new_tokens} new tokens", random_case=True)
+        _check_one(
+            check,
+            greedy_decode,
+            model,
+            prompt,
+            max_new_tokens,
+            f"a random {len(prompt)}-token prompt, {max_new_tokens} new tokens",
+            random_case=True,
+        )
     check.passed()

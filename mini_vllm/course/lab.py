@@ -59,7 +59,9 @@ def prepare_working_copy(root: Path = ROOT) -> list[Path]:
 def server_command(root: Path = ROOT, extra_args: Sequence[str] = ()) -> list[str]:
     """The ``jupyter lab`` command line ``make lab`` runs (``extra_args`` go last and win)."""
     command = [
-        sys.executable, "-m", "jupyterlab",
+        sys.executable,
+        "-m",
+        "jupyterlab",
         f"--ServerApp.root_dir={root}",
         f"--LabApp.default_url=/lab/tree/{START_NOTEBOOK}",
         "--ContentsManager.pre_save_hook=mini_vllm.course.lab.pre_save_hook",

@@ -185,10 +185,11 @@ def _hash_new_full_blocks_with(parts: dict[str, Any]) -> Callable:
     hash_request_tokens = parts.get("hash_request_tokens")
     hash_block_tokens = parts.get("hash_block_tokens")
 
-    def hash_new_full_blocks(token_ids, block_size, block_hashes, cache_salt=None, lora_name=None,
-                             hash_fn=None, lora_path=None):
+    def hash_new_full_blocks(
+        token_ids, block_size, block_hashes, cache_salt=None, lora_name=None, hash_fn=None, lora_path=None
+    ):
         if hash_request_tokens is not None and lora_path is None:
-            return list(hash_request_tokens(list(token_ids), block_size, cache_salt, lora_name))[len(block_hashes):]
+            return list(hash_request_tokens(list(token_ids), block_size, cache_salt, lora_name))[len(block_hashes) :]
         parent = block_hashes[-1] if block_hashes else None
         new = []
         for index in range(len(block_hashes), len(token_ids) // block_size):
@@ -247,7 +248,9 @@ class PartsTable:
 
     def rows(self) -> list[tuple[str, str, str, str]]:
         by_key = {part.key: part for part in PARTS}
-        return [(by_key[key].chapter, by_key[key].name, by_key[key].role, who) for key, who in self.course_parts.items()]
+        return [
+            (by_key[key].chapter, by_key[key].name, by_key[key].role, who) for key, who in self.course_parts.items()
+        ]
 
     def __repr__(self) -> str:
         lines = [f"{'ch':<3} {'part':<24} {'whose':<10} role"]
@@ -337,16 +340,26 @@ def run_against_reference(
     tokenizer = AutoTokenizer.from_pretrained(path)
     specs = compare_vllm.build_workloads(tokenizer, block_size, workloads)
     engine_args = dict(
-        device="cpu", dtype="float32", block_size=block_size, num_blocks=num_blocks,
-        max_num_seqs=compare_vllm.MAX_NUM_SEQS, max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
+        device="cpu",
+        dtype="float32",
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=compare_vllm.MAX_NUM_SEQS,
+        max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
         max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
     mine_llm = learner_engine(model, parts=parts, **engine_args)
     mine = compare_vllm.run_mini_workloads(mine_llm, specs)
     reference = compare_vllm.run_mini_workloads(LLM(model, **engine_args), specs)
     result: dict[str, Any] = {
-        "parts": dict(mine_llm.course_parts), "vllm": None, "vllm_missing": None,
-        "model_path": str(path), "block_size": block_size, "num_blocks": num_blocks, "specs": specs, "mine": mine,
+        "parts": dict(mine_llm.course_parts),
+        "vllm": None,
+        "vllm_missing": None,
+        "model_path": str(path),
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "specs": specs,
+        "mine": mine,
     }
     result["reference"] = [compare_vllm.compare_workload(w, m, r) for w, m, r in zip(specs, mine, reference)]
     print(f"your engine vs the reference, block_size {block_size}, {num_blocks} blocks:")
@@ -365,8 +378,10 @@ def against_vllm(result: dict[str, Any]) -> dict[str, Any]:
     from .. import compare_vllm
 
     if "yours" not in result["parts"].values():
-        print("real vLLM: skipped, none of the parts is yours yet (chapter 10's side-by-side compares the "
-              "reference with vLLM)")
+        print(
+            "real vLLM: skipped, none of the parts is yours yet (chapter 10's side-by-side compares the "
+            "reference with vLLM)"
+        )
         return result
     if compare_vllm.vllm_python() is None:
         result["vllm_missing"] = compare_vllm.vllm_missing_reason()
@@ -387,8 +402,10 @@ def _print_comparison(compared: list[dict]) -> None:
 
     print(f"  {'workload':<26} {'requests':>8}  {'same tokens':>11}  {'same cached tokens':>18}  {'same counters':>13}")
     for w in compared:
-        print(f"  {w['name']:<26} {len(w['rows']):>8}  {yes(w['tokens_equal']):>11}  {yes(w['cached_equal']):>18}  "
-              f"{yes(w['counters_equal']):>13}")
+        print(
+            f"  {w['name']:<26} {len(w['rows']):>8}  {yes(w['tokens_equal']):>11}  {yes(w['cached_equal']):>18}  "
+            f"{yes(w['counters_equal']):>13}"
+        )
 
 
 __all__ = [

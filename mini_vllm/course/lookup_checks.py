@@ -64,20 +64,32 @@ def _describe(result) -> str:
 
 
 def _run(
-    check: Checker, fn: Callable, pool: BlockPool, hashes: list, max_num_blocks: int, case: str, random_case: bool = False
+    check: Checker,
+    fn: Callable,
+    pool: BlockPool,
+    hashes: list,
+    max_num_blocks: int,
+    case: str,
+    random_case: bool = False,
 ):
     """Call the learner's function and check what any correct answer must satisfy."""
     before = pool_state(pool)
     given = list(hashes)
     reads_before = CountingBlock.reads
     result = check.call(
-        fn, pool, given, max_num_blocks, what=f"{case}: find_longest_cache_hit(pool, {len(hashes)} hashes, {max_num_blocks})",
+        fn,
+        pool,
+        given,
+        max_num_blocks,
+        what=f"{case}: find_longest_cache_hit(pool, {len(hashes)} hashes, {max_num_blocks})",
         expected="the list of cached blocks of the longest prefix",
     )
     check.reads_in_call = CountingBlock.reads - reads_before  # block attributes read (counting blocks only)
     result = check.expect_list(result, case, random_case=random_case)
     check.expect_unchanged(
-        [h.hex()[:8] for h in hashes], [h.hex()[:8] if isinstance(h, bytes) else h for h in given], case,
+        [h.hex()[:8] for h in hashes],
+        [h.hex()[:8] if isinstance(h, bytes) else h for h in given],
+        case,
         "block_hashes list",
         "block_hashes is the request's own list (request.block_hashes): loop over it or slice it, never pop "
         "from it, reverse it or cut it in place",
@@ -117,10 +129,11 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     pool = _make_pool(8, hashes)
     result = _run(check, fn, pool, hashes, 4, "4 cached blocks, max_num_blocks=4")
     check.expect_equal(
-        _describe(result), "blocks [0, 1, 2, 3]", "4 cached blocks, max_num_blocks=4",
-        "all four hashes are in the map: return their blocks, in order" + (
-            "; off by one? you stopped one block early (range(max_num_blocks - 1)?)" if len(result) == 3 else ""
-        ),
+        _describe(result),
+        "blocks [0, 1, 2, 3]",
+        "4 cached blocks, max_num_blocks=4",
+        "all four hashes are in the map: return their blocks, in order"
+        + ("; off by one? you stopped one block early (range(max_num_blocks - 1)?)" if len(result) == 3 else ""),
     )
     check.expect(
         all(got is pool.blocks[i] for i, got in enumerate(result)),
@@ -174,7 +187,9 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     max_blocks = (len(full) - 1) // BLOCK_SIZE
     result = _run(check, fn, pool, full_hashes, max_blocks, "a fully cached 12-token prompt")
     check.expect_equal(
-        _describe(result), "blocks [0, 1]", "a fully cached 12-token prompt (max_num_blocks = (12 - 1) // 4 = 2)",
+        _describe(result),
+        "blocks [0, 1]",
+        "a fully cached 12-token prompt (max_num_blocks = (12 - 1) // 4 = 2)",
         "block 2 is cached too, but the cap leaves it to be recomputed: the last token's logits are needed",
     )
 
@@ -182,7 +197,9 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     pool = _make_pool(8, hashes, in_use=[0, 1])
     result = _run(check, fn, pool, hashes, 4, "blocks 0 and 1 in use by another request")
     check.expect_equal(
-        _describe(result), "blocks [0, 1, 2, 3]", "blocks 0 and 1 in use by another request",
+        _describe(result),
+        "blocks [0, 1, 2, 3]",
+        "blocks 0 and 1 in use by another request",
         "a cached block is a hit whether another request holds it (ref_cnt > 0) or it sits in the free queue",
     )
 
@@ -191,7 +208,9 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     cache_block(pool, pool.blocks[5], hashes[0])
     result = _run(check, fn, pool, hashes, 4, "two blocks hold block 0's contents")
     check.expect_equal(
-        _describe(result), "blocks [0, 1]", "two blocks (0 and 5) hold block 0's contents",
+        _describe(result),
+        "blocks [0, 1]",
+        "two blocks (0 and 5) hold block 0's contents",
         "use block_pool.get_cached_block(hash): with duplicates it returns the first block inserted",
     )
 

@@ -19,8 +19,14 @@ from ..attention import AttentionMetadata
 BLOCK_SIZE = 16
 
 
-def contiguous_kv_cache(config: Any, max_tokens: int, block_size: int = BLOCK_SIZE, *,
-                        dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> list:
+def contiguous_kv_cache(
+    config: Any,
+    max_tokens: int,
+    block_size: int = BLOCK_SIZE,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> list:
     """A KV cache for ONE sequence of up to max_tokens tokens: per layer a (K, V) pair.
 
     Same layout as the engine's pool, [num_blocks, block_size, num_kv_heads, head_dim],
@@ -36,8 +42,9 @@ def contiguous_kv_cache(config: Any, max_tokens: int, block_size: int = BLOCK_SI
 
 
 @torch.inference_mode()
-def run_model(model: Any, kv_caches: list, token_ids: list[int], positions: list[int], seq_len: int, *,
-              all_logits: bool = False) -> torch.Tensor:
+def run_model(
+    model: Any, kv_caches: list, token_ids: list[int], positions: list[int], seq_len: int, *, all_logits: bool = False
+) -> torch.Tensor:
     """One forward pass of ONE sequence; returns the logits of the last token fed.
 
     token_ids, positions: the tokens to compute now and where they sit in the sequence.

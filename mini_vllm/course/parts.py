@@ -93,8 +93,10 @@ def keep(key: str, obj: Any) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.py"
     path.write_text(source)
-    print(f"  kept as your part '{key}': from now on, the engine of your parts uses it "
-          "(mini_vllm.course.reset_parts() goes back to the reference)")
+    print(
+        f"  kept as your part '{key}': from now on, the engine of your parts uses it "
+        "(mini_vllm.course.reset_parts() goes back to the reference)"
+    )
     return path
 
 

@@ -130,8 +130,9 @@ def _shuffled_tool(tool: dict, rng: random.Random) -> dict:
     return out
 
 
-def make_requests(num_requests: int = 8, seed: int = 0, system_index: int = 0,
-                  tool_set: list[dict] | None = None) -> list[dict]:
+def make_requests(
+    num_requests: int = 8, seed: int = 0, system_index: int = 0, tool_set: list[dict] | None = None
+) -> list[dict]:
     """Requests as the app sees them: one system prompt, tools in a random order, a new time each.
 
     ``tool_set``: the app's tools (default: ``STORY_TOOLS``); every request gets all of them.
@@ -258,7 +259,10 @@ def _is_message_list(messages: Any) -> bool:
     return (
         isinstance(messages, list)
         and bool(messages)
-        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
     )
 
 
@@ -269,14 +273,19 @@ def _check_scenario(
     messages_list = []
     for i, request in enumerate(requests):
         given = copy.deepcopy(request)
-        messages_list.append(call_learner(
-            build_messages, **given, name=check.name,
-            what=f"{label}, request {i}: build_messages(system_prompt, {len(request['tools'])} tools, "
-            f"{request['user_request']!r:.40}, now={request['now']})",
-            expected="a list of {'role': ..., 'content': ...} dicts",
-        ))
+        messages_list.append(
+            call_learner(
+                build_messages,
+                **given,
+                name=check.name,
+                what=f"{label}, request {i}: build_messages(system_prompt, {len(request['tools'])} tools, "
+                f"{request['user_request']!r:.40}, now={request['now']})",
+                expected="a list of {'role': ..., 'content': ...} dicts",
+            )
+        )
         check.expect(
-            given == request and [t["name"] for t in given["tools"]] == [t["name"] for t in request["tools"]]
+            given == request
+            and [t["name"] for t in given["tools"]] == [t["name"] for t in request["tools"]]
             and all(list(a) == list(b) for a, b in zip(given["tools"], request["tools"])),
             f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list or a "
             "tool's dict)",
@@ -326,8 +335,7 @@ def _check_scenario(
     check.expect(
         sim.hit_rate >= needed,
         f"{label}: hit rate {sim.hit_rate:.1%} across {len(requests)} requests; the reference fix reaches "
-        f"{reference.hit_rate:.1%} (needed: at least {needed:.1%}).\n    "
-        + _diagnose(texts, sim, requests, tokenizer),
+        f"{reference.hit_rate:.1%} (needed: at least {needed:.1%}).\n    " + _diagnose(texts, sim, requests, tokenizer),
         random_case=random_case,
     )
     return sim.hit_rate
@@ -349,8 +357,9 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
         # Another app on the same code: some of the story tools, and some of its own.
         rng = check.rng
         tool_set = rng.sample(STORY_TOOLS, rng.randint(2, 4)) + rng.sample(EXTRA_TOOLS, rng.randint(1, 3))
-        requests = make_requests(rng.randint(3, 8), seed=seed, system_index=rng.randrange(num_systems),
-                                 tool_set=tool_set)
+        requests = make_requests(
+            rng.randint(3, 8), seed=seed, system_index=rng.randrange(num_systems), tool_set=tool_set
+        )
         _check_scenario(check, build_messages, requests, tokenizer, f"random scenario {seed}", True)
     check.passed()
     print(f"  hit rate on the 8 requests: {rate:.1%}")

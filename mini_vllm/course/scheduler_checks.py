@@ -66,7 +66,11 @@ class _CheckedScheduler(Scheduler):
             return self.budget_returned
         waiting = [r.request_id for r in self.waiting]
         self.budget_returned = call_learner(
-            self.learner_fn, self, token_budget, output, name="schedule_waiting",
+            self.learner_fn,
+            self,
+            token_budget,
+            output,
+            name="schedule_waiting",
             what=f"{self.describe_step()}: schedule_waiting(scheduler, token_budget={token_budget}, output) with "
             f"waiting={waiting}, running={[r.request_id for r in self.running]}, "
             f"{self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks",
@@ -82,7 +86,10 @@ class _Run:
         self.scenario = scenario
         manager = KVCacheManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
         self.scheduler = _CheckedScheduler(
-            manager, scenario.max_num_seqs, scenario.max_num_batched_tokens, learner_fn=schedule_waiting,
+            manager,
+            scenario.max_num_seqs,
+            scenario.max_num_batched_tokens,
+            learner_fn=schedule_waiting,
             describe_step=lambda: f"scenario '{scenario.name}', step {self.step_index}",
         )
         self.requests: dict[str, Request] = {}
@@ -148,7 +155,9 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
     where = f"scenario '{scenario.name}', step {step}"
     got_admitted, want_admitted = _admitted(got), _admitted(want)
     if got_admitted != want_admitted:
-        problem = f"{where}: the requests admitted from the waiting queue should be {want_admitted}; yours: {got_admitted}"
+        problem = (
+            f"{where}: the requests admitted from the waiting queue should be {want_admitted}; yours: {got_admitted}"
+        )
         extra = [rid for rid in got_admitted if rid not in want_admitted]
         if len(got["running"]) > scenario.max_num_seqs:
             return problem, (
@@ -211,7 +220,9 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             return problem, "num_new_tokens = min(num_tokens - num_computed_tokens, token_budget)"
         if blocks != want_blocks:
             problem = f"{where}: '{rid}' should have the block table {list(want_blocks)}; yours: {list(blocks)}"
-            if want_computed and tuple(blocks[: len(want_blocks)]) != tuple(want_blocks[: want_computed // scenario.block_size]):
+            if want_computed and tuple(blocks[: len(want_blocks)]) != tuple(
+                want_blocks[: want_computed // scenario.block_size]
+            ):
                 return problem, (
                     f"its first {want_computed // scenario.block_size} blocks are cache hits shared with another "
                     "request: pass the hit blocks and their token count to allocate_slots "
@@ -266,8 +277,9 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
     return f"{where}: differs", ""
 
 
-def _run_scenario(schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False,
-                  copies: int = 1) -> None:
+def _run_scenario(
+    schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False, copies: int = 1
+) -> None:
     """Step the reference and ``copies`` schedulers with the learner's admission side by side.
 
     With two copies the learner's schedulers run interleaved, as two engines in one process do:
@@ -295,8 +307,9 @@ def _run_scenario(schedule_waiting: Callable, check: Checker, scenario: Scenario
     else:
         check.fail(f"scenario '{scenario.name}' did not finish in 500 steps (with the reference)")
     for learner in learners:
-        check.expect(learner.done(), f"scenario '{scenario.name}': requests are left unfinished",
-                     random_case=random_case)
+        check.expect(
+            learner.done(), f"scenario '{scenario.name}': requests are left unfinished", random_case=random_case
+        )
 
 
 def _tokens(start: int, n: int) -> list[int]:
@@ -308,18 +321,27 @@ def fixed_scenarios() -> list[Scenario]:
     system = _tokens(1, 8)  # two full blocks of 4 tokens
     return [
         Scenario(
-            "a later request hits the blocks of a running one", num_blocks=12, block_size=4, max_num_seqs=8,
+            "a later request hits the blocks of a running one",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
             max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20, 21], 4), Arrival(1, "B", system + [30, 31, 32], 3)],
         ),
         Scenario(
-            "two requests with one prefix in the same step", num_blocks=12, block_size=4, max_num_seqs=8,
+            "two requests with one prefix in the same step",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
             max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20], 3), Arrival(0, "B", system + [30, 31], 3)],
         ),
         Scenario(
-            "FIFO: a request that does not fit blocks the ones behind it", num_blocks=8, block_size=4,
-            max_num_seqs=8, max_num_batched_tokens=64,
+            "FIFO: a request that does not fit blocks the ones behind it",
+            num_blocks=8,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "R", _tokens(100, 18), 3),
                 Arrival(1, "big", _tokens(200, 16), 2),
@@ -327,27 +349,48 @@ def fixed_scenarios() -> list[Scenario]:
             ],
         ),
         Scenario(
-            "max_num_seqs = 2", num_blocks=16, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
+            "max_num_seqs = 2",
+            num_blocks=16,
+            block_size=4,
+            max_num_seqs=2,
+            max_num_batched_tokens=64,
             arrivals=[Arrival(0, name, _tokens(10 * i + 100, 5), 2) for i, name in enumerate("XYZ")],
         ),
         Scenario(
-            "a 20-token prompt with a budget of 8 tokens (chunked prefill)", num_blocks=12, block_size=4,
-            max_num_seqs=8, max_num_batched_tokens=8, arrivals=[Arrival(0, "long", _tokens(1, 20), 2)],
+            "a 20-token prompt with a budget of 8 tokens (chunked prefill)",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=8,
+            arrivals=[Arrival(0, "long", _tokens(1, 20), 2)],
         ),
         Scenario(
-            "two 6-token prompts with a budget of 8 tokens", num_blocks=12, block_size=4, max_num_seqs=8,
-            max_num_batched_tokens=8, arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
+            "two 6-token prompts with a budget of 8 tokens",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=8,
+            arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
         ),
         Scenario(
-            "preemption and re-admission", num_blocks=7, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+            "preemption and re-admission",
+            num_blocks=7,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "A", system + [40], 12),
                 Arrival(1, "B", system + [50, 51, 52, 53], 12),
             ],
         ),
         Scenario(
-            "prefix caching disabled", num_blocks=12, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
-            arrivals=[Arrival(0, "A", system + [20], 2), Arrival(1, "B", system + [30], 2)], enable_caching=False,
+            "prefix caching disabled",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            arrivals=[Arrival(0, "A", system + [20], 2), Arrival(1, "B", system + [30], 2)],
+            enable_caching=False,
         ),
     ]
 

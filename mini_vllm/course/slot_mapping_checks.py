@@ -115,12 +115,20 @@ def _run(check: Checker, compute_slot_mapping: Callable, args: tuple, case: str,
     given = list(block_ids)
     before = snapshot(given)
     got = check.call(
-        compute_slot_mapping, given, start, end, block_size, what=f"{case}: compute_slot_mapping{args}",
+        compute_slot_mapping,
+        given,
+        start,
+        end,
+        block_size,
+        what=f"{case}: compute_slot_mapping{args}",
         expected=f"{end - start} slots, one per position in range({start}, {end})",
     )
     got = check.expect_list(got, f"{case}: compute_slot_mapping{args}", int, "int slot numbers", random_case)
     check.expect_unchanged(
-        before, given, f"{case}: compute_slot_mapping{args}", "block table (block_ids)",
+        before,
+        given,
+        f"{case}: compute_slot_mapping{args}",
+        "block table (block_ids)",
         "the block table belongs to the request (the scheduler reuses it next step): read it, never "
         "append to it, pop from it or sort it",
     )

@@ -264,7 +264,9 @@ class EngineDashboard:
         total = sum(n for _, n in event.num_scheduled_tokens)
         return f"Step {event.step}: computed {_count(total, 'token')} ({parts or 'nothing scheduled'})."
 
-    def add_requests(self, prompts: Any, sampling_params: Any = None, request_ids: Sequence[str] | None = None) -> list[str]:
+    def add_requests(
+        self, prompts: Any, sampling_params: Any = None, request_ids: Sequence[str] | None = None
+    ) -> list[str]:
         """Queue requests without running them (press Step to watch them); returns their ids.
 
         ``prompts``: a string, a ``{"prompt_token_ids": [...], "cache_salt": ...}`` dict or a list
@@ -367,12 +369,21 @@ class EngineDashboard:
             f"<div>{plot}{key}</div></div>"
         )
         message_style = style(
-            margin_top="4px", padding="3px 8px", background="#f3f6f9", border_left=f"3px solid {BLUE}", font_weight="600"
+            margin_top="4px",
+            padding="3px 8px",
+            background="#f3f6f9",
+            border_left=f"3px solid {BLUE}",
+            font_weight="600",
         )
         message = f'<div class="mv-message" style="{message_style}">{esc(self.message)}</div>'
         metrics_html = f'<div class="mv-metrics">{line}</div>'
         k_norm_layer = self.layer if self.k_norm else None
-        return title + metrics_html + message + legend(include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer)
+        return (
+            title
+            + metrics_html
+            + message
+            + legend(include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer)
+        )
 
     def _finished_html(self) -> str:
         if not self.finished:
@@ -410,7 +421,9 @@ class EngineDashboard:
         parts.append(self._finished_html())
         body = "".join(parts)
         if max_height is not None:
-            body = f'<div class="mv-scroll" style="{style(max_height=f"{max_height}px", overflow_y="auto")}">{body}</div>'
+            body = (
+                f'<div class="mv-scroll" style="{style(max_height=f"{max_height}px", overflow_y="auto")}">{body}</div>'
+            )
         header = container(self._header_html(snap), "mv-header")
         return f'<div class="mv-dashboard" style="{style(max_width="1200px")}">{header}{body}</div>'
 

@@ -55,7 +55,11 @@ def style(**properties: object) -> str:
 
 def container(body: str, css_class: str, title: str | None = None) -> str:
     """The outer box of a view: white background (readable in dark themes too), one font."""
-    head = f'<div style="{style(font_weight="600", font_size="13px", margin="0 0 6px 0")}">{esc(title)}</div>' if title else ""
+    head = (
+        f'<div style="{style(font_weight="600", font_size="13px", margin="0 0 6px 0")}">{esc(title)}</div>'
+        if title
+        else ""
+    )
     box = style(
         font_family=FONT,
         font_size="12px",
@@ -74,7 +78,9 @@ def container(body: str, css_class: str, title: str | None = None) -> str:
 
 def heading(text: str, note: str = "") -> str:
     note_html = f' <span style="{style(font_weight="400", color=MUTED)}">{esc(note)}</span>' if note else ""
-    return f'<div style="{style(font_weight="600", font_size="13px", margin="8px 0 4px 0")}">{esc(text)}{note_html}</div>'
+    return (
+        f'<div style="{style(font_weight="600", font_size="13px", margin="8px 0 4px 0")}">{esc(text)}{note_html}</div>'
+    )
 
 
 def badge(text: str, color: str, css_class: str = "", solid: bool = True) -> str:
@@ -143,13 +149,17 @@ def legend(include_tables: bool = False, block_size: int = DEFAULT_BLOCK_SIZE, k
     if include_tables:
         items.append(
             f'<span style="{style(display="inline-block", margin="0 12px 2px 0")}">'
-            f'{badge("HIT", GREEN)} prefix-cache hit</span>'
+            f"{badge('HIT', GREEN)} prefix-cache hit</span>"
         )
         extra += f" · n/{block_size}: filled slots of a partial block"
     if k_norm_layer is not None:
-        extra += f" · ‖K‖: L2 norm of the block's keys in layer {k_norm_layer}, read from the cache: same number, same K/V"
+        extra += (
+            f" · ‖K‖: L2 norm of the block's keys in layer {k_norm_layer}, read from the cache: same number, same K/V"
+        )
     note = f'<div style="{style(color=MUTED, font_size="11px", margin_top="2px")}">{esc(extra)}</div>'
-    return f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
+    return (
+        f'<div class="mv-legend" style="{style(font_size="11px", margin="2px 0 6px 0")}">{"".join(items)}{note}</div>'
+    )
 
 
 def tooltip_tokens(block_label: str, token_ids: Sequence[int] | None, text: str | None) -> str:

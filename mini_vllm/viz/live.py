@@ -65,7 +65,11 @@ class LiveBinding:
                 idle = event.num_running == 0 and event.num_waiting == 0
                 if idle or time.monotonic() - self._last_render >= self.min_interval:
                     self.refresh()
-            elif isinstance(event, RequestFinished) and self._outside_a_step() and not self.engine.has_unfinished_requests():
+            elif (
+                isinstance(event, RequestFinished)
+                and self._outside_a_step()
+                and not self.engine.has_unfinished_requests()
+            ):
                 self.refresh()  # the last request was aborted between steps: no StepFinished follows
             elif isinstance(event, AllBlocksCleared):
                 self.refresh()  # reset_prefix_cache() runs between steps: show the emptied cache now

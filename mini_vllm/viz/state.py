@@ -155,9 +155,7 @@ class StateSource:
             self.tokenizer = tokenizer
             self.hash_algo = "sha256"
         else:
-            raise TypeError(
-                f"a view needs an LLM, an LLMEngine or a KVCacheManager, got {type(source).__name__}"
-            )
+            raise TypeError(f"a view needs an LLM, an LLMEngine or a KVCacheManager, got {type(source).__name__}")
         self.extra_requests: dict[str, Request] = {}
         self.add_requests(requests)
         # request id -> number of hit blocks, from ComputedBlocksFound events (the dashboard fills it).

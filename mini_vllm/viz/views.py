@@ -210,7 +210,9 @@ class PoolView(View):
         ref = f'<span style="{style(color=ref_color, font_weight="700" if block.ref_cnt > 1 else "400")}">ref {block.ref_cnt}</span>'
         if block.k_norm and block.state != FREE:  # a free, empty block's slots hold nothing anyone reads
             ref += f'<span class="mv-knorm" style="{style(color=MUTED, font_size="10px")}">‖K‖{block.k_norm:.4g}</span>'
-        ref_line = f'<div style="{style(display="flex", justify_content="space-between", white_space="nowrap")}">{ref}</div>'
+        ref_line = (
+            f'<div style="{style(display="flex", justify_content="space-between", white_space="nowrap")}">{ref}</div>'
+        )
         head = (
             f'<div style="{style(display="flex", justify_content="space-between")}">'
             f'<span style="{style(font_weight="700", font_size="13px")}">{block.block_id}</span>'
@@ -246,7 +248,11 @@ class PoolView(View):
         )
         body = (
             heading("Block pool", self._counts(snap))
-            + (legend(block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None) if self.show_legend else "")
+            + (
+                legend(block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None)
+                if self.show_legend
+                else ""
+            )
             + f'<div style="{style(line_height="0")}">{cells}</div>'
             + hidden_note
             + _next_line_html(snap)
@@ -339,11 +345,15 @@ class BlockTableView(View):
                 f'<div style="{style(height="4px", width=f"{width}%", background=INK)}"></div></div>'
             )
         knorm = (
-            f'<div class="mv-knorm" style="{style(color=MUTED)}">‖K‖{block.k_norm:.4g}</div>' if block.k_norm is not None else ""
+            f'<div class="mv-knorm" style="{style(color=MUTED)}">‖K‖{block.k_norm:.4g}</div>'
+            if block.k_norm is not None
+            else ""
         )
         start = index * snap.block_size
         tokens = request.token_ids[start : start + filled] if request.token_ids else None
-        label = f"{request.request_id}, logical block {index} → physical block {block.block_id} (ref_cnt {block.ref_cnt})"
+        label = (
+            f"{request.request_id}, logical block {index} → physical block {block.block_id} (ref_cnt {block.ref_cnt})"
+        )
         text = self.source.decode(tokens) if tokens else None
         title = esc(tooltip_tokens(label, tokens, text))
         box = cell_style(block.state, shared=block.is_shared, width="78px")
@@ -384,7 +394,9 @@ class BlockTableView(View):
             )
         body = heading("Block tables", "logical block → physical block, per request")
         if self.show_legend:
-            body += legend(include_tables=True, block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None)
+            body += legend(
+                include_tables=True, block_size=snap.block_size, k_norm_layer=self.layer if self.k_norm else None
+            )
         body += "".join(rows) if rows else f'<div style="{style(color=MUTED)}">no requests</div>'
         return container(body, self.css_class)
 
@@ -463,6 +475,7 @@ class FreeQueueView(View):
 
     def render_html(self, snap: CacheSnapshot) -> str:
         head, skipped, tail = self._shown(snap)
+
         def label(text: str, **extra: str) -> str:  # a word between the cells, level with their middle
             return f'<span style="{style(display="inline-block", margin="16px 4px 0", vertical_align="top", **extra)}">{text}</span>'
 
@@ -471,7 +484,11 @@ class FreeQueueView(View):
             items.append(label(f"… {skipped} more …", color=MUTED))
         items += [self.render_item(block_id, snap) for block_id in tail]
         if items:
-            chain = label("head", font_weight="700") + label("→", color=MUTED).join(items) + label("tail", font_weight="700")
+            chain = (
+                label("head", font_weight="700")
+                + label("→", color=MUTED).join(items)
+                + label("tail", font_weight="700")
+            )
         else:
             chain = f'<span style="{style(color=MUTED)}">empty: every block is in use</span>'
         note = (

@@ -28,7 +28,9 @@ DECODE_STEPS = 16
 MAX_LIVE = 32
 
 
-def run_workload(manager: Any, new_request: Callable[[str, list[int]], Any], num_requests: int, seed: int = 0) -> dict[str, float]:
+def run_workload(
+    manager: Any, new_request: Callable[[str, list[int]], Any], num_requests: int, seed: int = 0
+) -> dict[str, float]:
     """One pass on ``manager``; the median microseconds of each operation.
 
     ``new_request(request_id, token_ids)`` builds a request whose block hashes

@@ -182,8 +182,11 @@ def probe_block_pool() -> dict:
 
 def run_probes() -> dict:
     probes = {}
-    for name, probe in (("block_hashes", probe_block_hashes), ("free_queue", probe_free_queue),
-                        ("block_pool", probe_block_pool)):
+    for name, probe in (
+        ("block_hashes", probe_block_hashes),
+        ("free_queue", probe_free_queue),
+        ("block_pool", probe_block_pool),
+    ):
         try:
             probes[name] = probe()
         except Exception as err:  # the API moves between releases: report, do not fail the run

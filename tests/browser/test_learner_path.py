@@ -43,8 +43,16 @@ from mini_vllm.course import lab
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "build" / "screenshots"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 # What must never show on the page (the exercise's own NotImplementedError is checked apart).
 BAD_OUTPUT = ("Loading widget", "Error displaying widget", "model not found", "Traceback", "Error:")
 EXERCISE = "02_paged_pool.ipynb"
@@ -128,9 +136,11 @@ def _check_page(page, when: str) -> None:
 
 def _wait_kernel_idle(page, timeout: float = 90.0) -> None:
     """Until the notebook's kernel says idle (choosing the default kernel if JupyterLab asks)."""
-    idle = ("() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator,"
-            " .jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelStatus')]"
-            ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))")
+    idle = (
+        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator,"
+        " .jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelStatus')]"
+        ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))"
+    )
     deadline = time.monotonic() + timeout
     while not page.evaluate(idle):
         assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s"
@@ -166,8 +176,10 @@ def _run_all(page, attempts: int = 4) -> None:
     prompts already have numbers). A status bar can say "Idle" a moment before
     the kernel is attached; Run All issued then runs nothing. So: click, check, retry.
     """
-    started = ("() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt');"
-               " return !!p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }")
+    started = (
+        "() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt');"
+        " return !!p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }"
+    )
     for _ in range(attempts):
         _accept_kernel_dialog(page)
         page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
@@ -232,7 +244,8 @@ def _open_from_file_browser(page, *names: str) -> None:
         page.wait_for_function(
             "([gone, there]) => { const names = [...document.querySelectorAll('.jp-DirListing-itemText')]"
             ".map(e => e.textContent.trim()); return !names.includes(gone) && names.includes(there); }",
-            arg=[name, following], timeout=30_000,
+            arg=[name, following],
+            timeout=30_000,
         )
     page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
 
@@ -305,12 +318,16 @@ def _learner_path(page, base: str, root: Path) -> None:
     _open_from_file_browser(page, "my-course", "exercises", EXERCISE)
     _wait_kernel_idle(page)
     _run_all(page)
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) [data-mime-type='application/vnd.jupyter.stderr']",
-                           timeout=120_000)
+    page.wait_for_selector(
+        ".jp-NotebookPanel:not(.lm-mod-hidden) [data-mime-type='application/vnd.jupyter.stderr']", timeout=120_000
+    )
     page.wait_for_timeout(1000)
     cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell")
-    errors = [i for i in range(cells.count())
-              if cells.nth(i).locator("[data-mime-type='application/vnd.jupyter.stderr']").count()]
+    errors = [
+        i
+        for i in range(cells.count())
+        if cells.nth(i).locator("[data-mime-type='application/vnd.jupyter.stderr']").count()
+    ]
     assert len(errors) == 1, f"error outputs in code cells {errors}"
     failed = cells.nth(errors[0])
     assert failed.locator(".jp-InputArea-editor").inner_text().strip().startswith("check_")  # the first check cell
@@ -358,23 +375,41 @@ def test_a_learner_goes_through_chapter_00_and_an_exercise():
     port = _free_port()
     # Private Jupyter folders: no user settings, a fresh workspace, no news prompt over the page.
     settings = workdir / "settings"
-    env = dict(os.environ, OMP_NUM_THREADS="1", JUPYTER_CONFIG_DIR=str(workdir / "config"),
-               JUPYTER_RUNTIME_DIR=str(workdir / "runtime"), JUPYTERLAB_SETTINGS_DIR=str(settings),
-               JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"))
-    command = lab.server_command(root, [
-        "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-        "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.terminals_enabled=False",
-    ])
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        JUPYTER_CONFIG_DIR=str(workdir / "config"),
+        JUPYTER_RUNTIME_DIR=str(workdir / "runtime"),
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"),
+    )
+    command = lab.server_command(
+        root,
+        [
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            "--IdentityProvider.token=",
+            "--ServerApp.password=",
+            "--ServerApp.terminals_enabled=False",
+        ],
+    )
     server_log = open(workdir / "server.log", "w")
     server = subprocess.Popen(command, cwd=root, env=env, stdout=server_log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for_server(f"{base}/api/status", server)
-        assert _redirect_target(f"{base}/").rstrip("?").endswith(f"/lab/tree/{lab.START_NOTEBOOK}")  # the printed address
+        assert (
+            _redirect_target(f"{base}/").rstrip("?").endswith(f"/lab/tree/{lab.START_NOTEBOOK}")
+        )  # the printed address
         with sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
-                str(workdir / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-                args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 4000},
+                str(workdir / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport={"width": 1400, "height": 4000},
             )
             try:
                 page = context.pages[0] if context.pages else context.new_page()
@@ -384,7 +419,9 @@ def test_a_learner_goes_through_chapter_00_and_an_exercise():
                 except Exception as err:
                     page.screenshot(path=str(SCREENSHOTS / "learner_failure.png"), full_page=True)
                     shown = page.inner_text("body")[:4000]
-                    raise AssertionError(f"{err}\n--- the page showed (build/screenshots/learner_failure.png):\n{shown}") from err
+                    raise AssertionError(
+                        f"{err}\n--- the page showed (build/screenshots/learner_failure.png):\n{shown}"
+                    ) from err
             finally:
                 context.close()
     finally:
