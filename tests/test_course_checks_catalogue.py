@@ -23,6 +23,7 @@ import pickle
 import pytest
 import torch
 from course_fixtures import make_decode, rejects
+from known_mistakes import free_one_at_a_time
 
 import kernels
 from mini_vllm import hashing
@@ -394,16 +395,6 @@ def _free_blocks(pool, ordered_blocks):
         pool.free_block_queue.append(block)
 
 
-def _appendleft_one_by_one(pool, ordered_blocks):
-    for block in ordered_blocks:
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            if block.block_hash is None:
-                pool.free_block_queue.appendleft(block)
-            else:
-                pool.free_block_queue.append(block)
-
-
 def _checks_the_queue_first(pool, ordered_blocks):
     to_the_head = []
     for block in ordered_blocks:
@@ -419,7 +410,7 @@ def _checks_the_queue_first(pool, ordered_blocks):
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
-        (_appendleft_one_by_one, "TOGETHER"),
+        (free_one_at_a_time, "TOGETHER"),
         (_checks_the_queue_first, "its cost grows with the pool"),
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],

@@ -25,18 +25,31 @@ CASES = {
 
 
 def forward_both(seq_lens: list[int], query_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    batch = make_paged_batch(seq_lens, query_lens, num_q_heads=6, num_kv_heads=2, head_dim=32, block_size=8,
-                             block_zero_unused=True, generator=torch.Generator().manual_seed(0))
+    batch = make_paged_batch(
+        seq_lens,
+        query_lens,
+        num_q_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=8,
+        block_zero_unused=True,
+        generator=torch.Generator().manual_seed(0),
+    )
     metadata = AttentionMetadata(
-        slot_mapping=batch.slot_mapping, block_tables=batch.block_tables, seq_lens=batch.seq_lens,
-        cu_seqlens_q=batch.cu_seqlens_q, max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+        slot_mapping=batch.slot_mapping,
+        block_tables=batch.block_tables,
+        seq_lens=batch.seq_lens,
+        cu_seqlens_q=batch.cu_seqlens_q,
+        max_query_len=batch.max_query_len,
+        max_seq_len=batch.max_seq_len,
     )
     caches = (batch.k_cache.clone(), batch.v_cache.clone())
     actual = TorchAttentionBackend().forward(batch.query, batch.key, batch.value, *caches, metadata, 0.2)
     batch.store_new_kv()
     torch.testing.assert_close(caches, (batch.k_cache, batch.v_cache), rtol=0, atol=0, equal_nan=True)
-    expected = reference.unified_attention(batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q,
-                                           batch.seq_lens, batch.block_tables, 0.2)
+    expected = reference.unified_attention(
+        batch.query, batch.k_cache, batch.v_cache, batch.cu_seqlens_q, batch.seq_lens, batch.block_tables, 0.2
+    )
     return actual, expected
 
 
@@ -49,11 +62,14 @@ def test_torch_backend_equals_the_reference(case):
 def test_a_gather_that_reads_past_a_sequence_is_caught(monkeypatch):
     """The known-wrong variant: gather whole blocks for a batch too (rows past a shorter sequence's
     end are its unwritten slots and padding block 0, NaN here) -- the comparison must fail."""
+
     def whole_blocks(k_cache, v_cache, block_tables, seq_lens, max_seq_len):
         num_seqs, block_size = block_tables.shape[0], k_cache.shape[1]
         block_ids = block_tables[:, : (max_seq_len + block_size - 1) // block_size].flatten().long()
-        return tuple(cache.index_select(0, block_ids).view(num_seqs, -1, *cache.shape[2:])[:, :max_seq_len]
-                     for cache in (k_cache, v_cache))
+        return tuple(
+            cache.index_select(0, block_ids).view(num_seqs, -1, *cache.shape[2:])[:, :max_seq_len]
+            for cache in (k_cache, v_cache)
+        )
 
     monkeypatch.setattr(torch_backend, "gather_kv", whole_blocks)
     actual, expected = forward_both(*CASES["decode batch"])

@@ -55,15 +55,17 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
         if is_all_decode:
-            return decode_attention(query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens,
-                                    metadata.max_seq_len, scale)
+            return decode_attention(
+                query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, metadata.max_seq_len, scale
+            )
         out = torch.empty_like(query)
         cu = metadata.cu_seqlens_q.tolist()
         for s, seq_len in enumerate(metadata.seq_lens.tolist()):
             start, end = cu[s], cu[s + 1]
             if end > start:
-                keys, values = gather_kv(k_cache, v_cache, metadata.block_tables[s:s + 1], metadata.seq_lens[s:s + 1],
-                                         seq_len)
+                keys, values = gather_kv(
+                    k_cache, v_cache, metadata.block_tables[s : s + 1], metadata.seq_lens[s : s + 1], seq_len
+                )
                 out[start:end] = prefill_attention(query[start:end], keys[0], values[0], scale)
         return out
 
@@ -129,6 +131,7 @@ def decode_attention(
     if query.shape[0] > 1:  # rows past a sequence's length repeat its last token: masked out
         visible = (torch.arange(max_seq_len, device=query.device)[None, :] < seq_lens[:, None])[:, None, None, :]
     q = query.float()[:, :, None, :]  # [num_seqs, Hq, 1, D]
-    out = F.scaled_dot_product_attention(q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible,
-                                         scale=scale, enable_gqa=True)  # K/V as [num_seqs, Hkv, L, D]
+    out = F.scaled_dot_product_attention(
+        q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible, scale=scale, enable_gqa=True
+    )  # K/V as [num_seqs, Hkv, L, D]
     return out[:, :, 0, :].to(query.dtype)
