@@ -8,6 +8,7 @@ them from here.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 from dataclasses import dataclass
@@ -129,3 +130,19 @@ def make_engine_config(config: EngineConfig | None, settings: dict[str, Any]) ->
             f"LLM() takes the settings as keywords or as config=EngineConfig(...), not both: got {sorted(settings)}"
         )
     return config
+
+
+def signature_with_settings(function) -> inspect.Signature:
+    """``function``'s signature with its ``**settings`` spelled out as EngineConfig's fields and defaults.
+
+    ``LLM.__init__`` takes the settings as ``**settings``; giving it this
+    signature lets ``help(LLM)``, ``inspect.signature`` and Jupyter's
+    Shift-Tab list every setting with its default, read from the one place
+    they are defined.
+    """
+    parameters = [p for p in inspect.signature(function).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    parameters += [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+        for f in dataclasses.fields(EngineConfig)
+    ]
+    return inspect.Signature(parameters, return_annotation=inspect.signature(function).return_annotation)

@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .config import EngineConfig, make_engine_config
+from .config import EngineConfig, make_engine_config, signature_with_settings
 from .interrupts import keyboard_interrupts_deferred
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -185,3 +185,7 @@ def check_conversation(conversation: Any, where: str = "") -> None:
                 )
         if not message["role"]:
             raise ValueError(f"{where}message {index}: 'role' is empty")
+
+
+# help(LLM) and Jupyter's Shift-Tab show every setting with its default, taken from EngineConfig.
+LLM.__init__.__signature__ = signature_with_settings(LLM.__init__)
