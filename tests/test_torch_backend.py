@@ -21,6 +21,8 @@ CASES = {
     "decode batch": ([1, 33, 17, 40], [1, 1, 1, 1]),
     "one decode": ([29], [1]),
     "mixed": ([40, 12, 32, 19], [8, 12, 16, 1]),
+    # Prefills longer than PREFILL_QUERY_CHUNK (64) queries: a fresh one, one over 63 cached tokens.
+    "long prefills in query chunks": ([150, 200], [150, 137]),
 }
 
 
@@ -57,6 +59,25 @@ def forward_both(seq_lens: list[int], query_lens: list[int]) -> tuple[torch.Tens
 def test_torch_backend_equals_the_reference(case):
     actual, expected = forward_both(*CASES[case])
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
+def test_any_query_chunk_size_gives_the_reference(monkeypatch, chunk):
+    monkeypatch.setattr(torch_backend, "PREFILL_QUERY_CHUNK", chunk)
+    actual, expected = forward_both(*CASES["long prefills in query chunks"])
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_query_chunk_that_sees_too_few_keys_is_caught(monkeypatch):
+    """The known-wrong variant: each chunk's mask starts at the cached tokens, not at its own first query.
+
+    (Made by capping ``Tensor.tril``'s diagonal at the 63 cached tokens: only the backend's
+    prefill calls ``tril`` here; the reference masks with ``masked_fill``.)
+    """
+    real_tril = torch.Tensor.tril
+    monkeypatch.setattr(torch.Tensor, "tril", lambda self, diagonal=0: real_tril(self, min(diagonal, 63)))
+    actual, expected = forward_both(*CASES["long prefills in query chunks"])
+    assert not torch.allclose(actual, expected, rtol=1e-3, atol=1e-3)
 
 
 def test_a_gather_that_reads_past_a_sequence_is_caught(monkeypatch):

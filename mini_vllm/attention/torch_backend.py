@@ -100,18 +100,42 @@ def gather_kv(
     return gather(k_cache), gather(v_cache)
 
 
+# Queries per attention call in a long prefill. PyTorch's CPU flash kernel takes up to 512 keys
+# at a time, so below that it computes every key for every query and masks the upper triangle
+# away; giving each chunk of queries only the keys it can see skips that half (~30% of a
+# 300-token prefill's attention on one CPU thread, measured).
+PREFILL_QUERY_CHUNK = 64
+
+
 def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """One sequence: its last ``q_len`` tokens' queries ``[q_len, Hq, D]`` over ``seq_len`` keys, causal."""
+    """One sequence: its last ``q_len`` tokens' queries ``[q_len, Hq, D]`` over ``seq_len`` keys, causal.
+
+    Query ``i`` sits at position ``seq_len - q_len + i`` and sees keys ``0..`` that
+    position. Long prefills go in chunks of ``PREFILL_QUERY_CHUNK`` queries, each
+    over only the keys its last query can see.
+    """
     q_len, seq_len = query.shape[0], keys.shape[0]
+    num_cached = seq_len - q_len
     # With a batch dimension of 1: 4-D inputs take PyTorch's fused (flash) CPU kernel, 3-D ones its slow path.
     q = query.float().transpose(0, 1)[None]  # [1, Hq, q_len, D]
     k = keys.float().transpose(0, 1)[None]  # [1, Hkv, seq_len, D]
     v = values.float().transpose(0, 1)[None]
-    if q_len == seq_len:  # nothing cached: the usual causal mask
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:  # query i sits at position seq_len - q_len + i and sees keys 0..that: a shifted lower triangle
-        visible = torch.ones(q_len, seq_len, dtype=torch.bool, device=query.device).tril(seq_len - q_len)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale, enable_gqa=True)
+    chunks = []
+    for start in range(0, q_len, PREFILL_QUERY_CHUNK):
+        end = min(start + PREFILL_QUERY_CHUNK, q_len)
+        num_keys = num_cached + end  # what this chunk's last query can see
+        q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, :num_keys], v[:, :, :num_keys]
+        if num_cached == 0 and start == 0:  # the usual causal mask
+            out = F.scaled_dot_product_attention(
+                q_chunk, k_chunk, v_chunk, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:  # a lower triangle shifted by the keys before this chunk's first query
+            visible = torch.ones(end - start, num_keys, dtype=torch.bool, device=query.device).tril(num_cached + start)
+            out = F.scaled_dot_product_attention(
+                q_chunk, k_chunk, v_chunk, attn_mask=visible, scale=scale, enable_gqa=True
+            )
+        chunks.append(out)
+    out = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=2)
     return out[0].transpose(0, 1).to(query.dtype)
 
 
