@@ -27,6 +27,11 @@ def _range(values: list[float], fmt: str) -> str:
     return f"{format(values[0], fmt)}–{format(values[1], fmt)}"
 
 
+def _rounds(section: dict, key: str, before: str = "; ", after: str = "") -> str:
+    """``; rounds 0.95–1.10×`` when the file has the range (older files have only the median)."""
+    return f"{before}rounds {_range(section[key], '.2f')}×{after}" if key in section else ""
+
+
 def shared_prefix_rows(s: dict, label: str) -> list[str]:
     return [
         f"| {label}shared system prompt, {s['num_requests_measured']} requests: hit rate | {s['hit_rate']:.1%} "
@@ -67,8 +72,9 @@ def table(results: dict) -> str:
         lines.append(
             f"| {name}: vs vLLM {r['vllm_version']} (float32, {r['threads']} thread each, median of {r['rounds']} rounds) | "
             f"throughput **{r['throughput_ratio']:.2f}×** ({r['mini']['throughput_tok_s']:.0f} vs "
-            f"{r['vllm']['throughput_tok_s']:.0f} tok/s, 5 requests); TTFT cold {r['ttft_cold_ratio']:.2f}× "
-            f"({r['mini']['ttft_cold_ms']:.0f} vs {r['vllm']['ttft_cold_ms']:.0f} ms), warm {r['ttft_warm_ratio']:.2f}×; "
+            f"{r['vllm']['throughput_tok_s']:.0f} tok/s, 5 requests{_rounds(r, 'throughput_ratio_range')}); "
+            f"TTFT cold {r['ttft_cold_ratio']:.2f}× ({r['mini']['ttft_cold_ms']:.0f} vs {r['vllm']['ttft_cold_ms']:.0f} ms"
+            f"{_rounds(r, 'ttft_cold_ratio_range')}), warm {r['ttft_warm_ratio']:.2f}×{_rounds(r, 'ttft_warm_ratio_range', ' (', ')')}; "
             f"cached tokens equal: {'yes' if r['cached_tokens_equal'] else 'NO'}, outputs equal: "
             f"{'yes' if r['outputs_equal'] else 'NO'} | {goal}{met} |"
         )

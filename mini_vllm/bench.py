@@ -77,7 +77,7 @@ class BenchSettings:
     no_sharing_rounds: int = 9  # rounds of on, off, off, on (or off, on, on, off)
     vs_transformers_rounds: int = 5
     block_manager_rounds: int = 7  # mini-vLLM and each vLLM, interleaved
-    vs_vllm_rounds: int = 3
+    vs_vllm_rounds: int = 5
     vs_vllm_max_tokens: int = 32
     vs_vllm_threads: int = 1  # compute threads for each engine
     vllm_pythonpaths: tuple[str, ...] = ()  # more vLLM source trees for the block-manager comparison
@@ -788,12 +788,20 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
 
     mini, real = figures(ours), figures(theirs)
     ours_requests, their_requests = requests_of(ours), requests_of(theirs)
+    # Each ratio is taken within a round (both sides ran seconds apart, under the same load):
+    # its median over rounds, and the range. A round added two workloads to each side.
+    per_round = [
+        (figures(ours[2 * r : 2 * r + 2]), figures(theirs[2 * r : 2 * r + 2])) for r in range(args.vs_vllm_rounds)
+    ]
+    ratios = {}
+    for name, key in (("throughput", "throughput_tok_s"), ("ttft_cold", "ttft_cold_ms"), ("ttft_warm", "ttft_warm_ms")):
+        values = [ours_round[key] / theirs_round[key] for ours_round, theirs_round in per_round]
+        ratios[f"{name}_ratio"] = statistics.median(values)
+        ratios[f"{name}_ratio_range"] = [min(values), max(values)]
     return {
         "vllm_version": theirs_all["vllm_version"],
         "threads": threads,
-        "throughput_ratio": mini["throughput_tok_s"] / real["throughput_tok_s"],
-        "ttft_cold_ratio": mini["ttft_cold_ms"] / real["ttft_cold_ms"],
-        "ttft_warm_ratio": mini["ttft_warm_ms"] / real["ttft_warm_ms"],
+        **ratios,
         "cached_tokens_equal": [r["num_cached_tokens"] for r in ours_requests]
         == [r["num_cached_tokens"] for r in their_requests],
         "outputs_equal": [r["token_ids"] for r in ours_requests] == [r["token_ids"] for r in their_requests],

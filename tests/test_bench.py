@@ -38,6 +38,9 @@ VS_VLLM_KEYS = {
     "throughput_ratio": float,
     "ttft_cold_ratio": float,
     "ttft_warm_ratio": float,
+    "throughput_ratio_range": list,
+    "ttft_cold_ratio_range": list,
+    "ttft_warm_ratio_range": list,
     "cached_tokens_equal": bool,
     "outputs_equal": bool,
 }
@@ -88,6 +91,9 @@ def test_vs_vllm_figures_checks_types_of_a_complete_section():
         "throughput_ratio": 0.5,
         "ttft_cold_ratio": 1.0,
         "ttft_warm_ratio": 1.1,
+        "throughput_ratio_range": [0.4, 0.6],
+        "ttft_cold_ratio_range": [0.9, 1.1],
+        "ttft_warm_ratio_range": [1.0, 1.2],
         "cached_tokens_equal": True,
         "outputs_equal": True,
     }
