@@ -19,17 +19,19 @@ from .hashing import HASH_FUNCTIONS
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block; vLLM's default on GPUs too
 
 
-def check_block_size(block_size: int) -> None:
-    """TypeError unless ``block_size`` is an int (bool refused), ValueError unless it is positive.
-
-    The one check of a block size: the engine's settings, ``Request``, the
-    KV-cache manager, the hash functions and the profiler all call it.
-    """
+def check_positive_int(name: str, value: int) -> None:
+    """TypeError unless ``value`` is an int (bool refused), ValueError unless it is positive; both name ``name``."""
     # bool is an int subclass in Python: True is refused where a number is meant.
-    if isinstance(block_size, bool) or not isinstance(block_size, int):
-        raise TypeError(f"block_size must be a positive integer, got {type(block_size).__name__} {block_size!r}")
-    if block_size <= 0:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_block_size(block_size: int) -> None:
+    """The one check of a block size: the engine's settings, ``Request``, the
+    KV-cache manager, the hash functions and the profiler all call it."""
+    check_positive_int("block_size", block_size)
 
 
 def _is_device_name(device: str) -> bool:
@@ -77,15 +79,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
-        # bool is an int subclass in Python: True is refused where a number is meant.
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "max_model_len"):
             value = getattr(self, name)
-            if value is None and name in ("num_blocks", "max_model_len"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
-            if value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value is not None or name not in ("num_blocks", "max_model_len"):  # those two may be None
+                check_positive_int(name, value)
         gb = self.kv_cache_memory_gb
         if gb is not None:
             if isinstance(gb, bool) or not isinstance(gb, (int, float)):

@@ -111,7 +111,7 @@ def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     """One sequence: its last ``q_len`` tokens' queries ``[q_len, Hq, D]`` over ``seq_len`` keys, causal.
 
     Query ``i`` sits at position ``seq_len - q_len + i`` and sees keys ``0..`` that
-    position. Long prefills go in chunks of ``PREFILL_QUERY_CHUNK`` queries, each
+    position. On a CPU, long prefills go in chunks of ``PREFILL_QUERY_CHUNK`` queries, each
     over only the keys its last query can see.
     """
     q_len, seq_len = query.shape[0], keys.shape[0]
@@ -121,8 +121,10 @@ def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     k = keys.float().transpose(0, 1)[None]  # [1, Hkv, seq_len, D]
     v = values.float().transpose(0, 1)[None]
     chunks = []
-    for start in range(0, q_len, PREFILL_QUERY_CHUNK):
-        end = min(start + PREFILL_QUERY_CHUNK, q_len)
+    # GPU kernels skip the masked-out tiles themselves: one call there.
+    chunk = PREFILL_QUERY_CHUNK if query.device.type == "cpu" else max(q_len, 1)
+    for start in range(0, q_len, chunk):
+        end = min(start + chunk, q_len)
         num_keys = num_cached + end  # what this chunk's last query can see
         q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, :num_keys], v[:, :, :num_keys]
         if num_cached == 0 and start == 0:  # the usual causal mask
