@@ -41,8 +41,25 @@ def shared_prefix_rows(s: dict, label: str) -> list[str]:
         f"attainable (cold / fresh) {s['attainable_speedup']:.2f}×, token ratio {s['ideal_speedup']:.1f}× | |",
         f"| … cost of caching: warm / fresh prompt of the same uncached length | **{s['cache_overhead_ratio']:.3f}** "
         f"({s['ttft_p50_on_ms']:.1f} vs {s['ttft_fresh_same_uncached_ms']:.1f} ms; rounds "
-        f"{_range(s['cache_overhead_ratio_range'], '.3f')}) | ≤ 1.10 {_ok(s['cache_overhead_ratio'] <= 1.10)} |",
+        f"{_range(s['cache_overhead_ratio_range'], '.3f')}){_flops(s)} | ≤ 1.10 {_ok(s['cache_overhead_ratio'] <= 1.10)} |",
     ]
+
+
+def _flops(s: dict) -> str:
+    """``; in FLOPs 1.18`` when the file has the FLOP ratio of the same work (older files do not)."""
+    return (
+        f"; the same ratio in FLOPs {s['cache_overhead_flops_ratio']:.3f}" if "cache_overhead_flops_ratio" in s else ""
+    )
+
+
+def _cost_of_caching(r: dict) -> str:
+    """``; cost of caching 1.10 vs vLLM's 1.13`` when the file has each engine's warm / fresh ratio."""
+    if "mini_cache_overhead_ratio" not in r:
+        return ""
+    return (
+        f"; cost of caching (warm / fresh) {r['mini_cache_overhead_ratio']:.2f} vs vLLM's "
+        f"{r['vllm_cache_overhead_ratio']:.2f} (rounds {_range(r['vllm_cache_overhead_ratio_range'], '.2f')})"
+    )
 
 
 def table(results: dict) -> str:
@@ -74,7 +91,8 @@ def table(results: dict) -> str:
             f"throughput **{r['throughput_ratio']:.2f}×** ({r['mini']['throughput_tok_s']:.0f} vs "
             f"{r['vllm']['throughput_tok_s']:.0f} tok/s, 5 requests{_rounds(r, 'throughput_ratio_range')}); "
             f"TTFT cold {r['ttft_cold_ratio']:.2f}× ({r['mini']['ttft_cold_ms']:.0f} vs {r['vllm']['ttft_cold_ms']:.0f} ms"
-            f"{_rounds(r, 'ttft_cold_ratio_range')}), warm {r['ttft_warm_ratio']:.2f}×{_rounds(r, 'ttft_warm_ratio_range', ' (', ')')}; "
+            f"{_rounds(r, 'ttft_cold_ratio_range')}), warm {r['ttft_warm_ratio']:.2f}×{_rounds(r, 'ttft_warm_ratio_range', ' (', ')')}"
+            f"{_cost_of_caching(r)}; "
             f"cached tokens equal: {'yes' if r['cached_tokens_equal'] else 'NO'}, outputs equal: "
             f"{'yes' if r['outputs_equal'] else 'NO'} | {goal}{met} |"
         )

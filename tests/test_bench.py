@@ -7,10 +7,12 @@ deterministic parts are: token counts, hit rates, output equality, the keys.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
-from mini_vllm import bench
+from mini_vllm import LLM, bench
+from mini_vllm.compare_vllm import run_mini
 
 FIXED_KEYS = {
     "shared_prefix": {
@@ -24,6 +26,7 @@ FIXED_KEYS = {
         "ttft_fresh_same_uncached_ms",
         "cache_overhead_ratio",
         "cache_overhead_ratio_range",
+        "cache_overhead_flops_ratio",
     },
     "no_sharing": {"throughput_ratio_on_off", "throughput_ratio_on_off_range"},
     "multi_turn": {"hit_rate_stable", "hit_rate_timestamped"},
@@ -43,6 +46,9 @@ VS_VLLM_KEYS = {
     "ttft_warm_ratio_range": list,
     "cached_tokens_equal": bool,
     "outputs_equal": bool,
+    "mini_cache_overhead_ratio": float,
+    "vllm_cache_overhead_ratio": float,
+    "fresh_matches_warm": bool,
 }
 
 
@@ -96,7 +102,69 @@ def test_vs_vllm_figures_checks_types_of_a_complete_section():
         "ttft_warm_ratio_range": [1.0, 1.2],
         "cached_tokens_equal": True,
         "outputs_equal": True,
+        "mini_cache_overhead_ratio": 1.1,
+        "vllm_cache_overhead_ratio": 1.1,
+        "fresh_matches_warm": True,
     }
     check_types(good, VS_VLLM_KEYS, "vs_vllm")
     with pytest.raises(AssertionError, match="threads"):
         check_types(dict(good, threads="1"), VS_VLLM_KEYS, "vs_vllm")
+
+
+def test_prefill_flops_counts_every_projection_weight_and_every_key_each_query_sees():
+    """Checked against the model's own parameter count and a brute-force count of the causal keys."""
+    llm = LLM(num_blocks=8)
+    config = llm.llm_engine.model_config
+    model = llm.llm_engine.model_runner.model
+    layer_weights = sum(p.numel() for name, p in model.named_parameters() if ".layers." in name and p.dim() == 2)
+    output_projection = model.lm_head.weight.numel()
+    per_key = 2 * 2 * config.num_heads * config.head_dim * config.num_layers  # scores + weighted values
+    for num_new, num_cached in ((1, 0), (5, 0), (7, 64), (31, 288)):
+        keys_seen = sum(num_cached + i + 1 for i in range(num_new))  # query i sees itself and all before it
+        expected = 2 * num_new * layer_weights + 2 * output_projection + per_key * keys_seen
+        assert bench.prefill_flops(config, num_new, num_cached) == expected
+
+
+def test_vs_vllm_fresh_prompts_compute_exactly_what_the_warm_ones_do():
+    """Each fresh prompt of the ttft workload is as long as what the warm request before it computes,
+    on a real mini-vLLM engine with vLLM's block size; a prompt one token off is caught."""
+    llm = LLM(num_blocks=8)
+    workloads = bench._vs_vllm_workloads(llm, rounds=1, max_tokens=2)
+    assert [w["name"] for w in workloads] == ["ttft_0", "throughput_0"]
+    assert len(workloads[0]["calls"]) == len(bench.TTFT_CALLS)
+    spec = {"block_size": bench.VS_VLLM_BLOCK_SIZE, "num_blocks": bench.VS_VLLM_NUM_BLOCKS, "workloads": workloads}
+    results = run_mini(None, [spec])[0]["workloads"]
+    result = results[0]
+    warm = [r for r in result["requests"] if bench.TTFT_CALLS[r["call"]] == "warm"]
+    assert all(r["num_cached_tokens"] > 0 for r in warm)  # the warm ones really hit the system prompt
+    assert bench._fresh_matches_warm(result["requests"])
+
+    off_by_one = [dict(r) for r in result["requests"]]
+    fresh = next(r for r in off_by_one if bench.TTFT_CALLS[r["call"]] == "fresh")
+    fresh["num_prompt_tokens"] += 1
+    assert not bench._fresh_matches_warm(off_by_one)
+    fresh["num_prompt_tokens"] -= 1
+    fresh["num_cached_tokens"] = bench.VS_VLLM_BLOCK_SIZE  # a fresh prompt that hit the cache
+    assert not bench._fresh_matches_warm(off_by_one)
+
+    figures = bench.vs_vllm_figures(results)
+    by_kind = {
+        kind: [r["ttft_s"] for r in result["requests"] if bench.TTFT_CALLS[r["call"]] == kind]
+        for kind in ("warm", "fresh")
+    }
+    assert figures["ttft_warm_ms"] == pytest.approx(1000 * statistics.median(by_kind["warm"]))
+    assert figures["ttft_fresh_ms"] == pytest.approx(1000 * statistics.median(by_kind["fresh"]))
+    assert figures["cache_overhead_ratio"] == pytest.approx(figures["ttft_warm_ms"] / figures["ttft_fresh_ms"])
+
+
+def test_format_table_reads_a_file_written_before_the_cost_of_caching_was_measured():
+    """A learner's older ``benchmarks/results/bench.json`` lacks the newer keys; chapter 10 still prints it."""
+    results = json.loads((bench.REPO_ROOT / "benchmarks" / "reference_results" / "bench-cpu.json").read_text())
+    assert "cost of caching" in bench.format_table(results)
+    for section in [results["shared_prefix"], *(m["shared_prefix"] for m in results.get("models", {}).values())]:
+        section.pop("cache_overhead_flops_ratio", None)
+    for section in results.get("vs_vllm", {}).values():
+        for key in ("mini_cache_overhead_ratio", "vllm_cache_overhead_ratio", "fresh_matches_warm"):
+            section.pop(key, None)
+    text = bench.format_table(results)
+    assert "cache overhead warm / fresh" in text and "in FLOPs" not in text and "cost of caching" not in text
