@@ -16,7 +16,8 @@ machines this runs on are often shared with other work.
 5. block_manager   the KV-cache manager's own cost per request and per decode step, next to
                    vLLM's ``KVCacheManager`` on the same workload (benchmarks/block_manager_vllm.py)
 6. roofline        one request's decode step against reading every weight once
-7. vs_vllm         real vLLM (``make vllm``) on the same token ids: TTFT cold / warm, throughput
+7. vs_vllm         real vLLM (``make vllm``) on the same token ids: TTFT cold / warm, throughput,
+                   and each engine's own cost of caching (warm / fresh)
 
 ``main`` runs 1-5 on the bundled model (or ``--model``), and 6-7 plus a small
 shared-prefix run on SmolLM2-135M too when ``make real-model`` has installed it;
