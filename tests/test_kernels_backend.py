@@ -6,24 +6,14 @@ import pytest
 import torch
 
 import kernels
+from attention_fixtures import metadata_of
 from kernels.testing import PagedBatch, make_paged_batch
-from mini_vllm.attention import AttentionMetadata, TorchAttentionBackend
+from mini_vllm.attention import TorchAttentionBackend
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)
 
 # The interpreter runs on CPU tensors; compiled kernels need GPU tensors.
 DEVICE = "cpu" if kernels.TRITON_INTERPRETED else "cuda"
-
-
-def metadata_of(batch: PagedBatch) -> AttentionMetadata:
-    return AttentionMetadata(
-        slot_mapping=batch.slot_mapping,
-        block_tables=batch.block_tables,
-        seq_lens=batch.seq_lens,
-        cu_seqlens_q=batch.cu_seqlens_q,
-        max_query_len=batch.max_query_len,
-        max_seq_len=batch.max_seq_len,
-    )
 
 
 def forward_both(batch: PagedBatch, scale: float) -> None:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from kernels import reference
+from attention_fixtures import metadata_of
 from kernels.testing import make_paged_batch
-from mini_vllm.attention import AttentionMetadata, TorchAttentionBackend
+from mini_vllm.attention import TorchAttentionBackend
 from mini_vllm.attention import torch_backend
 
 CASES = {
@@ -37,14 +38,7 @@ def forward_both(seq_lens: list[int], query_lens: list[int]) -> tuple[torch.Tens
         block_zero_unused=True,
         generator=torch.Generator().manual_seed(0),
     )
-    metadata = AttentionMetadata(
-        slot_mapping=batch.slot_mapping,
-        block_tables=batch.block_tables,
-        seq_lens=batch.seq_lens,
-        cu_seqlens_q=batch.cu_seqlens_q,
-        max_query_len=batch.max_query_len,
-        max_seq_len=batch.max_seq_len,
-    )
+    metadata = metadata_of(batch)
     caches = (batch.k_cache.clone(), batch.v_cache.clone())
     actual = TorchAttentionBackend().forward(batch.query, batch.key, batch.value, *caches, metadata, 0.2)
     batch.store_new_kv()

@@ -1,0 +1,18 @@
+"""What the attention-backend tests share: a ``kernels.testing.PagedBatch`` as the engine's metadata."""
+
+from __future__ import annotations
+
+from kernels.testing import PagedBatch
+from mini_vllm.attention import AttentionMetadata
+
+
+def metadata_of(batch: PagedBatch) -> AttentionMetadata:
+    """The ``AttentionMetadata`` a model runner would build for ``batch``'s step."""
+    return AttentionMetadata(
+        slot_mapping=batch.slot_mapping,
+        block_tables=batch.block_tables,
+        seq_lens=batch.seq_lens,
+        cu_seqlens_q=batch.cu_seqlens_q,
+        max_query_len=batch.max_query_len,
+        max_seq_len=batch.max_seq_len,
+    )
