@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +33,29 @@ def check_block_size(block_size: int) -> None:
     check_positive_int("block_size", block_size)
 
 
-def _is_device_name(device: str) -> bool:
-    return device in ("auto", "cpu") or re.fullmatch(r"cuda(:\d+)?", device) is not None
+def check_device_name(device: Any) -> None:
+    """ValueError unless ``device`` is "auto" or a string ``torch.device()`` accepts ("cpu:0", "cuda:1", "meta", ...).
+
+    Only the name is checked here; whether the engine can run there (CUDA
+    present, a device type it supports) is ``resolve_device``'s question
+    (``llm_engine.py``). torch is imported only for a name other than "auto",
+    so importing this module stays light.
+    """
+    if not isinstance(device, str):
+        raise TypeError(
+            f"device must be a str such as 'auto', 'cpu' or 'cuda:0', got {type(device).__name__} {device!r}"
+        )
+    if device == "auto":
+        return
+    import torch  # here, not at the top: this module does not need torch otherwise
+
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"device must be 'auto' or a torch device such as 'cpu', 'cpu:0', 'cuda' or 'cuda:1', "
+            f"got {device!r} (torch: {error})"
+        ) from None
 
 
 @dataclass
@@ -47,7 +67,9 @@ class EngineConfig:
     ``LLM(config=EngineConfig(num_blocks=64))``.
 
     Attributes:
-        device: "auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1", ...
+        device: "auto" (CUDA when available, else CPU) or any name ``torch.device``
+            accepts ("cpu", "cpu:0", "cuda", "cuda:1", ...); the engine runs on a
+            CPU or a CUDA GPU (``resolve_device`` refuses other types).
         dtype: "auto" (the checkpoint's dtype on a GPU, float32 on a CPU),
             "float32", "float16" or "bfloat16".
         block_size: tokens per KV-cache block (vLLM's default is 16 too).
@@ -97,8 +119,9 @@ class EngineConfig:
             raise ValueError(f"seed must be an integer with abs(seed) < 2**32, got {self.seed!r}")
         if self.hash_algo not in HASH_FUNCTIONS:
             raise ValueError(f"hash_algo must be one of {sorted(HASH_FUNCTIONS)}, got {self.hash_algo!r}")
-        if not isinstance(self.device, str) or not _is_device_name(self.device):
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if type(self.device).__module__ == "torch" and type(self.device).__name__ == "device":
+            self.device = str(self.device)  # a torch.device is taken by its name
+        check_device_name(self.device)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):

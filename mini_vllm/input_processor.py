@@ -15,6 +15,7 @@ of an ``n > 1`` request).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from typing import Any
 
@@ -65,19 +66,50 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     return child
 
 
+def validated_sampling_params(params: Any) -> SamplingParams:
+    """The engine's own checked copy of ``params``: what a request is queued with.
+
+    ``SamplingParams`` checks its fields when it is built, but a field set
+    afterwards (``params.n = 2000``, ``params.temperature = float("inf")``)
+    skips those checks. ``dataclasses.replace`` builds a new object from the
+    current fields, so ``__post_init__`` runs again: a bad value raises the very
+    error that constructing ``SamplingParams`` with it would (naming the field
+    and the value), the derived fields (``stop_strings``) are recomputed and the
+    normalisations applied (``seed=-1`` -> None, a tiny temperature -> 0.01).
+    Queuing the copy also means that changing ``params`` after it was submitted
+    cannot change a queued request (vLLM clones the sampling params of each
+    request too).
+    """
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling_params must be a SamplingParams, got {type_name(params)} {params!r:.80}")
+    stop = list(params.stop) if isinstance(params.stop, list) else params.stop  # not shared with the caller's list
+    return dataclasses.replace(params, stop=stop)
+
+
 def sampling_params_per_prompt(sampling_params: Any, num_prompts: int) -> list[SamplingParams]:
-    """``sampling_params`` as ``generate`` takes it (None, one, or one per prompt) -> one per prompt."""
+    """``sampling_params`` as ``generate`` takes it (None, one, or one per prompt) -> one checked copy per prompt.
+
+    Each is ``validated_sampling_params``' copy: a field changed after the
+    object was built is checked here, before anything is queued; for a list,
+    the error names its index (``sampling_params[1]: ...``).
+    """
     if sampling_params is None:
         return [SamplingParams()] * num_prompts
     if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * num_prompts
+        return [validated_sampling_params(sampling_params)] * num_prompts
     if isinstance(sampling_params, (list, tuple)):
         for index, params in enumerate(sampling_params):
             if not isinstance(params, SamplingParams):
                 raise TypeError(f"sampling_params[{index}] must be a SamplingParams, got {type_name(params)}")
         if len(sampling_params) != num_prompts:
             raise ValueError(f"got {len(sampling_params)} sampling_params for {num_prompts} prompts")
-        return list(sampling_params)
+        checked = []
+        for index, params in enumerate(sampling_params):
+            try:
+                checked.append(validated_sampling_params(params))
+            except (ValueError, TypeError) as error:
+                raise type(error)(f"sampling_params[{index}]: {error}") from None
+        return checked
     raise TypeError(
         f"sampling_params must be a SamplingParams or a list of them, got {type_name(sampling_params)} "
         f"{sampling_params!r:.80} (write SamplingParams(**...) for a dict)"

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .attention import get_attn_backend
-from .config import EngineConfig
+from .config import EngineConfig, check_device_name
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
 from .input_processor import (
     InputProcessor,
@@ -31,6 +31,7 @@ from .input_processor import (
     child_sampling_params,
     load_tokenizer,
     sampling_params_per_prompt,
+    validated_sampling_params,
     type_name,
 )
 from .interrupts import keyboard_interrupts_deferred
@@ -75,11 +76,26 @@ class EngineStats:
     prefix_cache_preempted_hits: int = 0
 
 
+# The device types the engine runs on (its kernels, memory budget and dtypes know these two).
+SUPPORTED_DEVICE_TYPES = ("cpu", "cuda")
+
+
 def resolve_device(device: str) -> torch.device:
-    """``"auto"`` -> CUDA when available, else the CPU; ValueError for a GPU that is not there."""
+    """``"auto"`` -> CUDA when available, else the CPU; ValueError for a GPU that is not there.
+
+    ``device`` is any name ``EngineConfig`` accepted (every ``torch.device``
+    string); a valid device the engine cannot run on ("meta", "mps", ...) is a
+    ValueError naming it.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device_name(device)
     resolved = torch.device(device)
+    if resolved.type not in SUPPORTED_DEVICE_TYPES:
+        raise ValueError(
+            f"device={device!r} is a torch device, but mini-vLLM runs only on "
+            f"{' or '.join(SUPPORTED_DEVICE_TYPES)} devices: use device='cpu', 'cuda' or 'auto'"
+        )
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r}, but CUDA is not available here: use device='cpu' or 'auto'")
@@ -201,10 +217,13 @@ class LLMEngine:
     ) -> Request:
         """Queue one sequence (validated first: a bad one raises and leaves the engine untouched).
 
-        ``n > 1`` needs one request per completion: use ``add_requests``.
+        ``n > 1`` needs one request per completion: use ``add_requests``. The
+        request keeps its own checked copy of ``sampling_params``
+        (``validated_sampling_params``): changing the object later changes
+        nothing queued.
         """
-        sampling_params = SamplingParams() if sampling_params is None else sampling_params
         self.check_request_id(request_id)
+        sampling_params = SamplingParams() if sampling_params is None else validated_sampling_params(sampling_params)
         prompt_token_ids = self.input_processor.validate_request(prompt_token_ids, sampling_params, cache_salt)
         if sampling_params.n != 1:
             raise ValueError(
@@ -230,7 +249,10 @@ class LLMEngine:
         ``ParentRequest`` does), so the completions differ and are reproducible.
 
         Nothing is queued unless everything is valid: an error names the prompt
-        by its index.
+        by its index. The requests keep the engine's own checked copies of
+        ``sampling_params`` (``validated_sampling_params``), so a field changed
+        after construction is checked here and a change after this call
+        reaches no queued request.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]

@@ -99,6 +99,137 @@ def test_sampling_params_of_the_wrong_type_are_refused(llm, reference, bad):
     assert_untouched_and_serving(llm, reference)
 
 
+# -- SamplingParams changed after they were built -----------------------------------
+
+# A field set after construction skips __post_init__; the engine checks its own copy when the request is added.
+MUTATIONS = [
+    ("n", 2000),
+    ("n", 0),
+    ("temperature", math.inf),
+    ("temperature", math.nan),
+    ("temperature", -1),
+    ("temperature", 3),
+    ("top_p", 0),
+    ("top_p", 1.5),
+    ("top_k", 0),
+    ("top_k", 2.5),
+    ("max_tokens", 0),
+    ("max_tokens", -1),
+    ("max_tokens", "5"),
+    ("max_tokens", True),
+    ("seed", 1.5),
+    ("seed", MAX_SEED + 1),
+    ("stop", 42),
+    ("stop", ["ok", ""]),
+    ("ignore_eos", 1),
+]
+GREEDY_FIELDS = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
+
+
+def error_when_built(field: str, value) -> BaseException:
+    """The error constructing SamplingParams with ``field=value`` raises (what a mutated object must get too)."""
+    with pytest.raises((ValueError, TypeError)) as caught:
+        SamplingParams(**{**GREEDY_FIELDS, field: value})
+    return caught.value
+
+
+def mutated(field: str, value) -> SamplingParams:
+    params = SamplingParams(**GREEDY_FIELDS)
+    setattr(params, field, value)
+    return params
+
+
+@pytest.mark.parametrize("field,value", MUTATIONS, ids=[f"{f}={v!r}" for f, v in MUTATIONS])
+def test_sampling_params_changed_after_construction_are_refused_at_submission(llm, reference, field, value):
+    expected = error_when_built(field, value)
+    engine = llm.llm_engine
+    # LLM.generate (and chat, which goes through it): exactly the constructor's error, and nothing queued.
+    with pytest.raises(type(expected)) as caught:
+        llm.generate([PROMPT, PROMPT], mutated(field, value))
+    assert str(caught.value) == str(expected)
+    assert_untouched_and_serving(llm, reference)
+    with pytest.raises(type(expected)) as caught:
+        llm.chat([{"role": "user", "content": "hi"}], mutated(field, value))
+    assert str(caught.value) == str(expected)
+    assert_nothing_leaked(llm)
+    # LLMEngine.add_request.
+    with pytest.raises(type(expected)) as caught:
+        engine.add_request("mutated", PROMPT["prompt_token_ids"], mutated(field, value))
+    assert str(caught.value) == str(expected)
+    assert_nothing_leaked(llm)
+    # LLMEngine.add_requests with one SamplingParams per prompt: the good first prompt is not queued either.
+    with pytest.raises(type(expected)) as caught:
+        engine.add_requests([PROMPT, PROMPT], [GREEDY, mutated(field, value)])
+    assert str(caught.value) == f"sampling_params[1]: {expected}"
+    assert_untouched_and_serving(llm, reference)
+
+
+def test_the_mutation_test_catches_an_engine_that_trusts_the_object(llm, monkeypatch):
+    """Without the engine's own check, a mutated max_tokens=0 is queued: the test above would fail."""
+    import mini_vllm.input_processor as input_processor
+    import mini_vllm.llm_engine as llm_engine
+
+    monkeypatch.setattr(input_processor, "validated_sampling_params", lambda params: params)
+    monkeypatch.setattr(llm_engine, "validated_sampling_params", lambda params: params)
+    engine = llm.llm_engine
+    engine.add_request("trusted", PROMPT["prompt_token_ids"], mutated("max_tokens", 0))  # no error: queued
+    assert "trusted" in engine.requests
+    engine.abort_request("trusted")
+    assert_nothing_leaked(llm)
+
+
+def test_a_request_keeps_its_own_checked_copy_of_the_sampling_params(llm, reference):
+    """Changing the object after submission changes nothing queued; derived fields and normalisations are redone."""
+    engine = llm.llm_engine
+    params = SamplingParams(**GREEDY_FIELDS)
+    params.stop = "never-in-the-output"  # set after construction: stop_strings must follow
+    params.seed = -1  # vLLM's "no seed" -> None
+    request = engine.add_request("own-copy", PROMPT["prompt_token_ids"], params)
+    queued = request.sampling_params
+    assert queued is not params
+    assert queued.stop_strings == ["never-in-the-output"] and queued.seed is None
+    params.max_tokens, params.temperature, params.stop = 1, 2.0, "x"  # after submission: no effect
+    params.stop_strings.append("x")
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [o.outputs[0].token_ids for o in outputs if o.request_id == "own-copy"] == [reference]
+    assert queued.max_tokens == 4 and queued.temperature == 0 and queued.stop_strings == ["never-in-the-output"]
+    assert_nothing_leaked(llm)
+    # A caller's stop list is copied too, not shared.
+    stops = ["never-in-the-output"]
+    request = engine.add_request("own-list", PROMPT["prompt_token_ids"], SamplingParams(**GREEDY_FIELDS, stop=stops))
+    stops.append(".")
+    assert request.sampling_params.stop == ["never-in-the-output"]
+    engine.abort_request("own-list")
+    assert_nothing_leaked(llm)
+
+
+def test_a_tiny_temperature_set_after_construction_is_raised_to_the_minimum(llm):
+    params = SamplingParams(max_tokens=2)
+    params.temperature = 1e-6
+    request = llm.llm_engine.add_request("tiny", PROMPT["prompt_token_ids"], params)
+    assert request.sampling_params.temperature == 0.01 and params.temperature == 1e-6
+    llm.llm_engine.abort_request("tiny")
+    assert_nothing_leaked(llm)
+
+
+def test_n_changed_after_construction_is_checked_and_served_as_n_children(llm):
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=1.0, max_tokens=2, seed=7)
+    params.n = 3
+    ids = engine.add_requests([PROMPT], params, request_ids=["grown"])
+    assert ids == {"grown": ["grown-0", "grown-1", "grown-2"]}
+    children = [engine.requests[rid].sampling_params for rid in ids["grown"]]
+    assert [(c.n, c.seed) for c in children] == [(1, 7), (1, 8), (1, 9)]
+    params.seed = MAX_SEED  # seed + k would overflow for k = 1, 2
+    with pytest.raises(ValueError, match="completion k samples with seed \\+ k"):
+        engine.add_requests([PROMPT], params, request_ids=["overflow"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_nothing_leaked(llm)
+
+
 # -- prompts and token ids ---------------------------------------------------------
 
 BAD_PROMPTS = [
@@ -257,7 +388,11 @@ BAD_SETTINGS = [
     ({"num_blocks": 2.0}, TypeError, "num_blocks must be a positive integer, got float"),
     ({"enable_prefix_caching": "yes"}, TypeError, "enable_prefix_caching must be True or False"),
     ({"kv_cache_memory_gb": math.inf}, ValueError, "kv_cache_memory_gb must be positive and finite"),
-    ({"device": "gpu"}, ValueError, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    ({"device": "gpu"}, ValueError, "device must be 'auto' or a torch device such as .*, got 'gpu' \\(torch: "),
+    ({"device": ""}, ValueError, "device must be 'auto' or a torch device .*, got '' \\(torch: "),
+    ({"device": "cuda:x"}, ValueError, "device must be 'auto' or a torch device .*, got 'cuda:x'"),
+    ({"device": 5}, TypeError, "device must be a str such as 'auto', 'cpu' or 'cuda:0', got int 5"),
+    ({"device": None}, TypeError, "device must be a str .*, got NoneType None"),
 ]
 
 
@@ -273,10 +408,97 @@ def test_bad_engine_settings_are_refused_by_the_constructor(kwargs, error, messa
         LLM(**kwargs)
 
 
+def torch_accepts(name: str) -> bool:
+    try:
+        torch.device(name)
+    except RuntimeError:
+        return False
+    return True
+
+
+# Every spelling decided by torch itself: "CPU" is whatever torch.device("CPU") says (today: refused).
+DEVICE_NAMES = [
+    "cpu",
+    "cpu:0",
+    "CPU",
+    "cuda",
+    "cuda:0",
+    "cuda:1",
+    "meta",
+    "mps",
+    "gpu",
+    "",
+    "cpu:-1",
+    " cpu",
+    "cuda:0:1",
+]
+
+
+@pytest.mark.parametrize("name", DEVICE_NAMES, ids=[repr(name) for name in DEVICE_NAMES])
+def test_engine_config_accepts_exactly_the_device_names_torch_accepts(name):
+    if torch_accepts(name):
+        assert EngineConfig(device=name).device == name
+    else:
+        with pytest.raises(ValueError, match=f"device must be 'auto' or a torch device .*got {name!r}"):
+            EngineConfig(device=name)
+
+
+def test_engine_config_takes_auto_and_a_torch_device_object():
+    assert EngineConfig(device="auto").device == "auto"
+    assert EngineConfig(device=torch.device("cpu", 0)).device == "cpu:0"
+
+
+def test_importing_the_config_does_not_import_torch():
+    """config.py imports torch only to check a device name: the settings stay cheap to import."""
+    import subprocess
+    import sys
+
+    # mini_vllm/__init__ imports the engine (and torch): load the package's modules without it.
+    code = (
+        "import sys, types; sys.modules['mini_vllm'] = types.ModuleType('mini_vllm'); "
+        "sys.modules['mini_vllm'].__path__ = [sys.argv[1]]; "
+        "import mini_vllm.config as c; c.EngineConfig(device='auto'); print('torch' in sys.modules)"
+    )
+    package = Path(__file__).resolve().parent.parent / "mini_vllm"
+    done = subprocess.run([sys.executable, "-c", code, str(package)], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cpu:0"])
+def test_the_engine_runs_on_every_cpu_spelling(device, reference):
+    llm = LLM(num_blocks=32, device=device)
+    assert llm.llm_engine.device == torch.device(device)
+    assert llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids == reference
+    assert_nothing_leaked(llm)
+
+
+@pytest.mark.parametrize("device", ["meta", "mps", "xpu:0"])
+def test_a_torch_device_the_engine_cannot_run_on_is_a_clear_value_error(device, monkeypatch):
+    def no_model_load(*args, **kwargs):  # the refusal comes before anything is loaded
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("mini_vllm.llm_engine.load_model", no_model_load)
+    assert EngineConfig(device=device).device == device  # a valid name ...
+    with pytest.raises(
+        ValueError, match=f"device={device!r} is a torch device, but mini-vLLM runs only on cpu or cuda"
+    ):
+        LLM(device=device)  # ... that the engine refuses to run on
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_device_cuda_without_cuda_is_a_clear_value_error():
-    with pytest.raises(ValueError, match="device='cuda', but CUDA is not available here"):
-        LLM(device="cuda")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_device_cuda_without_cuda_is_a_clear_value_error(device):
+    with pytest.raises(ValueError, match=f"device={device!r}, but CUDA is not available here"):
+        LLM(device=device)
+
+
+def test_resolve_device():
+    from mini_vllm.llm_engine import resolve_device
+
+    assert resolve_device("cpu:0") == torch.device("cpu", 0)
+    assert resolve_device("auto") == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device must be 'auto' or a torch device"):
+        resolve_device("gpu")  # called directly, it checks the name too
 
 
 def test_a_model_folder_without_tokenizer_files_is_refused_at_construction(tmp_path):
