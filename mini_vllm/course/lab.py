@@ -19,7 +19,13 @@ them. So ``python -m mini_vllm.course.lab`` (what ``make lab`` runs):
    of ``mini_vllm.viz`` carries, so a reopened notebook shows that snapshot
    instead of "Error displaying widget". The settings in ``lab_settings/``
    have JupyterLab save the widgets' state (``saveState``), so a widget whose
-   kernel is still running comes back live after a reload.
+   kernel is still running comes back live after a reload;
+4. keeps the committed folders read-only (``CourseContentsManager`` in
+   ``lab_contents.py``): a notebook opened from ``notebooks/``, ``exercises/``
+   or ``solutions/`` shows JupyterLab's read-only badge and is never autosaved
+   (its cells still run), and a save, rename or delete there is refused with a
+   message that points to the same file in ``my-course/``. So a session can
+   never leave a committed notebook changed, and ``make test`` still passes.
 
 ``server_command()`` is the whole command line; the browser test starts its
 server with it too.
@@ -64,6 +70,7 @@ def server_command(root: Path = ROOT, extra_args: Sequence[str] = ()) -> list[st
         "jupyterlab",
         f"--ServerApp.root_dir={root}",
         f"--LabApp.default_url=/lab/tree/{START_NOTEBOOK}",
+        "--ServerApp.contents_manager_class=mini_vllm.course.lab_contents.CourseContentsManager",
         "--ContentsManager.pre_save_hook=mini_vllm.course.lab.pre_save_hook",
         f"--LabApp.app_settings_dir={LAB_SETTINGS}",
         # Nothing from the network: no news, no update check, no extension catalogue.
@@ -74,6 +81,26 @@ def server_command(root: Path = ROOT, extra_args: Sequence[str] = ()) -> list[st
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         command.append("--allow-root")  # Jupyter refuses root otherwise (containers)
     return command + list(extra_args)
+
+
+def is_committed_path(path: str) -> bool:
+    """Whether an API path (relative to the served root) lies in a committed folder: ``notebooks/...`` etc."""
+    parts = [part for part in path.replace("\\", "/").split("/") if part not in ("", ".")]
+    return bool(parts) and parts[0] in COPIED_FOLDERS
+
+
+def refuse_committed_path(path: str, action: str = "save") -> None:
+    """HTTP 403, which JupyterLab shows the learner, for a change to a committed notebook; nothing otherwise."""
+    if not is_committed_path(path):
+        return
+    from tornado.web import HTTPError  # Jupyter's own error type: only imported inside a Jupyter server
+
+    path = "/".join(part for part in path.replace("\\", "/").split("/") if part not in ("", "."))
+    raise HTTPError(
+        403,
+        f"cannot {action} {path}: {path.split('/')[0]}/ holds the course as shipped, which is read-only here "
+        f"(make test checks it). Work in your own copy, {WORKING_COPY}/{path} ('Save as...' there to keep these edits).",
+    )
 
 
 def saved_widget_ids(notebook: dict) -> set[str]:
@@ -110,7 +137,9 @@ def keep_restorable_widgets(notebook: dict) -> int:
 
 
 def pre_save_hook(model: dict, path: str = "", contents_manager: Any = None, **kwargs: Any) -> None:
-    """Jupyter's pre-save hook: notebooks are saved with only restorable widget views."""
+    """Jupyter's pre-save hook: nothing is saved into the committed folders (an HTTP 403 that names
+    ``my-course/``), and notebooks are saved with only restorable widget views."""
+    refuse_committed_path(path)
     if model.get("type") == "notebook" and isinstance(model.get("content"), dict):
         keep_restorable_widgets(model["content"])
 
