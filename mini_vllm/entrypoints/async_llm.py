@@ -1,0 +1,333 @@
+"""``AsyncLLM``: one engine, many asyncio callers (what the OpenAI server runs on).
+
+``LLM.generate`` runs the engine until *its* prompts are done, so two callers
+could never share a step. A server needs the opposite: one engine loop that
+keeps stepping while requests arrive and leave, so that requests from many
+HTTP clients are batched together (continuous batching across clients).
+
+The engine is not thread-safe, so it has exactly one owner here: the engine
+thread (``_run``). Callers never touch the engine; they send it commands
+(add a request, abort one, read the stats) through a queue and receive, per
+request, a stream of ``StreamDelta`` objects on an ``asyncio.Queue``:
+
+    caller (event loop)                        engine thread
+    ───────────────────                        ─────────────
+    stream = await add_request(prompt) ─add─▶  add_requests (validates: a bad prompt
+                                               raises here, in the caller)
+    async for delta in stream: ...   ◀─delta─  step(); after every step, for each of its
+                                               requests: new tokens, new text, finished?
+    stream.aclose() (caller gone)    ─abort─▶  abort_request (frees its blocks)
+
+vLLM equivalent: ``vllm/v1/engine/async_llm.py`` (``AsyncLLM.generate``,
+``abort``), whose engine core runs in a separate process and streams
+``EngineCoreOutputs`` back; here a thread and a queue play those roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..llm import LLM
+from ..outputs import RequestOutput
+from ..request import Request
+from ..sampling_params import SamplingParams
+
+logger = logging.getLogger("mini_vllm")
+
+
+@dataclass
+class StreamDelta:
+    """What one completion gained in one engine step (or how it ended).
+
+    ``index`` is the completion's index within its prompt (0..n-1).
+    ``text`` is new text only: concatenating every delta's ``text`` gives the
+    final text exactly (text that a stop string might still cut is held back
+    until the completion finishes). ``output`` is set on the last delta.
+    """
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    finished: bool = False
+    finish_reason: str | None = None
+    output: RequestOutput | None = None
+
+
+@dataclass
+class _Stream:
+    """The engine thread's record of one completion it streams to a caller."""
+
+    index: int
+    push: Callable[[StreamDelta], None]
+    hold_back: int  # characters a stop string could still cut (longest stop string - 1)
+    num_tokens_sent: int = 0
+    text_sent: str = ""
+
+
+@dataclass
+class ServingStats:
+    """Engine-wide figures for ``/metrics``, copied by the engine thread after every step."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preemptions: int = 0
+    num_blocks: int = 0
+    num_blocks_in_use: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class RequestStream:
+    """One prompt's deltas, in the order the engine produced them: ``async for delta in stream``.
+
+    Ends after every completion's last delta. ``aclose()`` (also run when the
+    caller stops early) aborts the completions still running.
+    """
+
+    def __init__(self, engine: AsyncLLM, request_ids: list[str], deltas: asyncio.Queue) -> None:
+        self.request_ids = request_ids
+        self._engine = engine
+        self._deltas = deltas
+        self._remaining = set(request_ids)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if not self._remaining:
+            raise StopAsyncIteration
+        delta = await self._deltas.get()
+        if delta.finished:
+            self._remaining.discard(delta.request_id)
+        return delta
+
+    async def aclose(self) -> None:
+        if self._remaining:
+            self._engine.abort(sorted(self._remaining))
+            self._remaining.clear()
+
+
+class AsyncLLM:
+    """Serves one ``LLM`` (the reference engine or a learner's) to asyncio callers.
+
+    Owns the engine thread; everything else talks to the engine through
+    ``add_request``, ``abort``, ``reset_prefix_cache`` and ``call``. Call
+    ``shutdown`` to stop the thread (requests still running are aborted).
+    """
+
+    def __init__(self, llm: LLM) -> None:
+        self.llm = llm
+        self.engine = llm.llm_engine
+        self.tokenizer = llm.get_tokenizer()
+        self.stats = ServingStats()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # engine thread only: request id -> its stream
+        self._ids = itertools.count()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mini-vllm-engine", daemon=True)
+        self._thread.start()
+
+    # -- what callers use ---------------------------------------------------------
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the engine thread between two steps; its result or exception comes back."""
+        if self._stopping:
+            raise RuntimeError("the engine has shut down")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put((fn, future))
+        self._wakeup.set()
+        return await asyncio.wrap_future(future)
+
+    async def add_request(self, prompt: Any, sampling_params: SamplingParams) -> RequestStream:
+        """Queue one prompt (``n`` completions); its deltas come from the returned ``RequestStream``.
+
+        ``prompt`` is what ``LLM.generate`` takes (text, or a dict with
+        ``prompt_token_ids`` and ``cache_salt``). Bad input raises here, with
+        nothing queued. Closing the stream before it ends (the client went
+        away) aborts the completions that have not finished, so their blocks go
+        back to the pool.
+        """
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[StreamDelta] = asyncio.Queue()
+
+        def push(delta: StreamDelta) -> None:  # runs on the engine thread
+            loop.call_soon_threadsafe(deltas.put_nowait, delta)
+
+        request_id = f"serve-{next(self._ids)}"
+        child_ids = await self.call(lambda: self._add(request_id, prompt, sampling_params, push))
+        return RequestStream(self, child_ids, deltas)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests (fire and forget: the engine thread frees their blocks before its next step)."""
+        if not self._stopping:
+            self._commands.put((lambda: self._abort(request_ids), None))
+            self._wakeup.set()
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self.call(self.engine.reset_prefix_cache)
+
+    def shutdown(self) -> None:
+        """Stop the engine thread; the requests still in flight are aborted."""
+        if self._stopping:
+            return
+        self._commands.put((self._abort_all, None))
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout=30)
+
+    # -- the engine thread ----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._run_commands()
+            if self._stopping and self._commands.empty():
+                return
+            if not self.engine.has_unfinished_requests():
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            try:
+                finished = self.engine.step()
+            except Exception:  # a bug outside the forward pass: fail what is running, keep serving
+                logger.exception("engine step failed; its requests finish with an error")
+                self._abort_all(reason="error")
+                continue
+            self._publish(finished)
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if future is not None and not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = fn()
+            except BaseException as error:  # the caller's exception (e.g. a ValueError for bad input)
+                if future is None:
+                    logger.exception("engine command failed")
+                else:
+                    future.set_exception(error)
+            else:
+                if future is not None:
+                    future.set_result(result)
+        # (the stats are refreshed after commands too, so /metrics sees an aborted request leave)
+
+    def _add(self, request_id: str, prompt: Any, params: SamplingParams, push: Callable) -> list[str]:
+        child_ids = self.engine.add_requests([prompt], params, request_ids=[request_id])[request_id]
+        hold_back = max((len(stop) for stop in params.stop_strings), default=1) - 1
+        for index, child_id in enumerate(child_ids):
+            self._streams[child_id] = _Stream(index, push, hold_back)
+        self._refresh_stats()
+        return child_ids
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if self._streams.pop(request_id, None) is not None:
+                self.engine.abort_request(request_id)
+                self._count_finished("abort")
+        self._refresh_stats()
+
+    def _abort_all(self, reason: str = "abort") -> None:
+        for request_id, stream in list(self._streams.items()):
+            request = self.engine.requests.get(request_id)
+            self.engine.abort_request(request_id)
+            del self._streams[request_id]
+            self._count_finished(reason)
+            stream.push(
+                StreamDelta(
+                    request_id,
+                    stream.index,
+                    "",
+                    [],
+                    request.num_prompt_tokens if request else 0,
+                    0,
+                    finished=True,
+                    finish_reason=reason,
+                )
+            )
+        self._refresh_stats()
+
+    def _publish(self, finished: list[RequestOutput]) -> None:
+        """After a step: each streamed request's new tokens and text, and the finished ones' outputs."""
+        for output in finished:
+            stream = self._streams.pop(output.request_id, None)
+            if stream is None:
+                continue  # not ours (queued directly on the engine) or already aborted
+            completion = output.outputs[0]
+            new_tokens = completion.token_ids[stream.num_tokens_sent :]
+            text = completion.text[len(stream.text_sent) :] if completion.text.startswith(stream.text_sent) else ""
+            self.stats.generation_tokens += len(new_tokens)
+            self.stats.prompt_tokens += len(output.prompt_token_ids)
+            self._count_finished(completion.finish_reason or "abort")
+            stream.push(
+                StreamDelta(
+                    output.request_id,
+                    stream.index,
+                    text,
+                    list(new_tokens),
+                    len(output.prompt_token_ids),
+                    output.num_cached_tokens,
+                    finished=True,
+                    finish_reason=completion.finish_reason,
+                    output=output,
+                )
+            )
+        for request_id, stream in self._streams.items():
+            request = self.engine.requests.get(request_id)
+            if request is None or request.num_output_tokens == stream.num_tokens_sent:
+                continue
+            new_tokens = list(request.output_token_ids[stream.num_tokens_sent :])
+            stream.num_tokens_sent = request.num_output_tokens
+            self.stats.generation_tokens += len(new_tokens)
+            text = self._new_text(request, stream)
+            stream.push(
+                StreamDelta(
+                    request_id,
+                    stream.index,
+                    text,
+                    new_tokens,
+                    request.num_prompt_tokens,
+                    max(request.num_cached_tokens, 0),
+                )
+            )
+        self._refresh_stats()
+
+    def _new_text(self, request: Request, stream: _Stream) -> str:
+        """Text that is safe to send now: no stop string can still cut it, no half-decoded character."""
+        text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        safe = text[: len(text) - stream.hold_back] if stream.hold_back else text
+        safe = safe.rstrip("\ufffd")  # a multi-byte character whose last bytes come with the next token
+        if len(safe) <= len(stream.text_sent) or not safe.startswith(stream.text_sent):
+            return ""
+        new = safe[len(stream.text_sent) :]
+        stream.text_sent = safe
+        return new
+
+    def _count_finished(self, reason: str) -> None:
+        self.stats.finished_by_reason[reason] = self.stats.finished_by_reason.get(reason, 0) + 1
+
+    def _refresh_stats(self) -> None:
+        engine_stats = self.engine.get_stats()
+        stats = self.stats
+        stats.prefix_cache_queries = engine_stats.prefix_cache_queries
+        stats.prefix_cache_hits = engine_stats.prefix_cache_hits
+        stats.num_running = engine_stats.num_running
+        stats.num_waiting = engine_stats.num_waiting
+        stats.num_preemptions = engine_stats.num_preemptions
+        stats.num_blocks = engine_stats.num_blocks
+        stats.num_blocks_in_use = engine_stats.num_blocks_in_use

@@ -1,0 +1,673 @@
+"""An OpenAI-compatible HTTP server over the engine: ``python -m mini_vllm serve`` (``make serve``).
+
+    python -m mini_vllm serve --port 8000 --enable-prompt-tokens-details
+    # then, from any OpenAI client:
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    reply = client.chat.completions.create(model="mini-vllm", messages=[...])
+    reply.usage.prompt_tokens_details.cached_tokens     # the prefix cache, as users see it
+
+Endpoints, as vLLM's server has them: ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (both with SSE streaming and
+``stream_options.include_usage``), ``GET /health``, ``GET /metrics``
+(Prometheus text with vLLM's metric names) and ``POST /reset_prefix_cache``.
+
+The HTTP layer is FastAPI + uvicorn, as in vLLM. Every request goes to one
+``AsyncLLM`` (``mini_vllm/entrypoints/async_llm.py``), whose single engine
+loop batches the requests of all clients together. A bad request gets a 4xx
+with ``{"error": {"message", "type", "param", "code"}}`` naming the field, and
+nothing is queued; a request the engine fails on gets a 500, alone; a client
+that disconnects has its request aborted and its blocks freed.
+
+vLLM equivalent: ``vllm/entrypoints/openai/api_server.py`` and its
+``serving_chat.py`` / ``serving_completion.py``; flags keep ``vllm serve``'s
+names where they exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ...llm import LLM, check_conversation
+from ...sampling_params import SamplingParams
+from ..async_llm import AsyncLLM, RequestStream, StreamDelta
+from .protocol import ChatCompletionRequest, CompletionRequest, error_body, now, random_id, usage
+
+logger = logging.getLogger("mini_vllm")
+
+# vLLM 0.33 refuses salts longer than this or containing these characters.
+MAX_CACHE_SALT_LENGTH = 128
+FORBIDDEN_SALT_CHARACTERS = ("@", "/", "\\", "\0")
+# Sampling settings a model's generation_config.json may set as defaults (vLLM: --generation-config auto).
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")
+
+
+class APIError(Exception):
+    """An error answered to the client alone: status code, OpenAI error type, message, offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.error_type = error_type or {400: "BadRequestError", 404: "NotFoundError"}.get(
+            status, "InternalServerError"
+        )
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.error_type, self.status, self.param), status_code=self.status)
+
+
+def bad_request(error: Exception) -> APIError:
+    """A ValueError/TypeError from the engine's validation as a 400; ``param`` is the field it names first."""
+    message = str(error)
+    first_word = message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
+    known = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    return APIError(400, message, param=first_word if first_word in known else None)
+
+
+@dataclass
+class ServerSettings:
+    served_model_name: str
+    model_path: str
+    max_model_len: int
+    enable_prompt_tokens_details: bool = False
+    default_sampling: dict[str, Any] | None = None
+
+
+def default_sampling_from(model_path: str) -> dict[str, Any]:
+    """The sampling defaults a model's ``generation_config.json`` sets (as vLLM's ``--generation-config auto``)."""
+    path = Path(model_path) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    return {key: config[key] for key in GENERATION_CONFIG_KEYS if key in config}
+
+
+class OpenAIServing:
+    """Turns OpenAI requests into engine prompts and ``SamplingParams``, and deltas back into responses."""
+
+    def __init__(self, engine: AsyncLLM, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    # -- requests -> engine -------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.served_model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model")
+
+    @staticmethod
+    def check_cache_salt(salt: str | None) -> None:
+        if salt is None:
+            return
+        if not salt:
+            raise APIError(400, "cache_salt must be a non-empty string (omit it for no salt)", param="cache_salt")
+        if len(salt) > MAX_CACHE_SALT_LENGTH:
+            raise APIError(
+                400, f"cache_salt is {len(salt)} characters, longer than {MAX_CACHE_SALT_LENGTH}", param="cache_salt"
+            )
+        if any(character in salt for character in FORBIDDEN_SALT_CHARACTERS):
+            raise APIError(400, "cache_salt must not contain '@', '/', '\\' or NUL", param="cache_salt")
+
+    def sampling_params(self, body: Any, max_tokens: int | None, num_prompt_tokens: int) -> SamplingParams:
+        """``SamplingParams`` from the request, the model's defaults filling what it leaves out."""
+        limit = self.settings.max_model_len
+        if max_tokens is None:
+            max_tokens = limit - num_prompt_tokens  # vLLM's default: the rest of the context
+        elif num_prompt_tokens + max_tokens > limit and max_tokens > 0:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in the "
+                "completion). Please reduce the length of the prompt or completion.",
+                param="max_tokens",
+            )
+        if max_tokens <= 0 and num_prompt_tokens >= limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens, and the prompt has {num_prompt_tokens}: "
+                "no room is left for a completion.",
+                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            )
+        settings = dict(self.settings.default_sampling or {})
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            if getattr(body, key) is not None:
+                settings[key] = getattr(body, key)
+        try:
+            return SamplingParams(
+                n=body.n, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos, **settings
+            )
+        except (ValueError, TypeError) as error:
+            raise bad_request(error) from None
+
+    async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        conversation = [{"role": message.role, "content": message.text()} for message in body.messages]
+        llm = self.engine.llm
+
+        def render() -> list[int]:
+            check_conversation(conversation)
+            try:
+                return llm.apply_chat_template(conversation, **(body.chat_template_kwargs or {}))
+            except Exception as error:  # jinja's TemplateError, a template raising on a role it does not know
+                raise ValueError(f"the chat template rejected the conversation: {error}") from error
+
+        try:
+            return await self.engine.call(render)
+        except (ValueError, TypeError) as error:
+            raise APIError(400, str(error), param="messages") from None
+
+    async def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            texts: list[str] | None = [prompt]
+        elif prompt and isinstance(prompt[0], str):
+            texts = list(prompt)
+        else:
+            texts = None
+        if texts is None:  # token ids: one list, or a list of lists
+            prompts = [list(prompt)] if not prompt or isinstance(prompt[0], int) else [list(p) for p in prompt]
+        else:
+            tokenizer = self.engine.tokenizer
+            prompts = await self.engine.call(
+                lambda: [tokenizer.encode(text, add_special_tokens=True) for text in texts]
+            )
+        for index, token_ids in enumerate(prompts):
+            if not token_ids:
+                where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
+                raise APIError(400, f"{where} is empty: give at least one token", param="prompt")
+        return prompts
+
+    async def start(self, token_ids: list[int], salt: str | None, params: SamplingParams) -> RequestStream:
+        """Queue one prompt; the engine validates it first (a 400 here, nothing queued)."""
+        prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
+        if salt is not None:
+            prompt["cache_salt"] = salt
+        try:
+            return await self.engine.add_request(prompt, params)
+        except (ValueError, TypeError) as error:
+            raise bad_request(error) from None
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """Deltas of several prompts' streams as they come, tagged with the prompt's index."""
+    if len(streams) == 1:
+        try:
+            async for delta in streams[0]:
+                yield 0, delta
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+        finally:
+            await queue.put((index, done))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()
+
+
+async def _until_disconnected(request: Request, work: Any) -> Any:
+    """Await ``work``; if the client disconnects first, cancel it (its requests are aborted) and return None."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    logger.info("client disconnected: its request was aborted")
+    return None
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
+    """The FastAPI application: routes, error handlers, and the engine's shutdown with the server's."""
+    serving = OpenAIServing(engine, settings)
+    name = settings.served_model_name
+    details = settings.enable_prompt_tokens_details
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="mini-vLLM OpenAI-compatible server", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(location) or None
+        if first.get("type") == "json_invalid":
+            message = f"the request body is not valid JSON: {first.get('msg')}"
+            param = None
+        else:
+            message = f"{param or 'body'}: {first.get('msg')}"
+            if "input" in first and param:
+                message += f" (got {json.dumps(first['input'], default=str)[:80]})"
+        return APIError(400, message, param=param).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("request failed")
+        return APIError(500, f"the engine failed on this request: {type(error).__name__}: {error}").response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": now(),
+                    "owned_by": "mini-vllm",
+                    "root": settings.model_path,
+                    "max_model_len": settings.max_model_len,
+                }
+            ],
+        }
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        if await engine.reset_prefix_cache():
+            return Response(status_code=200)
+        raise APIError(
+            409, "requests are running: the prefix cache can be reset only when none is", error_type="Conflict"
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        serving.check_model(body.model)
+        serving.check_cache_salt(body.cache_salt)
+        token_ids = await serving.chat_prompt(body)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        params = serving.sampling_params(body, max_tokens, len(token_ids))
+        stream = await serving.start(token_ids, body.cache_salt, params)
+        response = _Response("chatcmpl", "chat.completion", name, details, body.n, chat=True)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(response.stream([stream], include_usage), media_type="text/event-stream")
+        result = await _until_disconnected(request, response.collect([stream]))
+        return result if result is not None else Response(status_code=499)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        serving.check_model(body.model)
+        serving.check_cache_salt(body.cache_salt)
+        if body.echo:
+            raise APIError(400, "echo is not supported by mini-vLLM's server", param="echo")
+        if body.logprobs is not None:
+            raise APIError(400, "logprobs are not supported by mini-vLLM's server", param="logprobs")
+        prompts = await serving.completion_prompts(body)
+        params = [serving.sampling_params(body, body.max_tokens, len(token_ids)) for token_ids in prompts]
+        streams = []
+        try:
+            for token_ids, prompt_params in zip(prompts, params):
+                streams.append(await serving.start(token_ids, body.cache_salt, prompt_params))
+        except BaseException:
+            for stream in streams:  # the prompts queued before the bad one leave again
+                await stream.aclose()
+            raise
+        response = _Response("cmpl", "text_completion", name, details, body.n, chat=False)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(response.stream(streams, include_usage), media_type="text/event-stream")
+        result = await _until_disconnected(request, response.collect(streams))
+        return result if result is not None else Response(status_code=499)
+
+    registry = CollectorRegistry()
+    registry.register(_EngineCollector(engine, name))
+    app.state.engine = engine
+    return app
+
+
+class _Response:
+    """Builds one chat or text completion response (whole, or as SSE chunks) from the engine's deltas."""
+
+    def __init__(self, id_prefix: str, obj: str, model: str, details: bool, n: int, chat: bool) -> None:
+        self.id = random_id(id_prefix)
+        self.object = obj
+        self.model = model
+        self.details = details
+        self.n = n
+        self.chat = chat
+        self.created = now()
+
+    def _choice_index(self, prompt_index: int, delta: StreamDelta) -> int:
+        return prompt_index * self.n + delta.index
+
+    async def collect(self, streams: list[RequestStream]) -> JSONResponse:
+        texts: dict[int, list[str]] = {}
+        finals: dict[int, StreamDelta] = {}
+        prompt_tokens = cached_tokens = completion_tokens = 0
+        counted: set[int] = set()
+        async for prompt_index, delta in _merged(streams):
+            choice = self._choice_index(prompt_index, delta)
+            texts.setdefault(choice, []).append(delta.text)
+            completion_tokens += len(delta.token_ids)
+            if delta.finished:
+                finals[choice] = delta
+                if prompt_index not in counted:  # a prompt's tokens count once, whatever n is
+                    counted.add(prompt_index)
+                    prompt_tokens += delta.num_prompt_tokens
+                    cached_tokens += delta.num_cached_tokens
+        if any(final.finish_reason == "error" for final in finals.values()):
+            raise APIError(500, "the engine failed while computing this request (see the server's log)")
+        choices = []
+        for choice in sorted(finals):
+            text = "".join(texts[choice])
+            entry: dict[str, Any] = {"index": choice}
+            if self.chat:
+                entry["message"] = {"role": "assistant", "content": text}
+            else:
+                entry["text"] = text
+            entry.update({"logprobs": None, "finish_reason": finals[choice].finish_reason})
+            choices.append(entry)
+        return JSONResponse(
+            {
+                "id": self.id,
+                "object": self.object,
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                "usage": usage(prompt_tokens, completion_tokens, cached_tokens, self.details),
+            }
+        )
+
+    def _chunk(self, choices: list[dict], include_usage: bool, usage_value: dict | None = None) -> dict:
+        chunk = {
+            "id": self.id,
+            "object": f"{self.object}.chunk" if self.chat else self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if include_usage:
+            chunk["usage"] = usage_value
+        return chunk
+
+    def _choice(self, index: int, text: str, finish_reason: str | None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    async def stream(self, streams: list[RequestStream], include_usage: bool) -> AsyncIterator[str]:
+        """SSE chunks; the usage comes in one last chunk with no choices when ``include_usage`` is set."""
+        prompt_tokens = cached_tokens = completion_tokens = 0
+        counted: set[int] = set()
+        started: set[int] = set()
+        failed = False
+        try:
+            if self.chat:  # the assistant's role first, for every choice, as vLLM sends it
+                for prompt_index in range(len(streams)):
+                    for k in range(self.n):
+                        choice = prompt_index * self.n + k
+                        started.add(choice)
+                        yield _sse(self._chunk([self._choice(choice, "", None, first=True)], include_usage))
+            async for prompt_index, delta in _merged(streams):
+                choice = self._choice_index(prompt_index, delta)
+                completion_tokens += len(delta.token_ids)
+                if delta.finished and prompt_index not in counted:
+                    counted.add(prompt_index)
+                    prompt_tokens += delta.num_prompt_tokens
+                    cached_tokens += delta.num_cached_tokens
+                if delta.finished and delta.finish_reason == "error":
+                    failed = True
+                    error = error_body("the engine failed while computing this request", "InternalServerError", 500)
+                    yield _sse(error)
+                    break
+                if delta.text or delta.finished:
+                    finish = delta.finish_reason if delta.finished else None
+                    yield _sse(self._chunk([self._choice(choice, delta.text, finish)], include_usage))
+            if include_usage and not failed:
+                yield _sse(self._chunk([], True, usage(prompt_tokens, completion_tokens, cached_tokens, self.details)))
+            yield "data: [DONE]\n\n"
+        finally:
+            for stream in streams:  # a client that went away: abort what still runs
+                await stream.aclose()
+
+
+class _EngineCollector:
+    """``/metrics``: the engine's figures under vLLM's metric names (read from ``AsyncLLM.stats``)."""
+
+    def __init__(self, engine: AsyncLLM, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+
+    def collect(self):
+        stats = self.engine.stats
+        labels = ["model_name"]
+        values = [self.model_name]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits
+        )
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemptions.", stats.num_preemptions)
+        yield gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            stats.num_blocks_in_use / stats.num_blocks if stats.num_blocks else 0.0,
+        )
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens)
+        finished = CounterMetricFamily(
+            "vllm:request_success", "Count of finished requests by finish reason.", labels=[*labels, "finished_reason"]
+        )
+        for reason, count in sorted(stats.finished_by_reason.items()):
+            finished.add_metric([self.model_name, reason], count)
+        yield finished
+
+
+# -- running it ------------------------------------------------------------------------
+class BackgroundServer:
+    """The server in a thread of this process (notebooks, tests): ``with BackgroundServer(llm) as server: server.url``.
+
+    The engine loop runs in its own thread as usual; uvicorn serves on
+    ``host:port`` (port 0 picks a free one). ``stop()`` shuts both down.
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        served_model_name: str = "mini-vllm",
+        enable_prompt_tokens_details: bool = True,
+    ) -> None:
+        import uvicorn
+
+        engine = llm.llm_engine
+        settings = ServerSettings(
+            served_model_name=served_model_name,
+            model_path=engine.model_path,
+            max_model_len=engine.max_model_len,
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            default_sampling=default_sampling_from(engine.model_path),
+        )
+        self.engine = AsyncLLM(llm)
+        self.app = build_app(self.engine, settings)
+        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="mini-vllm-http", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"the server could not start on {host}:{port}")
+            threading.Event().wait(0.02)
+        bound_port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{host}:{bound_port}"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self.engine.shutdown()
+
+    def __enter__(self) -> BackgroundServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """``vllm serve``'s flag names, where mini-vLLM has the setting."""
+    parser.add_argument("model_tag", nargs="?", default=None, help="a local Hugging Face folder (default: bundled)")
+    parser.add_argument("--model", default=None, help="same as the positional MODEL")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: MODEL)")
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="blocks in the KV-cache pool (EngineConfig.num_blocks)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="requests per step at most")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
+    parser.add_argument("--attention-backend", default=None, help="torch or triton (default: auto)")
+    parser.add_argument("--seed", type=int, default=None, help="the engine's seed for requests without one")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefix caching (default: on)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens",
+    )
+    parser.add_argument(
+        "--learner-engine",
+        action="store_true",
+        help="serve your own engine: the parts you passed in the exercises (mini_vllm.course.learner_engine)",
+    )
+    parser.add_argument("--log-level", default="info", help="uvicorn's log level (default: %(default)s)")
+
+
+ENGINE_FLAGS = {
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "device": "device",
+    "num_gpu_blocks_override": "num_blocks",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "attention_backend": "attention_backend",
+    "seed": "seed",
+}
+"""Server flag (argparse dest) -> ``EngineConfig`` field."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(
+        prog="python -m mini_vllm serve", description="An OpenAI-compatible server over mini-vLLM (make serve)."
+    )
+    add_server_args(parser)
+    args = parser.parse_args(argv)
+    if args.model_tag and args.model and args.model_tag != args.model:
+        parser.error(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+    model = args.model_tag or args.model
+    settings = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+    settings["enable_prefix_caching"] = args.enable_prefix_caching
+    try:
+        if args.learner_engine:
+            from ...course.learner_engine import learner_engine, show_parts
+
+            llm = learner_engine(model, **settings)
+            print(show_parts(llm))
+        else:
+            llm = LLM(model, **settings)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    engine = llm.llm_engine
+    server_settings = ServerSettings(
+        served_model_name=args.served_model_name or model or "mini-vllm",
+        model_path=engine.model_path,
+        max_model_len=engine.max_model_len,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        default_sampling=default_sampling_from(engine.model_path),
+    )
+    app = build_app(AsyncLLM(llm), server_settings)
+    print(f"mini-vLLM serves {server_settings.served_model_name!r} on http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

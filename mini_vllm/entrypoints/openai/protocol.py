@@ -1,0 +1,105 @@
+"""The OpenAI API's request and response bodies, as vLLM's server accepts and returns them.
+
+Only the fields a prompt-caching course needs, with the OpenAI / vLLM names:
+``messages`` or ``prompt``, ``max_tokens`` (``max_completion_tokens`` for chat),
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``n``, ``stop``, ``stream``,
+``stream_options.include_usage``, ``ignore_eos`` and vLLM's ``cache_salt``. Types are checked strictly
+(a string ``max_tokens`` is refused, not converted); values are checked by
+``SamplingParams``, the engine's one place for them, so the server and
+``LLM.generate`` refuse the same things with the same words. Unknown fields
+are ignored, as vLLM does (it logs them).
+
+vLLM equivalent: ``vllm/entrypoints/openai/protocol.py`` (and, in 0.33,
+``chat_completion/protocol.py``, ``completion/protocol.py``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Number = StrictInt | StrictFloat
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    seed: StrictInt | None = None
+    n: StrictInt = 1
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool = False
+    cache_salt: StrictStr | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: StrictStr
+    content: StrictStr | list[TextPart]
+
+    def text(self) -> str:
+        """The content as one string (text parts joined with newlines, as vLLM's chat renderer does)."""
+        return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Request):
+    # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+
+
+_Request.model_rebuild()
+ChatCompletionRequest.model_rebuild()
+CompletionRequest.model_rebuild()
+
+
+# -- responses (plain dicts: what goes over the wire is exactly what is written here) ---------
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, with_details: bool) -> dict[str, Any]:
+    """The ``usage`` object. ``prompt_tokens`` includes the cached ones, as OpenAI and vLLM count them;
+    ``prompt_tokens_details.cached_tokens`` is there only with ``--enable-prompt-tokens-details`` (0 on a miss)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if with_details else None,
+    }
+
+
+def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def now() -> int:
+    return int(time.time())
