@@ -12,16 +12,22 @@ block tables, the prefix-cache map (hash bytes -> block), every request's
 block hashes (bytes) and the prefix-cache counters (``requests``,
 ``queries``, ``hits``, ``preempted_*``, ``reset``).
 
-Which vLLM runs: the one in ``.venv-vllm`` (vLLM 0.32.0, the newest CPU
-build). The reference is 0.33, but in the code these calls reach the two
-releases do not differ: 0.32 -> 0.33 changed ``vllm/v1/core`` only for
-null-block handling in ``touch``/``free_blocks`` (the null block is never in
-a full-attention table here), hash lookahead for speculative decoding
-(``num_hash_lookahead_tokens``, off by default) and EAGLE / Mamba / sliding
-window paths; ``FreeKVCacheBlockQueue``, ``free_blocks``' order,
-``hash_block_tokens``, ``NONE_HASH`` and ``PrefixCacheStats`` are identical.
-So the test runs 0.32's files as installed. (Run once by hand against 0.33.0's own
-Python files, from its wheel, the same 40 workloads gave identical snapshots.)
+Which vLLM runs: both of these, each test once per release:
+
+* ``installed``: the one in ``.venv-vllm`` (vLLM 0.32.0, the newest CPU build);
+* ``0.33.0``, the course's reference: that release's own Python files, from its
+  wheel (``benchmarks/get_vllm_source.sh``, which ``make test-unit`` runs
+  first, puts them in ``.vllm-0.33.0/src``), imported by ``.venv-vllm``'s
+  Python with ``PYTHONPATH`` pointing there; its compiled kernels are
+  deleted, the KV-cache manager is plain Python.
+
+In the code these calls reach the two releases do not differ: 0.32 -> 0.33
+changed ``vllm/v1/core`` only for null-block handling in
+``touch``/``free_blocks`` (the null block is never in a full-attention table
+here), hash lookahead for speculative decoding (``num_hash_lookahead_tokens``,
+off by default) and EAGLE / Mamba / sliding window paths;
+``FreeKVCacheBlockQueue``, ``free_blocks``' order, ``hash_block_tokens``,
+``NONE_HASH`` and ``PrefixCacheStats`` are identical. Running both keeps it so.
 
 Documented, intended differences, mapped before comparing:
 
@@ -31,7 +37,9 @@ Documented, intended differences, mapped before comparing:
   admission; mini-vLLM's ``allocate_slots`` makes that call itself (the driver
   makes it on the vLLM side, where the scheduler would).
 
-Skipped, with the reason, when ``.venv-vllm`` is missing.
+Skipped, with the reason, when ``.venv-vllm`` is missing. The 0.33.0 run is
+skipped, with the fetch's reason, when its files could not be fetched (no
+network), except under CI (``CI=true``), where that fails the test instead.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DRIVER = ROOT / "mini_vllm" / "vllm_side" / "kv_cache_manager_driver.py"
 NUM_WORKLOADS = 40
+# "installed": .venv-vllm's own vLLM; a version: that release's wheel files (benchmarks/get_vllm_source.sh).
+VLLM_RELEASES = ["installed", "0.33.0"]
 
 
 # -- the mini-vLLM side ---------------------------------------------------------------
@@ -198,18 +208,57 @@ def first_difference(workload: dict, vllm_snapshots: list[dict], manager_class=K
     return None
 
 
-@pytest.fixture(scope="module")
-def vllm_results():
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no .venv-vllm: run `make vllm` to install vLLM for the differential test")
+def release_source(version: str, ci: bool, root: Path = ROOT) -> Path:
+    """``.vllm-<version>/src``, fetched by ``benchmarks/get_vllm_source.sh``; skip (fail under CI) without it."""
+    dest = root / f".vllm-{version}"
+    if (dest / ".complete").exists():
+        return dest / "src"
+    unavailable = dest / ".unavailable"
+    why = unavailable.read_text().strip() if unavailable.exists() else "it was not fetched"
+    message = (
+        f"vLLM {version}'s Python files are not in {dest}: {why} (run bash benchmarks/get_vllm_source.sh {version})"
+    )
+    if ci:
+        pytest.fail(f"under CI the differential test must run against vLLM {version}: {message}")
+    pytest.skip(message)
+
+
+def run_driver(pythonpath: Path | None) -> dict:
+    """The driver's snapshots of every workload, run by .venv-vllm's Python (on ``pythonpath``'s vLLM if given)."""
     # PYTHONHASHSEED, if set, passes through: both sides derive NONE_HASH from it the same way.
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     payload = json.dumps({"workloads": WORKLOADS})
     done = subprocess.run(
         [str(VLLM_PYTHON), str(DRIVER)], input=payload, capture_output=True, text=True, env=env, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module", params=VLLM_RELEASES)
+def vllm_results(request):
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no .venv-vllm: run `make vllm` to install vLLM for the differential test")
+    if request.param == "installed":
+        return run_driver(None)
+    results = run_driver(release_source(request.param, ci=os.environ.get("CI") == "true"))
+    # The snapshots must be that release's, not .venv-vllm's own vLLM found instead.
+    assert results["vllm_version"] == request.param, results["vllm_version"]
+    return results
+
+
+def test_a_missing_release_skips_locally_and_fails_under_ci(tmp_path):
+    (tmp_path / ".vllm-9.9.9").mkdir()
+    (tmp_path / ".vllm-9.9.9" / ".unavailable").write_text("pip download vllm==9.9.9 failed (no network)\n")
+    with pytest.raises(pytest.skip.Exception, match="no network"):
+        release_source("9.9.9", ci=False, root=tmp_path)
+    with pytest.raises(pytest.fail.Exception, match="under CI .* must run against vLLM 9.9.9: .*no network"):
+        release_source("9.9.9", ci=True, root=tmp_path)
+    (tmp_path / ".vllm-9.9.9" / ".complete").touch()
+    assert release_source("9.9.9", ci=True, root=tmp_path) == tmp_path / ".vllm-9.9.9" / "src"
 
 
 def test_the_workloads_cover_what_they_should():
