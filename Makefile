@@ -12,7 +12,8 @@ TRITON_SPEC   ?= triton==3.9.0
 PYTEST_ARGS   ?=
 # One intra-op thread per process for tests and notebook runs: the tiny model
 # gains nothing from more, and a notebook kernel next to pytest on 2 cores
-# would otherwise oversubscribe them (up to 45x slower). Benchmarks keep the default.
+# would otherwise oversubscribe them (up to 45x slower). `make bench` runs with it
+# too, so its results are one-thread numbers.
 TEST_ENV      := OMP_NUM_THREADS=1
 
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
