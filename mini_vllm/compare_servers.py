@@ -136,7 +136,6 @@ def start_vllm_server(spec: ServerSpec, log_dir: Path) -> ServerProcess:
         "--enforce-eager",
         "--enable-prompt-tokens-details",
         "--enable-prefix-caching",
-        "--disable-log-stats",
     ]  # fmt: skip
     env = dict(
         os.environ,

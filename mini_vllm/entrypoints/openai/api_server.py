@@ -55,6 +55,7 @@ MAX_CACHE_SALT_LENGTH = 128
 FORBIDDEN_SALT_CHARACTERS = ("@", "/", "\\", "\0")
 # Sampling settings a model's generation_config.json may set as defaults (vLLM: --generation-config auto).
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")
+UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
 class APIError(Exception):
@@ -280,7 +281,12 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        # The field's path, without pydantic's union-member tags ("str", "list[str]", "function-after[...]").
+        location = [
+            str(part)
+            for part in first.get("loc", ())
+            if part != "body" and not (isinstance(part, str) and (part in UNION_TAGS or "[" in part))
+        ]
         param = ".".join(location) or None
         if first.get("type") == "json_invalid":
             message = f"the request body is not valid JSON: {first.get('msg')}"

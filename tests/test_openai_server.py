@@ -1,0 +1,284 @@
+"""The OpenAI-compatible server (``python -m mini_vllm serve``), through the official ``openai`` client.
+
+Most tests run the server in this process (``BackgroundServer``: uvicorn and the
+engine loop in threads) so they can look at the engine afterwards: nothing
+leaked, requests batched together. One test starts it as a user does, as a
+subprocess from the command line, and stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import APIStatusError, OpenAI
+
+from engine_invariants import assert_nothing_leaked
+from mini_vllm import LLM
+from mini_vllm.compare_servers import ServerSpec, start_mini_server
+from mini_vllm.entrypoints.openai.api_server import BackgroundServer
+from mini_vllm.events import StepFinished
+from mini_vllm.model import default_model_path
+
+MODEL = "mini-vllm"
+SYSTEM = {
+    "role": "system",
+    "content": "You are Pip, a friendly storyteller for young children. Write three short sentences. " * 4,
+}
+
+
+def chat(client, user: str, **kwargs):
+    return client.chat.completions.create(
+        model=MODEL, messages=[SYSTEM, {"role": "user", "content": user}], max_tokens=kwargs.pop("max_tokens", 12),
+        temperature=kwargs.pop("temperature", 0), **kwargs,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served():
+    llm = LLM(device="cpu", block_size=32, num_blocks=96, max_model_len=1024)
+    with BackgroundServer(llm, served_model_name=MODEL) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        yield llm, server, client
+
+
+def wait_idle(llm: LLM, timeout: float = 30) -> None:
+    """The engine thread frees an aborted request's blocks before its next step: wait for it."""
+    deadline = time.monotonic() + timeout
+    while llm.llm_engine.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_cached_tokens_as_users_see_them(served):
+    llm, server, client = served
+    first = chat(client, "Tell me a story about a cat.")
+    second = chat(client, "Tell me a story about a dog.")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0  # 0 on a miss, not null
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 32 == 0 and cached < second.usage.prompt_tokens
+    assert second.usage.total_tokens == second.usage.prompt_tokens + second.usage.completion_tokens
+    salted = chat(client, "Tell me a story about a dog.", extra_body={"cache_salt": "tenant-b"})
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    again = chat(client, "Tell me a story about a dog.", extra_body={"cache_salt": "tenant-b"})
+    # Its own blocks: every full block but the one holding the last prompt token (the last-block rule).
+    assert again.usage.prompt_tokens_details.cached_tokens == (again.usage.prompt_tokens - 1) // 32 * 32
+    assert again.choices[0].message.content == second.choices[0].message.content  # the salt changes nothing else
+
+
+def test_the_same_answer_as_llm_chat_and_generate(served):
+    llm, server, client = served
+    reference = LLM(device="cpu", block_size=32)
+    from mini_vllm import SamplingParams
+
+    messages = [SYSTEM, {"role": "user", "content": "A story about a fox."}]
+    expected = reference.chat(messages, SamplingParams(temperature=0, max_tokens=15))[0]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=15, temperature=0)
+    assert reply.choices[0].message.content == expected.outputs[0].text
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    expected = reference.generate(["Once upon a time"], SamplingParams(temperature=0, max_tokens=10))[0]
+    reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=10, temperature=0)
+    assert reply.choices[0].text == expected.outputs[0].text
+
+
+def test_streaming_gives_the_same_text_and_usage_last(served):
+    llm, server, client = served
+    for stop in (None, [".", "!"]):
+        whole = chat(client, "A story about a bear.", max_tokens=30, stop=stop)
+        chunks = list(
+            chat(
+                client,
+                "A story about a bear.",
+                max_tokens=30,
+                stop=stop,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+            whole.choices[0].finish_reason
+        ]
+        if stop:
+            assert not any(s in text for s in stop) and whole.choices[0].finish_reason == "stop"
+    no_usage = list(chat(client, "A story about a bear.", stream=True))
+    assert all(getattr(c, "usage", None) is None for c in no_usage)
+
+
+def test_completions_batch_n_and_token_ids(served):
+    llm, server, client = served
+    reply = client.completions.create(
+        model=MODEL, prompt=["Once upon a time", "The farm was"], max_tokens=6, temperature=0.8, seed=7, n=2
+    )
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert reply.choices[0].text != reply.choices[1].text or reply.choices[2].text != reply.choices[3].text
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.encode("Once upon a time", add_special_tokens=False)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    by_text = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+def test_concurrent_clients_share_engine_steps(served):
+    """Continuous batching across HTTP requests: 16 clients at once, steps that hold several of them."""
+    llm, server, client = served
+    batch_sizes: list[int] = []
+    lock = threading.Lock()
+
+    def listener(event):
+        if isinstance(event, StepFinished):
+            with lock:
+                batch_sizes.append(len(event.num_scheduled_tokens))
+
+    llm.llm_engine.add_listener(listener)
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(lambda i: chat(client, f"Story number {i}.", max_tokens=16), range(16)))
+    finally:
+        llm.llm_engine.remove_listener(listener)
+    assert len(replies) == 16 and all(r.choices[0].message.content for r in replies)
+    assert max(batch_sizes) >= 4, batch_sizes
+    assert len(batch_sizes) < 16 * 16  # fewer steps than one request at a time would need
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
+
+
+BAD = [
+    ({"messages": []}, 400, "messages"),
+    ({}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": 5}, 400, "cache_salt"),
+    ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": ""}, 400, "cache_salt"),
+    ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "a/b"}, 400, "cache_salt"),
+    ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "x" * 129}, 400, "cache_salt"),
+    ({"messages": [{"role": "user", "content": "story " * 1100}]}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000}, 400, "max_tokens"),
+    ({"messages": [{"role": "user"}]}, 400, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}, 400, "stop"),
+    ({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[f"{p}-{i}" for i, (_, _, p) in enumerate(BAD)])
+def test_bad_requests_name_the_field_and_leave_nothing_behind(served, body, status, param):
+    llm, server, client = served
+    response = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, **body}, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["param"] == param and error["message"], error
+    assert_nothing_leaked(llm.llm_engine)
+    assert chat(client, "hi", max_tokens=2).choices[0].message.content is not None  # still serving
+
+
+def test_bad_json_and_bad_completion_prompts(served):
+    llm, server, client = served
+    response = httpx.post(
+        server.url + "/v1/completions", content=b'{"prompt": "x"', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "JSON" in response.json()["error"]["message"]
+    for prompt, param in (([], "prompt"), ("", "prompt"), ([10**9], "prompt"), ([["a"]], "prompt")):
+        response = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        assert response.status_code == 400, (prompt, response.text)
+        assert response.json()["error"]["message"]
+    # A batch whose second prompt is bad queues nothing of the first either.
+    response = httpx.post(server.url + "/v1/completions", json={"prompt": [[1, 2, 3], [10**9]], "max_tokens": 2})
+    assert response.status_code == 400 and "outside the vocabulary" in response.json()["error"]["message"]
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
+    with pytest.raises(APIStatusError) as raised:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, logprobs=2)
+    assert raised.value.status_code == 400
+
+
+def test_a_client_that_disconnects_mid_stream_has_its_request_aborted(served):
+    llm, server, client = served
+    body = {
+        "model": MODEL,
+        "messages": [SYSTEM, {"role": "user", "content": "A very long story."}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+    assert any(line.startswith("data: ") for line in received)
+    wait_idle(llm)
+    assert not llm.llm_engine.requests
+    assert_nothing_leaked(llm.llm_engine)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'vllm:request_success_total{finished_reason="abort"' in metrics
+
+
+def test_a_failing_request_gets_a_500_alone(served, monkeypatch):
+    llm, server, client = served
+    runner = llm.llm_engine.model_runner
+    original = runner.execute_model
+    calls = {"n": 0}
+
+    def fail_once(scheduler_output):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return original(scheduler_output)
+
+    monkeypatch.setattr(runner, "execute_model", fail_once)
+    response = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        timeout=60,
+    )
+    assert response.status_code == 500 and response.json()["error"]["message"]
+    assert chat(client, "hello", max_tokens=3).choices[0].message.content is not None
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
+
+
+def test_models_health_metrics_and_reset(served):
+    llm, server, client = served
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.url + "/health").status_code == 200
+    chat(client, "A story about an owl.")
+    chat(client, "A story about an owl.")
+    metrics = httpx.get(server.url + "/metrics").text
+    values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("vllm:")}
+    stats = llm.llm_engine.get_stats()
+    assert values["vllm:prefix_cache_queries_total"] == stats.prefix_cache_queries
+    assert values["vllm:prefix_cache_hits_total"] == stats.prefix_cache_hits > 0
+    assert values["vllm:num_requests_running"] == 0 and values["vllm:num_requests_waiting"] == 0
+    assert httpx.post(server.url + "/reset_prefix_cache").status_code == 200
+    assert chat(client, "A story about an owl.").usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_make_serve_from_the_command_line(tmp_path):
+    """``python -m mini_vllm serve`` as a user starts it; SIGTERM stops it cleanly."""
+    spec = ServerSpec(str(default_model_path()), block_size=16, num_blocks=64, max_model_len=512)
+    with start_mini_server(spec, tmp_path) as server:
+        server.wait_ready(timeout=120)
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        reply = client.chat.completions.create(
+            model="mini-vllm-course", messages=[SYSTEM, {"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert reply.usage.prompt_tokens_details.cached_tokens == 0
+        again = client.chat.completions.create(
+            model="mini-vllm-course", messages=[SYSTEM, {"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert again.usage.prompt_tokens_details.cached_tokens % 16 == 0
+        assert again.usage.prompt_tokens_details.cached_tokens > 0
+    # uvicorn shuts down gracefully, then re-raises the signal it caught: exit status -SIGTERM, no traceback.
+    log = server.log_path.read_text()
+    assert server.process.returncode in (0, -15), log[-2000:]
+    assert "Traceback" not in log, log[-2000:]
+    json.dumps(reply.model_dump())
