@@ -7,6 +7,10 @@ import os
 import pytest
 import torch
 
+# Under CI (CI=true) a skip for a missing prerequisite (Chromium, real vLLM, the real model, npm)
+# fails the test instead: tests/prerequisites.py.
+from prerequisites import pytest_runtest_makereport  # noqa: F401
+
 # Without a GPU the kernels run in Triton's interpreter; the variable must be set
 # before triton is first imported (kernels/__init__ does the same). On a GPU
 # machine the kernels compile, and the kernel tests run on CUDA.

@@ -19,7 +19,8 @@ mapping or a missing norm. (``test_model.py`` uses 1e-4 on the 4-layer bundled
 model, whose logits are small.)
 
 When the model is not installed the tests skip and say how to get it; ``make
-test`` installs it first, so there they always run.
+test`` installs it first, so there they always run, and under CI (``CI=true``)
+a missing model fails them (tests/prerequisites.py).
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ from mini_vllm.real_model import (
     real_model_path,
     reference_result,
 )
+from prerequisites import skip_if_missing
 from test_model import PagedCache, hf_logits, run
 
 ATOL = 1e-3
 
 REAL_MODEL = real_model_path()
-needs_real_model = pytest.mark.skipif(REAL_MODEL is None, reason=HOW_TO_GET)
+needs_real_model = skip_if_missing(REAL_MODEL is None, "real-model", HOW_TO_GET)  # fails under CI
 
 # Long enough that the system prompt fills two whole 16-token blocks: the
 # questions below share them, so prefix caching has something to hit.

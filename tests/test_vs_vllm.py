@@ -1,7 +1,8 @@
 """mini-vLLM against real vLLM: same prompts -> same cache hits, same counters, same tokens.
 
 Real vLLM runs from its own virtualenv (``make vllm`` -> ``.venv-vllm/``); the
-tests that need it skip with the reason when it is missing. vLLM starts once
+tests that need it skip with the reason when it is missing (fail under CI:
+tests/prerequisites.py). vLLM starts once
 per model (one subprocess runs every workload at block sizes 32 and 128).
 The two models: the bundled one and SmolLM2-135M-Instruct (``make real-model``).
 
@@ -31,6 +32,7 @@ from mini_vllm.compare_vllm import (
 from mini_vllm.kv_cache_manager import max_cache_hit_blocks
 from mini_vllm.model import default_model_path
 from mini_vllm.real_model import real_model_path
+from prerequisites import missing
 
 BLOCK_SIZES = (32, 128)
 MODELS = ("bundled", "smollm2")
@@ -51,14 +53,14 @@ def _model_path(model: str):
         return default_model_path()
     path = real_model_path()
     if path is None:
-        pytest.skip("SmolLM2-135M-Instruct is not converted: run `make real-model`")
+        missing("real-model", "SmolLM2-135M-Instruct is not converted: run `make real-model`")
     return path
 
 
 def side_by_side(model: str) -> dict:
     """Both engines on every workload, both block sizes; computed once per model per session."""
     if vllm_python() is None:
-        pytest.skip(vllm_missing_reason())
+        missing("vllm", vllm_missing_reason())
     if model not in _results:
         _results[model] = run_matrix(_model_path(model), BLOCK_SIZES, WORKLOAD_NAMES, prompts=YOUR_PROMPTS)
         print(format_table(_results[model]))

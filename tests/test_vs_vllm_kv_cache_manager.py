@@ -57,6 +57,7 @@ from known_mistakes import free_one_at_a_time
 from mini_vllm.block_pool import BlockPool
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
+from prerequisites import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -241,7 +242,7 @@ def run_driver(pythonpath: Path | None) -> dict:
 @pytest.fixture(scope="module", params=VLLM_RELEASES)
 def vllm_results(request):
     if not VLLM_PYTHON.exists():
-        pytest.skip("no .venv-vllm: run `make vllm` to install vLLM for the differential test")
+        missing("vllm", "no .venv-vllm: run `make vllm` to install vLLM for the differential test")
     if request.param == "installed":
         return run_driver(None)
     results = run_driver(release_source(request.param, ci=os.environ.get("CI") == "true"))
