@@ -57,7 +57,7 @@ from known_mistakes import free_one_at_a_time
 from mini_vllm.block_pool import BlockPool
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
-from prerequisites import missing
+from prerequisites import missing, under_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -245,7 +245,7 @@ def vllm_results(request):
         missing("vllm", "no .venv-vllm: run `make vllm` to install vLLM for the differential test")
     if request.param == "installed":
         return run_driver(None)
-    results = run_driver(release_source(request.param, ci=os.environ.get("CI") == "true"))
+    results = run_driver(release_source(request.param, ci=under_ci()))
     # The snapshots must be that release's, not .venv-vllm's own vLLM found instead.
     assert results["vllm_version"] == request.param, results["vllm_version"]
     return results
