@@ -69,8 +69,11 @@ class ServerProcess:
         raise RuntimeError(f"{self.name}'s server was not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 30) -> str:
+        """The log's last lines, after the first line that names an error (the root cause, above the tracebacks)."""
         self._log.flush()
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        text = self.log_path.read_text(errors="replace").splitlines()
+        cause = next((line for line in text if "Error: " in line), None)
+        return "\n".join(([f"first error: {cause}", "..."] if cause else []) + text[-lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -314,3 +317,103 @@ def main(argv: list[str] | None = None) -> int:
     same = all(r["same_prompt_tokens"] and r["same_cached_tokens"] and r["same_text"] for r in result["rows"])
     print("\nevery request: same prompt tokens, cached tokens and text" if same else "\nthe servers DIFFER (above)")
     return 0 if same else 1
+
+
+# -- throughput and TTFT over HTTP (make bench) ----------------------------------------------
+def serving_round(client, conversations: list[list[dict]], max_tokens: int, concurrency: int) -> dict[str, float]:
+    """All ``conversations`` through one server, ``concurrency`` clients at a time, every answer streamed.
+
+    Every answer is exactly ``max_tokens`` long (``ignore_eos``), so both servers do the same work.
+    Returns the median and 90th-percentile time to the first token and the output tokens per second.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(messages: list[dict]) -> tuple[float, int, int]:
+        start = time.perf_counter()
+        first = None
+        usage = None
+        for chunk in client.chat.completions.create(
+            model=SERVED_MODEL_NAME,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        ):
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - start
+            if chunk.usage is not None:
+                usage = chunk.usage
+        return first, usage.completion_tokens, usage.prompt_tokens_details.cached_tokens
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        answers = list(pool.map(one, conversations))
+    wall = time.perf_counter() - start
+    ttfts = sorted(ttft for ttft, _, _ in answers)
+    return {
+        "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2],
+        "ttft_p90_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.9 * len(ttfts)))],
+        "throughput_tok_s": sum(tokens for _, tokens, _ in answers) / wall,
+        "cached_tokens": sum(cached for _, _, cached in answers),
+    }
+
+
+def serving_conversations(num_requests: int) -> list[list[dict]]:
+    """Chats over the bundled model's system prompts, four users per system prompt, interleaved."""
+    data = workload_prompts()
+    systems, users = data["systems"], data["users"]
+    return [
+        [{"role": "system", "content": systems[i % len(systems)]}, {"role": "user", "content": users[i % len(users)]}]
+        for i in range(num_requests)
+    ]
+
+
+def bench_serving(
+    spec: ServerSpec,
+    log_dir: Path,
+    rounds: int = 3,
+    num_requests: int = 16,
+    concurrency: int = 4,
+    max_tokens: int = 32,
+    with_vllm: bool = True,
+) -> dict[str, Any]:
+    """Both servers, one after the other (one compute thread each), the same concurrent workload.
+
+    Each round starts from an empty prefix cache (``/reset_prefix_cache``) after a warm-up
+    request; the figures are each server's median over rounds, with their range, and
+    mini-vLLM's over vLLM's.
+    """
+    from openai import OpenAI
+
+    conversations = serving_conversations(num_requests)
+    starters = [("mini", start_mini_server)] + ([("vllm", start_vllm_server)] if with_vllm else [])
+    per_server: dict[str, list[dict[str, float]]] = {}
+    for name, start in starters:
+        with start(spec, log_dir) as server:
+            server.wait_ready(timeout=600)
+            client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+            serving_round(client, conversations[:1], max_tokens, 1)  # warm-up: one-time costs
+            per_server[name] = []
+            for _ in range(rounds):
+                urllib.request.urlopen(urllib.request.Request(server.url + "/reset_prefix_cache", method="POST"))
+                per_server[name].append(serving_round(client, conversations, max_tokens, concurrency))
+    result: dict[str, Any] = {
+        "num_requests": num_requests,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "rounds": rounds,
+        "threads": spec.threads,
+        "block_size": spec.block_size,
+    }
+    for name, runs in per_server.items():
+        for key in ("ttft_p50_ms", "throughput_tok_s"):
+            values = sorted(run[key] for run in runs)
+            result[f"{name}_{key}"] = values[len(values) // 2]
+            result[f"{name}_{key}_range"] = [values[0], values[-1]]
+        result[f"{name}_cached_tokens"] = runs[-1]["cached_tokens"]
+    if "vllm" in per_server:
+        result["throughput_ratio"] = result["mini_throughput_tok_s"] / result["vllm_throughput_tok_s"]
+        result["ttft_ratio"] = result["mini_ttft_p50_ms"] / result["vllm_ttft_p50_ms"]
+    return result
