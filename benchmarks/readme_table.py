@@ -103,6 +103,20 @@ def table(results: dict) -> str:
             f"of reading every weight once ({r['weight_bytes'] / 1e6:.0f} MB at {r['memory_bandwidth_gbs']:.0f} GB/s = "
             f"{r['weights_read_floor_ms']:.1f} ms) | {goal} |"
         )
+    for name, r in results.get("serving", {}).items():
+        vllm_config = "vLLM's OpenAI server, eager, 1 thread" if "vllm_throughput_tok_s" in r else "no vLLM measured"
+        theirs = (
+            f" vs {r['vllm_throughput_tok_s']:.0f} ({_range(r['vllm_throughput_tok_s_range'], '.0f')}) tok/s, "
+            f"**{r['throughput_ratio']:.2f}×**; TTFT p50 {r['mini_ttft_p50_ms']:.0f} vs {r['vllm_ttft_p50_ms']:.0f} ms "
+            f"({r['ttft_ratio']:.2f}×)"
+            if "vllm_throughput_tok_s" in r
+            else f" tok/s; TTFT p50 {r['mini_ttft_p50_ms']:.0f} ms"
+        )
+        lines.append(
+            f"| {name}: over HTTP ({vllm_config}; {r['num_requests']} streamed chats, {r['concurrency']} clients at a "
+            f"time, median of {r['rounds']} rounds) | throughput {r['mini_throughput_tok_s']:.0f} "
+            f"({_range(r['mini_throughput_tok_s_range'], '.0f')}){theirs} | |"
+        )
     ours_vs = {version: ratios for version, ratios in b.get("ratio_vs_vllm", {}).items()}
     for key, label in (
         ("admit_free_us", "lookup + allocate + free, 64-block request, 48 hit"),

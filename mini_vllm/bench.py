@@ -1001,6 +1001,21 @@ def _shared_prefix_rows(s: dict, label: str) -> list[tuple[str, str, str]]:
     ]
 
 
+def serving_rows(name: str, r: dict) -> list[tuple[str, str, str]]:
+    """The over-HTTP figures of one model: each server's median (range over rounds), and the ratio."""
+    workload = f"{r['num_requests']} chats, {r['concurrency']} clients at a time, {r['max_tokens']} tokens each"
+    rows = []
+    for key, label, unit in (("throughput_tok_s", "throughput", "tok/s"), ("ttft_p50_ms", "TTFT p50", "ms")):
+        mine = f"{r[f'mini_{key}']:.0f} {unit} ({r[f'mini_{key}_range'][0]:.0f}-{r[f'mini_{key}_range'][1]:.0f})"
+        if "vllm_" + key in r:
+            theirs = f"vLLM {r[f'vllm_{key}']:.0f} ({r[f'vllm_{key}_range'][0]:.0f}-{r[f'vllm_{key}_range'][1]:.0f})"
+            ratio = r["throughput_ratio" if key == "throughput_tok_s" else "ttft_ratio"]
+            rows.append((f"{name}: over HTTP, {label}", f"{ratio:.2f}x vLLM", f"{mine} vs {theirs}; {workload}"))
+        else:
+            rows.append((f"{name}: over HTTP, {label}", mine, f"{workload}; vLLM not installed"))
+    return rows
+
+
 def format_table(results: dict) -> str:
     s, n, m, v, b = (
         results[k] for k in ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager")
@@ -1090,6 +1105,8 @@ def format_table(results: dict) -> str:
                     f"{r['fresh_matches_warm']}",
                 )
             )
+    for name, r in results.get("serving", {}).items():
+        rows += serving_rows(name, r)
     width = max(len(r[0]) for r in rows)
     lines = [f"device: {results['device']}", ""]
     lines += [f"{name:<{width}}  {value:>18}  {note}" for name, value, note in rows]
@@ -1129,6 +1146,23 @@ def _real_model_path() -> str | None:
     from .real_model import real_model_path
 
     return real_model_path()
+
+
+def bench_serving_http(settings: BenchSettings) -> dict:
+    """Throughput and time to first token over HTTP: ``compare_servers.bench_serving`` on this model.
+
+    16 chats over 5 system prompts, 4 clients at a time, 32 streamed tokens each, one compute
+    thread per server; vLLM's own OpenAI server beside mini-vLLM's when ``make vllm`` has installed it.
+    """
+    import tempfile
+
+    from .compare_servers import ServerSpec, bench_serving
+    from .compare_vllm import vllm_python
+
+    with_vllm = settings.use_vllm and vllm_python() is not None
+    spec = ServerSpec(str(settings.model or default_model_path()), block_size=VS_VLLM_BLOCK_SIZE, num_blocks=256)
+    with tempfile.TemporaryDirectory() as log_dir:
+        return bench_serving(spec, Path(log_dir), rounds=3, with_vllm=with_vllm)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1188,6 +1222,10 @@ def main(argv: list[str] | None = None) -> int:
     results["vs_vllm"] = {}
     if not (args.quick or args.no_vllm):
         results["vs_vllm"] = {name: bench_vs_vllm(model_settings, progress) for name, model_settings in models}
+    # Over HTTP: both OpenAI servers, one after the other, the same concurrent clients (--quick: none).
+    results["serving"] = {}
+    if not args.quick:
+        results["serving"] = {name: bench_serving_http(model_settings) for name, model_settings in models}
     results["threads"] = torch.get_num_threads()
     results["device"] = _device_name(LLM(device=args.device, num_blocks=8))
     results["quick"] = args.quick

@@ -168,3 +168,39 @@ def test_format_table_reads_a_file_written_before_the_cost_of_caching_was_measur
             section.pop(key, None)
     text = bench.format_table(results)
     assert "cache overhead warm / fresh" in text and "in FLOPs" not in text and "cost of caching" not in text
+
+
+def test_serving_over_http_measures_the_mini_server_and_formats_both_tables(tmp_path):
+    """``bench_serving`` against the real server (one short round, no vLLM), then both tables with and without vLLM."""
+    import sys
+
+    from mini_vllm.compare_servers import ServerSpec, bench_serving
+    from mini_vllm.model import default_model_path
+
+    sys.path.insert(0, str(bench.REPO_ROOT / "benchmarks"))
+    import readme_table
+
+    spec = ServerSpec(str(default_model_path()), block_size=32, num_blocks=64, max_model_len=512)
+    r = bench_serving(spec, tmp_path, rounds=1, num_requests=6, concurrency=2, max_tokens=4, with_vllm=False)
+    assert r["mini_throughput_tok_s"] > 0 and r["mini_ttft_p50_ms"] > 0
+    assert r["mini_cached_tokens"] > 0  # chats 0 and 5 share a system prompt: the cache works over HTTP too
+    assert "throughput_ratio" not in r
+    rows = bench.serving_rows("default_model", r)
+    assert [row[0] for row in rows] == ["default_model: over HTTP, throughput", "default_model: over HTTP, TTFT p50"]
+    assert all("vLLM not installed" in row[2] for row in rows)
+    both = dict(
+        r,
+        vllm_throughput_tok_s=2 * r["mini_throughput_tok_s"],
+        vllm_throughput_tok_s_range=[1.0, 3.0],
+        vllm_ttft_p50_ms=r["mini_ttft_p50_ms"] / 2,
+        vllm_ttft_p50_ms_range=[1.0, 2.0],
+        throughput_ratio=0.5,
+        ttft_ratio=2.0,
+    )
+    assert bench.serving_rows("m", both)[0][1] == "0.50x vLLM" and bench.serving_rows("m", both)[1][1] == "2.00x vLLM"
+    results = json.loads((bench.REPO_ROOT / "benchmarks" / "reference_results" / "bench-cpu.json").read_text())
+    results["serving"] = {"default_model": both}
+    assert "over HTTP, throughput" in bench.format_table(results)
+    assert "**0.50×**" in readme_table.table(results)
+    results["serving"] = {"default_model": r}
+    assert "no vLLM measured" in readme_table.table(results)
