@@ -50,6 +50,7 @@ class ServerProcess:
         self.name = name
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "w")
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -15,8 +15,9 @@ rate as much as how the prompts are written.
   like vLLM's ``BlockStored`` / ``BlockRemoved``), and picks the replica with
   the longest cached prefix; ties go to the least-loaded replica.
 
-Replicas are either ``CacheReplica`` (the KV-cache bookkeeping of an engine
-and nothing else: fast, deterministic) or ``LLMReplica`` (a real ``LLM``).
+Replicas are ``CacheReplica`` (the KV-cache bookkeeping of an engine
+and nothing else: fast, deterministic), ``LLMReplica`` (a real ``LLM``) or
+``HTTPReplica`` (a server process, reached over its OpenAI API).
 With ``max_tokens=1`` and requests served one after another, both report the
 same cached-token counts.
 
@@ -266,6 +267,43 @@ class RoutingResult:
         )
 
 
+class HTTPReplica:
+    """A replica behind an OpenAI-compatible server (``python -m mini_vllm serve``, or vLLM's own).
+
+    Each request is a ``/v1/completions`` call with the token ids as the prompt and
+    ``max_tokens=1``; the server's ``usage.prompt_tokens_details.cached_tokens`` (it must
+    run with ``--enable-prompt-tokens-details``) is the number of cached tokens. No KV
+    events come over HTTP (vLLM publishes them on a ZMQ socket with ``--kv-events-config``),
+    so this replica suits the routers that need none: round-robin and the prefix hash.
+    """
+
+    def __init__(self, base_url: str, model: str, name: str = "replica") -> None:
+        import httpx
+
+        self.name = name
+        self.model = model
+        self.num_requests = 0
+        self._client = httpx.Client(base_url=base_url, timeout=300)
+
+    def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
+        body: dict[str, Any] = {"model": self.model, "prompt": list(token_ids), "max_tokens": 1, "temperature": 0}
+        if cache_salt is not None:
+            body["cache_salt"] = cache_salt
+        response = self._client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        self.num_requests += 1
+        details = response.json()["usage"]["prompt_tokens_details"]
+        if details is None:
+            raise ValueError(f"{self.name}: the server does not report cached tokens (--enable-prompt-tokens-details)")
+        return details["cached_tokens"]
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return []
+
+    def reset_prefix_cache(self) -> bool:
+        return self._client.post("/reset_prefix_cache").status_code == 200
+
+
 def _split(item: WorkItem) -> tuple[list[int], str | None]:
     if isinstance(item, tuple) and len(item) == 2 and not isinstance(item[1], int):
         return list(item[0]), item[1]
@@ -289,6 +327,7 @@ def run_workload(router: Router, replicas: Sequence[Replica], workload: Sequence
 __all__ = [
     "CacheReplica",
     "LLMReplica",
+    "HTTPReplica",
     "RoundRobinRouter",
     "PrefixHashRouter",
     "CacheAwareRouter",

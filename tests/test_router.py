@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import random
 
+import httpx
+import pytest
+
 from mini_vllm.router import CacheAwareRouter, CacheReplica, PrefixHashRouter, RoundRobinRouter, run_workload
 
 
@@ -100,3 +103,28 @@ def test_a_router_that_misses_the_reset_is_caught():
             return reset
 
     assert _router_learns_of_a_reset(SilentReset(8, 16)) != [0]
+
+
+def test_http_replicas_report_what_the_bookkeeping_replicas_do():
+    """Two mini-vLLM servers behind a prefix-hash router: the same cached tokens, request by request, over HTTP."""
+    from mini_vllm import LLM
+    from mini_vllm.entrypoints.openai.api_server import BackgroundServer
+    from mini_vllm.router import HTTPReplica
+
+    tokens = [[*range(5, 5 + 40)], [*range(5, 5 + 40), 99, 98], [*range(300, 340)], [*range(5, 5 + 33)]]
+    workload = tokens + [tokens[0]] + [(tokens[1], "tenant")]
+    servers = [BackgroundServer(LLM(device="cpu", num_blocks=40), served_model_name="m") for _ in range(2)]
+    try:
+        replicas = [HTTPReplica(server.url, "m", name=f"s{i}") for i, server in enumerate(servers)]
+        over_http = run_workload(PrefixHashRouter(2, 16), replicas, workload)
+        bookkeeping = run_workload(PrefixHashRouter(2, 16), [CacheReplica(40, 16) for _ in range(2)], workload)
+        assert over_http.num_cached_tokens == bookkeeping.num_cached_tokens
+        assert over_http.replica == bookkeeping.replica
+        assert sum(over_http.num_cached_tokens) > 0
+        assert all(replica.reset_prefix_cache() for replica in replicas)
+        assert replicas[0].take_events() == []
+        with pytest.raises(httpx.HTTPStatusError):
+            HTTPReplica(servers[0].url, "no-such-model").serve([1, 2, 3])  # a 404 is an error, not 0 cached tokens
+    finally:
+        for server in servers:
+            server.stop()
