@@ -212,3 +212,28 @@ def test_a_part_that_no_longer_loads_falls_back_to_the_reference(parts_folder, c
 def test_unknown_parts_are_refused(parts_folder):
     with pytest.raises(ValueError, match="unknown part"):
         learner_engine(parts={"free_queues": object}, **_engine_args())
+
+
+def test_make_serve_serves_the_learners_engine(parts_folder, tmp_path):
+    """``serve --learner-engine``: any OpenAI client talks to the engine the learner built, with its parts."""
+    from openai import OpenAI
+
+    from mini_vllm.compare_servers import SERVED_MODEL_NAME, ServerSpec, start_mini_server
+    from mini_vllm.model import default_model_path
+
+    _play_notebook(tmp_path)
+    spec = ServerSpec(str(default_model_path()), block_size=16, num_blocks=24, max_model_len=512)
+    with start_mini_server(spec, tmp_path / "mine", extra_args=["--learner-engine"]) as server:
+        server.wait_ready(timeout=120)
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        replies = [
+            client.completions.create(
+                model=SERVED_MODEL_NAME, prompt=p, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+            )
+            for p in PROMPTS[:2]
+        ]
+        log = server.log_tail(lines=200)
+    assert "3 of 11 parts are yours" in log, log
+    expected = LLM(**_engine_args()).generate(PROMPTS[:2], GREEDY)
+    assert [r.choices[0].text for r in replies] == [o.outputs[0].text for o in expected]
+    assert replies[1].usage.prompt_tokens_details.cached_tokens > 0  # the learner's lookup found the shared prefix
