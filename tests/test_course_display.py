@@ -47,3 +47,21 @@ def test_html_rendering_is_monospace_and_carries_the_same_code():
 
     assert _code(listing) in html_lib.unescape(text)
     assert bundle["text/markdown"] == bundle["text/plain"] == listing.text
+
+
+def test_show_interface_keeps_signatures_and_docstrings_and_drops_bodies():
+    from mini_vllm.block_pool import FreeKVCacheBlockQueue
+    from mini_vllm.course import show_interface
+
+    function = _code(show_interface(BlockPool.get_new_blocks))
+    assert function.startswith("def get_new_blocks(self, num_blocks: int)")
+    assert inspect.getdoc(BlockPool.get_new_blocks).splitlines()[0] in function
+    assert function.splitlines()[-1].strip() == "..." and "popleft_n" not in function
+
+    cls = _code(show_interface(FreeKVCacheBlockQueue))
+    assert cls.startswith("class FreeKVCacheBlockQueue:") and "Invariants" in cls
+    for method in ("__init__", "popleft", "remove", "append", "appendleft", "get_all_free_blocks", "__len__"):
+        assert f"def {method}(" in cls
+    assert "_insert_after" not in cls and "fake_head.next_free_block" not in cls  # no private helper, no body
+    compile(cls, "<interface>", "exec")  # still valid Python
+    assert "interface only" in show_interface(FreeKVCacheBlockQueue)._repr_html_()

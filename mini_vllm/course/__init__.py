@@ -16,7 +16,7 @@ import importlib
 import pkgutil
 
 from ._harness import CHECKS
-from .display import show_source
+from .display import show_interface, show_source
 from .kernel_checks import use_attention_backend
 from .learner_engine import (
     against_vllm,
@@ -37,6 +37,7 @@ globals().update(CHECKS)
 
 __all__ = [
     "show_source",
+    "show_interface",
     "learner_engine",
     "use_parts",
     "show_parts",

@@ -2,10 +2,14 @@
 
 ``show_source(obj)`` renders the real source of a class or function, so the
 text of a chapter and the code it explains cannot drift apart.
+``show_interface(obj)`` renders only its interface (signatures and docstrings,
+no bodies): what a chapter shows of the code its exercise asks the learner to
+write, so that the chapter does not give the answer away.
 """
 
 from __future__ import annotations
 
+import ast
 import html
 import inspect
 import textwrap
@@ -35,19 +39,21 @@ class SourceListing(_Markdown):
     notebook is shown; ``text/markdown`` and ``text/plain`` carry the same code.
     """
 
-    def __init__(self, where: str, source: str) -> None:
+    def __init__(self, where: str, source: str, note: str = "") -> None:
         self.where = where
         self.source = source
-        super().__init__(f"From {where}:\n\n```python\n{source}\n```")
+        self.note = note
+        suffix = f" ({note})" if note else ""
+        super().__init__(f"From {where}{suffix}:\n\n```python\n{source}\n```")
 
     def _repr_html_(self) -> str:
-        return source_html(self.where, self.source)
+        return source_html(self.where, self.source, self.note)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return {"text/plain": self.text, "text/markdown": self.text, "text/html": self._repr_html_()}
 
 
-def source_html(where: str, source: str) -> str:
+def source_html(where: str, source: str, note: str = "") -> str:
     """``source`` highlighted (Pygments, inline styles) in a ``<pre>`` with a monospace font."""
     pre_style = (
         f"font-family:{CODE_FONT};font-size:12.5px;line-height:1.4;background:#f7f7f7;"
@@ -63,8 +69,9 @@ def source_html(where: str, source: str) -> str:
     except ImportError:  # Pygments comes with Jupyter; without it, plain text
         code = html.escape(source)
     label = html.escape(where.strip("`"))
+    suffix = f" ({html.escape(note)})" if note else ""
     return (
-        f'<div class="mv-source">From <code style="font-family:{CODE_FONT}">{label}</code>:'
+        f'<div class="mv-source">From <code style="font-family:{CODE_FONT}">{label}</code>{suffix}:'
         f'<pre style="{pre_style}">{code.rstrip()}</pre></div>'
     )
 
@@ -94,3 +101,68 @@ def show_source(obj, start: str | None = None, end: str | None = None) -> Source
     module = inspect.getmodule(obj)
     where = f"`{module.__name__}`" if module else ""
     return SourceListing(where, source.rstrip())
+
+
+INTERFACE_NOTE = "interface only: the body is yours to write in the exercise"
+
+
+def show_interface(obj) -> SourceListing:
+    """The interface of ``obj`` as a Python code block: no implementation.
+
+    For a function (or a ``@triton.jit`` kernel): its decorators, its ``def``
+    line(s) and its docstring, then ``...`` for the body. For a class: its
+    ``class`` line, its docstring and class-level attributes, then the same for
+    each public method (``__init__`` and other dunders included, ``_private``
+    helpers left out). A chapter shows this for what its exercise asks the
+    learner to write; :func:`show_source` shows everything else.
+    """
+    fn = getattr(obj, "fn", None)  # a @triton.jit kernel wraps its function
+    target = fn if inspect.isfunction(fn) else obj
+    source = textwrap.dedent(inspect.getsource(target))
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    node = tree.body[0]
+    out: list[str] = []
+    if isinstance(node, ast.ClassDef):
+        out += _header_and_docstring(node, lines)
+        members: list[str] = []
+        for statement in node.body[1 if _docstring_node(node) else 0 :]:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = statement.name
+                if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                    continue
+                members += [""] + _function_interface(statement, lines)
+            elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+                members += lines[statement.lineno - 1 : statement.end_lineno]
+        out += members or [" " * (node.col_offset + 4) + "..."]
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        out += _function_interface(node, lines)
+    else:
+        raise TypeError(f"show_interface needs a class or a function, not {obj!r}")
+    module = inspect.getmodule(target)
+    where = f"`{module.__name__}`" if module else ""
+    return SourceListing(where, textwrap.dedent("\n".join(out)).rstrip(), INTERFACE_NOTE)
+
+
+def _docstring_node(node) -> ast.Expr | None:
+    first = node.body[0] if node.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first
+    return None
+
+
+def _header_and_docstring(node, lines: list[str]) -> list[str]:
+    """Decorators, the ``def``/``class`` line(s) up to the body, and the docstring."""
+    top = min([decorator.lineno for decorator in getattr(node, "decorator_list", [])] + [node.lineno])
+    docstring = _docstring_node(node)
+    body_start = node.body[0].lineno
+    if body_start == node.lineno:  # a one-line definition: `def f(x): return x`
+        raise ValueError(f"show_interface cannot cut the one-line definition of {node.name!r}")
+    last = docstring.end_lineno if docstring else body_start - 1
+    return lines[top - 1 : last]
+
+
+def _function_interface(node, lines: list[str]) -> list[str]:
+    header = _header_and_docstring(node, lines)
+    indent = " " * node.body[0].col_offset
+    return header + [indent + "..."]
