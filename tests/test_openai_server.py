@@ -107,6 +107,7 @@ def test_streaming_gives_the_same_text_and_usage_last(served):
         ]
         if stop:
             assert not any(s in text for s in stop) and whole.choices[0].finish_reason == "stop"
+    assert chat(client, "A story about a bear.", extra_body={"top_k": 0}).choices  # 0 means no top-k, as in vLLM
     no_usage = list(chat(client, "A story about a bear.", stream=True))
     assert all(getattr(c, "usage", None) is None for c in no_usage)
 
@@ -167,6 +168,12 @@ BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000}, 400, "max_tokens"),
     ({"messages": [{"role": "user"}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}, 400, "stop"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_k": -2}, 400, "top_k"),
     ({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
 ]
 

@@ -143,6 +143,11 @@ BAD_REQUESTS = {
         "messages": [{"role": "user", "content": "story " * 1500}],
     },
     "unknown model": {"model": "no-such-model", "messages": OK_MESSAGES},
+    "stream_options without stream": {
+        "model": SERVED_MODEL_NAME,
+        "messages": OK_MESSAGES,
+        "stream_options": {"include_usage": True},
+    },
 }
 
 

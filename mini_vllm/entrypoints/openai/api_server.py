@@ -145,10 +145,14 @@ class OpenAIServing:
                 "no room is left for a completion.",
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
             )
+        if body.stream_options is not None and not body.stream:
+            raise APIError(400, "stream_options can only be given when stream is true", param="stream_options")
         settings = dict(self.settings.default_sampling or {})
         for key in ("temperature", "top_p", "top_k", "seed"):
             if getattr(body, key) is not None:
                 settings[key] = getattr(body, key)
+        if settings.get("top_k") == 0:
+            settings["top_k"] = -1  # vLLM's API takes 0 as well as -1 for "no top-k"
         try:
             return SamplingParams(
                 n=body.n, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos, **settings
