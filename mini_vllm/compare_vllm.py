@@ -282,6 +282,7 @@ def run_mini_workloads(llm, workloads: list[dict]) -> list[dict]:
                 "prefix_cache_queries": after.prefix_cache_queries - before.prefix_cache_queries,
                 "prefix_cache_hits": after.prefix_cache_hits - before.prefix_cache_hits,
                 "num_preemptions": after.num_preemptions - before.num_preemptions,
+                "num_evictions": after.num_evictions - before.num_evictions,
                 "num_generated_tokens": generated,
                 "elapsed_s": elapsed,
             }

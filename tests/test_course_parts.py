@@ -237,3 +237,31 @@ def test_make_serve_serves_the_learners_engine(parts_folder, tmp_path):
     expected = LLM(**_engine_args()).generate(PROMPTS[:2], GREEDY)
     assert [r.choices[0].text for r in replies] == [o.outputs[0].text for o in expected]
     assert replies[1].usage.prompt_tokens_details.cached_tokens > 0  # the learner's lookup found the shared prefix
+
+
+def _get_new_blocks_without_the_counter(pool, num_blocks):
+    """A learner's lazy eviction that forgets the counter and the BlockRemoved event: tokens and hits stay right."""
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        if block.block_hash is not None:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            block.block_hash = None
+        block.ref_cnt = 1
+    return blocks
+
+
+def test_the_comparison_with_the_reference_checks_evictions_events_and_the_free_queue(parts_folder, capsys):
+    from mini_vllm.course import run_against_reference
+
+    same = run_against_reference({}, workloads=["eviction_and_preemption"])
+    assert same["observables"]["equal"] and same["observables"]["num_events"] > 0
+    assert "the same as the reference's" in capsys.readouterr().out
+    wrong = run_against_reference(
+        {"get_new_blocks": _get_new_blocks_without_the_counter}, workloads=["eviction_and_preemption"]
+    )
+    assert all(w["tokens_equal"] and w["cached_equal"] for w in wrong["reference"])  # what was compared before
+    assert not wrong["observables"]["equal"]
+    first = wrong["observables"]["differences"][0]
+    assert "evictions, the reference" in first and first.startswith("eviction_and_preemption: 0 evictions")
+    assert any("KV-cache event" in d for d in wrong["observables"]["differences"])
+    assert "DIFFERENT from the reference" in capsys.readouterr().out

@@ -348,9 +348,14 @@ def run_against_reference(
         max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
         max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
+    print(
+        f"running {len(specs)} workload(s) on your engine, then on the reference (about 10 s each on a laptop CPU) ..."
+    )
     mine_llm = learner_engine(model, parts=parts, **engine_args)
+    reference_llm = LLM(model, **engine_args)
+    mine_events, reference_events = _record_cache_events(mine_llm), _record_cache_events(reference_llm)
     mine = compare_vllm.run_mini_workloads(mine_llm, specs)
-    reference = compare_vllm.run_mini_workloads(LLM(model, **engine_args), specs)
+    reference = compare_vllm.run_mini_workloads(reference_llm, specs)
     result: dict[str, Any] = {
         "parts": dict(mine_llm.course_parts),
         "vllm": None,
@@ -362,11 +367,92 @@ def run_against_reference(
         "mine": mine,
     }
     result["reference"] = [compare_vllm.compare_workload(w, m, r) for w, m, r in zip(specs, mine, reference)]
+    result["observables"] = compare_observables(
+        mine, reference, mine_events, reference_events, _free_queue(mine_llm), _free_queue(reference_llm)
+    )
     print(f"your engine vs the reference, block_size {block_size}, {num_blocks} blocks:")
     _print_comparison(result["reference"])
+    _print_observables(result["observables"])
     if with_vllm:
         against_vllm(result)
     return result
+
+
+# What the engine lets anyone observe besides tokens and hits: a learner's engine must agree on all of it.
+CACHE_EVENTS = ("BlockStored", "BlockRemoved", "AllBlocksCleared", "BlocksFreed", "RequestPreempted")
+
+
+def _record_cache_events(llm: LLM) -> list[tuple]:
+    """Every KV-cache event the engine emits from now on, as plain tuples (type name, fields)."""
+    import dataclasses
+
+    events: list[tuple] = []
+
+    def listen(event: Any) -> None:
+        if type(event).__name__ in CACHE_EVENTS:
+            events.append((type(event).__name__, *dataclasses.astuple(event)))
+
+    llm.llm_engine.add_listener(listen)
+    return events
+
+
+def _free_queue(llm: LLM) -> tuple[int, ...]:
+    """The free queue's block ids, head (reused first) to tail, read through the widgets' snapshot."""
+    from ..viz.state import StateSource
+
+    return StateSource(llm).snapshot().free_queue
+
+
+def compare_observables(
+    mine: list[dict],
+    reference: list[dict],
+    mine_events: list[tuple],
+    reference_events: list[tuple],
+    mine_free_queue: tuple[int, ...],
+    reference_free_queue: tuple[int, ...],
+) -> dict[str, Any]:
+    """Evictions and preemptions per workload, the KV-cache event stream, and the free queue's final order.
+
+    Returns ``{"equal": bool, "differences": [str, ...]}``; each difference names
+    the first place the two engines part (a learner's pool that never counts an
+    eviction, or frees blocks in another order, passes every token comparison).
+    """
+    differences = []
+    for ours, theirs in zip(mine, reference):
+        for key, label in (("num_evictions", "evictions"), ("num_preemptions", "preemptions")):
+            if ours[key] != theirs[key]:
+                differences.append(f"{ours['name']}: {ours[key]} {label}, the reference {theirs[key]}")
+    if mine_events != reference_events:
+        index = next(
+            (i for i, (a, b) in enumerate(zip(mine_events, reference_events)) if a != b),
+            min(len(mine_events), len(reference_events)),
+        )
+        yours = mine_events[index] if index < len(mine_events) else "no more events"
+        theirs = reference_events[index] if index < len(reference_events) else "no more events"
+        differences.append(f"KV-cache event {index}: yours {yours}, the reference {theirs}")
+    if mine_free_queue != reference_free_queue:
+        index = next(
+            (i for i, (a, b) in enumerate(zip(mine_free_queue, reference_free_queue)) if a != b),
+            min(len(mine_free_queue), len(reference_free_queue)),
+        )
+        differences.append(
+            f"free queue at the end: position {index} holds block "
+            f"{mine_free_queue[index] if index < len(mine_free_queue) else '-'}, the reference's "
+            f"{reference_free_queue[index] if index < len(reference_free_queue) else '-'}"
+        )
+    return {"equal": not differences, "differences": differences, "num_events": len(reference_events)}
+
+
+def _print_observables(observables: dict[str, Any]) -> None:
+    if observables["equal"]:
+        print(
+            f"  evictions, preemptions, {observables['num_events']} KV-cache events and the free queue's order: "
+            "the same as the reference's"
+        )
+        return
+    print("  DIFFERENT from the reference (tokens and hits can agree while these do not):")
+    for difference in observables["differences"]:
+        print(f"    {difference}")
 
 
 def against_vllm(result: dict[str, Any]) -> dict[str, Any]:
@@ -415,6 +501,7 @@ __all__ = [
     "compare_with_reference",
     "run_against_reference",
     "against_vllm",
+    "compare_observables",
     "PartsTable",
     "ENGINE_PARTS",
 ]
