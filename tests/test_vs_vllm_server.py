@@ -194,7 +194,7 @@ def test_the_workload_table_flags_a_difference():
     record = {"name": "r", "prompt_tokens": 10, "completion_tokens": 2, "text": "a", "finish_reason": "stop"}
     mini = [dict(record, cached_tokens=0, ttft_s=0.1)]
     for change in ({"cached_tokens": 32}, {"text": "b"}, {"prompt_tokens": 11}):
-        vllm = [dict(record, cached_tokens=0, ttft_s=0.1, **change)]
+        vllm = [{**record, "cached_tokens": 0, "ttft_s": 0.1, **change}]
         row = compare_records(mini, vllm)[0]
         assert not (row["same_cached_tokens"] and row["same_text"] and row["same_prompt_tokens"])
     assert "NO" in format_table(compare_records(mini, [dict(record, cached_tokens=0, ttft_s=0.1, text="b")]))
