@@ -25,6 +25,7 @@ vLLM equivalent: ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``,
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,7 +87,7 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens with K/V in the cache before this step
     num_new_tokens: int
     block_ids: list[int]  # the request's block table after allocation
-    first_admission: bool = False  # admitted for the first time in this step
+    first_admission: bool = False  # admitted for the first time in this step (set by Scheduler.schedule)
 
     @property
     def samples_token(self) -> bool:
@@ -158,13 +159,31 @@ class Scheduler:
             token_budget = self._schedule_running(self.max_num_batched_tokens, output)
             # Admit new requests only if no running request had to be preempted: memory is short.
             if not output.preempted:
-                token_budget = self.schedule_waiting(token_budget, output)
+                self._schedule_admissions(token_budget, output)
         except BaseException:
             # Scheduling itself failed (a bug): no forward pass will write the blocks cached so far.
             self.kv_cache_manager.uncache_blocks(self.kv_cache_manager.take_newly_cached_blocks())
             raise
         output.newly_cached_blocks = self.kv_cache_manager.take_newly_cached_blocks()
         return output
+
+    def _schedule_admissions(self, token_budget: int, output: SchedulerOutput) -> int:
+        """``schedule_waiting`` plus what the scheduler records around it, whoever wrote it.
+
+        Which admissions are first admissions (a request never admitted before has
+        ``num_cached_tokens < 0``; admission is FIFO and stops at ``max_num_seqs``
+        running, so only that many waiting requests can be admitted), and the
+        pool's KV events of the admissions, in the step they happened in.
+        """
+        candidates = itertools.islice(self.waiting, self.max_num_seqs)
+        never_admitted = {id(request) for request in candidates if request.num_cached_tokens < 0}
+        num_scheduled = len(output.scheduled)
+        token_budget = self.schedule_waiting(token_budget, output)
+        for scheduled in output.scheduled[num_scheduled:]:
+            scheduled.first_admission = id(scheduled.request) in never_admitted
+        if self.events.active:
+            self.emit_kv_cache_events()
+        return token_budget
 
     def _schedule_running(self, token_budget: int, output: SchedulerOutput) -> int:
         """Give every running request its next tokens (a decode token or a prefill chunk).
@@ -206,14 +225,13 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
-            first_admission = request.num_cached_tokens < 0  # not a re-admission after preemption
-            if first_admission:
+            if request.num_cached_tokens < 0:  # its first admission; a re-admission keeps the first value
                 request.num_cached_tokens = num_new_local_computed_tokens
             if self.events.active:
                 block_ids = tuple(block.block_id for block in new_computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self.schedule_request(request, num_new_local_computed_tokens, num_new_tokens, output, first_admission)
+            self.schedule_request(request, num_new_local_computed_tokens, num_new_tokens, output)
             token_budget -= num_new_tokens
         return token_budget
 
@@ -240,7 +258,6 @@ class Scheduler:
         num_computed_tokens: int,
         num_new_tokens: int,
         output: SchedulerOutput,
-        first_admission: bool = False,
     ) -> None:
         """Put ``request`` in this step's batch: compute ``num_new_tokens`` tokens after its first ``num_computed_tokens``.
 
@@ -250,9 +267,7 @@ class Scheduler:
         exercise calls it for every request it admits.
         """
         block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        output.scheduled.append(
-            ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids, first_admission)
-        )
+        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids))
         # The tokens count as computed from now on: the model computes them in this step.
         request.num_computed_tokens = num_computed_tokens + num_new_tokens
 

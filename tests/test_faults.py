@@ -307,3 +307,49 @@ def test_a_ctrl_c_in_the_middle_of_scheduling_is_held_until_the_bookkeeping_is_w
     retry = llm.generate(prompts[:3], GREEDY)
     assert completion_tokens(retry) == oracle[:3] and retry[0].num_cached_tokens == 0
     assert len(calls) >= 3  # the schedule went on to its end before the interrupt was raised
+
+
+def test_an_interrupted_first_admission_reports_no_cache_hit_whoever_wrote_schedule_waiting():
+    """The scheduler, not the exercise's ``schedule_waiting``, knows which admissions are first ones.
+
+    A learner's admission that never says "first admission" (exercise 08's spec does
+    not ask for it) still gets its reported hit undone when a Ctrl-C interrupts the
+    step that admitted it: the blocks it hit may have been cached in that very step.
+    """
+    from mini_vllm.kv_cache_manager import KVCacheManager
+    from mini_vllm.request import Request, RequestStatus
+    from mini_vllm.scheduler import Scheduler
+
+    def learners_schedule_waiting(scheduler, token_budget, output):
+        manager = scheduler.kv_cache_manager
+        while scheduler.waiting and token_budget > 0 and len(scheduler.running) < scheduler.max_num_seqs:
+            request = scheduler.waiting[0]
+            blocks, num_cached = manager.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_cached, token_budget)
+            if manager.allocate_slots(request, num_new, num_cached, blocks) is None:
+                break
+            scheduler.waiting.popleft()
+            scheduler.running.append(request)
+            request.status = RequestStatus.RUNNING
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_cached
+            scheduler.schedule_request(request, num_cached, num_new, output)
+            token_budget -= num_new
+        return token_budget
+
+    for own in (False, True):
+        scheduler = Scheduler(KVCacheManager(16, 4, True), max_num_seqs=8, max_num_batched_tokens=64)
+        if own:
+            scheduler.schedule_waiting = lambda budget, output: learners_schedule_waiting(scheduler, budget, output)
+        prompt = list(range(10, 22))
+        first = Request("a", prompt, block_size=4)
+        second = Request("b", prompt + [5], block_size=4)  # hits a's blocks, cached in the same step
+        scheduler.add_request(first)
+        scheduler.add_request(second)
+        output = scheduler.schedule()
+        assert [s.first_admission for s in output.scheduled] == [True, True]
+        assert second.num_cached_tokens > 0
+        scheduler.undo_failed_step(output, requeue=True)  # a Ctrl-C in the forward pass
+        assert first.num_cached_tokens == second.num_cached_tokens == -1, own
+        again = scheduler.schedule()
+        assert [s.first_admission for s in again.scheduled] == [True, True]
