@@ -263,5 +263,5 @@ def test_the_comparison_with_the_reference_checks_evictions_events_and_the_free_
     assert not wrong["observables"]["equal"]
     first = wrong["observables"]["differences"][0]
     assert "evictions, the reference" in first and first.startswith("eviction_and_preemption: 0 evictions")
-    assert any("KV-cache event" in d for d in wrong["observables"]["differences"])
+    assert any("KV-cache events, step" in d for d in wrong["observables"]["differences"])
     assert "DIFFERENT from the reference" in capsys.readouterr().out

@@ -383,17 +383,27 @@ CACHE_EVENTS = ("BlockStored", "BlockRemoved", "AllBlocksCleared", "BlocksFreed"
 
 
 def _record_cache_events(llm: LLM) -> list[tuple]:
-    """Every KV-cache event the engine emits from now on, as plain tuples (type name, fields)."""
+    """The KV-cache events the engine emits from now on, step by step: one sorted tuple of events per step.
+
+    Within a step the order is not part of the contract (vLLM publishes a step's
+    events as one batch), so each step's events are compared as a set; the steps
+    themselves, and what each contains, must agree.
+    """
     import dataclasses
 
-    events: list[tuple] = []
+    steps: list[tuple] = []
+    current: list[tuple] = []
 
     def listen(event: Any) -> None:
-        if type(event).__name__ in CACHE_EVENTS:
-            events.append((type(event).__name__, *dataclasses.astuple(event)))
+        name = type(event).__name__
+        if name in CACHE_EVENTS:
+            current.append((name, *dataclasses.astuple(event)))
+        elif name == "StepFinished" and current:
+            steps.append(tuple(sorted(current, key=repr)))
+            current.clear()
 
     llm.llm_engine.add_listener(listen)
-    return events
+    return steps
 
 
 def _free_queue(llm: LLM) -> tuple[int, ...]:
@@ -407,7 +417,7 @@ def compare_observables(
     mine: list[dict],
     reference: list[dict],
     mine_events: list[tuple],
-    reference_events: list[tuple],
+    reference_events: list[tuple],  # per step, as _record_cache_events records them
     mine_free_queue: tuple[int, ...],
     reference_free_queue: tuple[int, ...],
 ) -> dict[str, Any]:
@@ -429,7 +439,9 @@ def compare_observables(
         )
         yours = mine_events[index] if index < len(mine_events) else "no more events"
         theirs = reference_events[index] if index < len(reference_events) else "no more events"
-        differences.append(f"KV-cache event {index}: yours {yours}, the reference {theirs}")
+        differences.append(
+            f"KV-cache events, step {index} with any: yours {_short(yours)}, the reference {_short(theirs)}"
+        )
     if mine_free_queue != reference_free_queue:
         index = next(
             (i for i, (a, b) in enumerate(zip(mine_free_queue, reference_free_queue)) if a != b),
@@ -440,7 +452,13 @@ def compare_observables(
             f"{mine_free_queue[index] if index < len(mine_free_queue) else '-'}, the reference's "
             f"{reference_free_queue[index] if index < len(reference_free_queue) else '-'}"
         )
-    return {"equal": not differences, "differences": differences, "num_events": len(reference_events)}
+    num_events = sum(len(step) for step in reference_events)
+    return {"equal": not differences, "differences": differences, "num_events": num_events}
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _print_observables(observables: dict[str, Any]) -> None:
