@@ -13,24 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .attention import attention_backend_names
 from .hashing import HASH_FUNCTIONS
+from .validation import check_block_size, check_positive_int, one_of
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block; vLLM's default on GPUs too
-
-
-def check_positive_int(name: str, value: int) -> None:
-    """TypeError unless ``value`` is an int (bool refused), ValueError unless it is positive; both name ``name``."""
-    # bool is an int subclass in Python: True is refused where a number is meant.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__} {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def check_block_size(block_size: int) -> None:
-    """The one check of a block size: the engine's settings, ``Request``, the
-    KV-cache manager, the hash functions and the profiler all call it."""
-    check_positive_int("block_size", block_size)
 
 
 def check_device_name(device: Any) -> None:
@@ -81,7 +68,8 @@ class EngineConfig:
         max_num_batched_tokens: at most this many tokens are computed per step
             (longer prompts are prefilled in chunks).
         max_model_len: longest sequence (prompt + output); None: the model's limit.
-        attention_backend: "auto", "torch" or "triton".
+        attention_backend: "auto", "torch" or "triton" (or another registered with
+            ``register_attention_backend``, ``mini_vllm/attention/__init__.py``).
         hash_algo: "sha256" (default) or "xxhash" (fast, not collision-resistant).
         seed: seeds sampling for requests without their own seed.
     """
@@ -124,8 +112,9 @@ class EngineConfig:
         check_device_name(self.device)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.dtype!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        backends = attention_backend_names()  # "auto" and every registered backend
+        if self.attention_backend not in backends:
+            raise ValueError(f"attention_backend must be {one_of(backends)}, got {self.attention_backend!r}")
 
 
 def make_engine_config(config: EngineConfig | None, settings: dict[str, Any]) -> EngineConfig:

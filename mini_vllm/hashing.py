@@ -192,7 +192,7 @@ def hash_request_tokens(
     through a LoRA adapter (``block_extra_keys``); mini-vLLM's engine serves
     no adapters, so its requests never set them.
     """
-    from .config import check_block_size  # here, not at the top: this module loads alone (standard library only)
+    from .validation import check_block_size  # here, not at the top: this module loads alone (standard library only)
 
     check_block_size(block_size)
     return hash_new_full_blocks(

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,9 +55,7 @@ import torch
 from torch import nn
 
 from mini_vllm.attention import AttentionBackend, AttentionMetadata, get_attn_backend
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-_ARCH_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+from mini_vllm.registry import Registry
 
 
 def default_model_path() -> str:
@@ -101,26 +100,16 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
         """Parse a ``config.json`` dict; ValueError for what this model does not implement."""
-        architectures = cfg.get("architectures") or []
-        # A config that was never saved with a model lacks "architectures";
-        # its model_type still names the family.
-        arch = architectures[0] if architectures else _ARCH_BY_MODEL_TYPE.get(cfg.get("model_type"))
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {arch!r}; mini-vLLM supports " + ", ".join(SUPPORTED_ARCHITECTURES)
-            )
+        family = model_family(cfg)
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only 'silu' (SwiGLU)")
         if cfg.get("use_sliding_window", False):
             raise ValueError("sliding-window attention is not implemented")
 
         num_heads = cfg["num_attention_heads"]
-        # transformers writes attention_bias=True for Llama/Qwen3 to mean q, k, v AND o;
-        # Qwen2 always has q/k/v biases and never an o_proj bias.
-        attention_bias = bool(cfg.get("attention_bias", False))
         rope_theta, rope_scaling = _parse_rope(cfg)
         return cls(
-            architecture=arch,
+            architecture=family.architecture,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             num_layers=cfg["num_hidden_layers"],
@@ -136,11 +125,9 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_id=cfg.get("eos_token_id"),
             bos_token_id=cfg.get("bos_token_id"),
-            qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
-            qk_norm=arch == "Qwen3ForCausalLM",
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-            o_bias=arch != "Qwen2ForCausalLM" and attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            **family.fields(cfg),  # what differs by family: qkv_bias, qk_norm, o_bias
         )
 
     @classmethod
@@ -162,6 +149,78 @@ class ModelConfig:
             if gen_eos is not None:
                 config.eos_token_id = gen_eos
         return config
+
+
+# --------------------------------------------------------------------------- #
+# Model families
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One architecture the engine runs: how to read its config, which module builds it."""
+
+    architecture: str  # config.json's "architectures"[0], e.g. "Qwen3ForCausalLM"
+    model_type: str  # config.json's "model_type", e.g. "qwen3" (names the family when "architectures" is absent)
+    fields: Callable[[dict], dict]  # config.json -> the ModelConfig fields that differ by family
+    model_class: type[nn.Module] | None = None  # what load_model builds; None: CausalLM
+
+
+MODEL_FAMILIES: Registry[ModelFamily] = Registry("model family")
+"""architecture -> its ``ModelFamily``; ``ModelConfig.from_dict`` and ``load_model`` read it."""
+
+
+def register_model_family(architecture: str, *, model_type: str, model_class: type[nn.Module] | None = None):
+    """Decorator: register a function ``fields(cfg) -> dict`` as the family ``architecture``.
+
+    ``fields`` reads the Hugging Face ``config.json`` dict and returns the
+    ``ModelConfig`` fields that differ by family (``qkv_bias``, ``qk_norm``,
+    ``o_bias``); it refuses with a ValueError what is not implemented. A family
+    whose layers differ gives its module as ``model_class`` (default :class:`CausalLM`).
+    """
+
+    def decorator(fields: Callable[[dict], dict]) -> Callable[[dict], dict]:
+        MODEL_FAMILIES.add(architecture, ModelFamily(architecture, model_type, fields, model_class))
+        return fields
+
+    return decorator
+
+
+def model_family(cfg: dict) -> ModelFamily:
+    """The registered family of a ``config.json`` dict (ValueError, listing the supported ones, if none)."""
+    architectures = cfg.get("architectures") or []
+    # A config that was never saved with a model lacks "architectures";
+    # its model_type still names the family.
+    by_model_type = {MODEL_FAMILIES[name].model_type: name for name in MODEL_FAMILIES}
+    arch = architectures[0] if architectures else by_model_type.get(cfg.get("model_type"))
+    if arch not in MODEL_FAMILIES:
+        raise ValueError(f"unsupported architecture {arch!r}; mini-vLLM supports " + ", ".join(MODEL_FAMILIES))
+    return MODEL_FAMILIES[arch]
+
+
+@register_model_family("LlamaForCausalLM", model_type="llama")
+def llama_fields(cfg: dict) -> dict:
+    # transformers writes attention_bias=True to mean q, k, v AND o.
+    attention_bias = bool(cfg.get("attention_bias", False))
+    return {"qkv_bias": attention_bias, "qk_norm": False, "o_bias": attention_bias}
+
+
+@register_model_family("Qwen2ForCausalLM", model_type="qwen2")
+def qwen2_fields(cfg: dict) -> dict:
+    # Qwen2 always has q/k/v biases and never an o_proj bias.
+    return {"qkv_bias": True, "qk_norm": False, "o_bias": False}
+
+
+@register_model_family("Qwen3ForCausalLM", model_type="qwen3")
+def qwen3_fields(cfg: dict) -> dict:
+    # Llama's layers plus an RMSNorm on each query and key head; attention_bias as Llama's.
+    attention_bias = bool(cfg.get("attention_bias", False))
+    return {"qkv_bias": attention_bias, "qk_norm": True, "o_bias": attention_bias}
+
+
+# The built-in families, derived from the registry (the code reads MODEL_FAMILIES, which also
+# holds families registered later by other modules).
+SUPPORTED_ARCHITECTURES = MODEL_FAMILIES.names()
 
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -524,8 +583,9 @@ def load_model(
 
     # Build on the "meta" device: shapes only, no memory, no random init --
     # the checkpoint overwrites every weight anyway.
+    model_class = MODEL_FAMILIES[config.architecture].model_class or CausalLM
     with torch.device("meta"):
-        model = CausalLM(config, attn_backend)
+        model = model_class(config, attn_backend)
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -566,6 +626,9 @@ def load_model(
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
+    "MODEL_FAMILIES",
+    "ModelFamily",
+    "register_model_family",
     "ModelConfig",
     "CausalLM",
     "RMSNorm",

@@ -3,35 +3,105 @@
 ``get_attn_backend(name)`` returns a backend by name: ``"torch"`` (the reference,
 always available), ``"triton"`` (the kernels in :mod:`kernels`; needs Triton), or
 ``"auto"`` (Triton on a CUDA device, the torch reference otherwise).
+
+Each backend is one function registered with ``@register_attention_backend(name)``
+below, which imports its class only when it is called: this module loads
+without torch (``EngineConfig`` reads the names from it), and without the
+``kernels`` package, which decides on Triton's interpreter when it is imported
+(only the ``triton`` backend needs it). The classes are imported on first use too.
 """
 
 from __future__ import annotations
 
-from .base import AttentionBackend, AttentionMetadata
-from .torch_backend import TorchAttentionBackend
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AttentionBackend", "AttentionMetadata", "TorchAttentionBackend", "get_attn_backend"]
+from ..registry import Registry
+from ..validation import one_of
+
+if TYPE_CHECKING:
+    from .base import AttentionBackend
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "TorchAttentionBackend",
+    "attention_backend_names",
+    "get_attn_backend",
+    "register_attention_backend",
+]
+
+ATTENTION_BACKENDS: Registry[Callable[[], AttentionBackend]] = Registry("attention backend")
+"""name -> a function that returns a new backend (and imports what it needs)."""
+
+
+def register_attention_backend(name: str) -> Callable:
+    """Decorator: register a function that returns the backend called ``name``.
+
+    That is the one edit a new backend needs besides its class: ``LLM(attention_backend=name)``,
+    ``EngineConfig``'s check and ``get_attn_backend`` read the names from here.
+    """
+    return ATTENTION_BACKENDS.register(name)
+
+
+@register_attention_backend("torch")
+def create_torch_backend() -> AttentionBackend:
+    """The reference: PyTorch's fused attention, on any device."""
+    from .torch_backend import TorchAttentionBackend
+
+    return TorchAttentionBackend()
+
+
+@register_attention_backend("triton")
+def create_triton_backend() -> AttentionBackend:
+    """The Triton kernels of :mod:`kernels` (compiled on a GPU, interpreted on a CPU)."""
+    if not _triton_available():
+        raise ValueError(
+            "attention_backend='triton' needs Triton, which is not installed "
+            "(it is Linux-only); use attention_backend='torch'"
+        )
+    from .triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend()
+
+
+def attention_backend_names() -> tuple[str, ...]:
+    """Every valid ``attention_backend``: "auto", then the registered backends."""
+    return ("auto", *ATTENTION_BACKENDS.names())
 
 
 def get_attn_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
     """Return the attention backend called ``name`` (ValueError for unknown names)."""
     if name == "auto":
         name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
-    if name == "torch":
-        return TorchAttentionBackend()
-    if name == "triton":
-        if not _triton_available():
-            raise ValueError(
-                "attention_backend='triton' needs Triton, which is not installed "
-                "(it is Linux-only); use attention_backend='torch'"
-            )
-        from .triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend()
-    raise ValueError(f"unknown attention_backend {name!r}; expected 'auto', 'torch' or 'triton'")
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention_backend {name!r}; expected {one_of(attention_backend_names())}")
+    return ATTENTION_BACKENDS[name]()
 
 
 def _triton_available() -> bool:
     import kernels
 
     return kernels.TRITON_AVAILABLE
+
+
+# The classes, imported when first used (they need torch): name -> its module.
+_LAZY_NAMES = {
+    "AttentionBackend": ".base",
+    "AttentionMetadata": ".base",
+    "TorchAttentionBackend": ".torch_backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -26,8 +26,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import reference
-
 from .base import AttentionBackend, AttentionMetadata
 
 
@@ -37,9 +35,9 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        if bool((slot_mapping < 0).any()):  # tokens to skip: the reference drops them first
-            reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
-            return
+        if bool((slot_mapping < 0).any()):  # tokens to skip (slot -1): dropped first, as kernels.reference does
+            keep = slot_mapping >= 0
+            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
         # The cache viewed as one row per slot: index_copy_ writes row slot_mapping[i] from token i.
         slots = slot_mapping.long()
         k_cache.flatten(0, 1).index_copy_(0, slots, key.to(k_cache.dtype))
