@@ -31,8 +31,8 @@ from typing import Any
 from ..llm import LLM
 from .parts import PARTS, learner_parts
 
-ENGINE_PARTS = [part.key for part in PARTS if part.key != "build_messages"]
-"""The parts that go into the engine (``build_messages`` shapes the workload instead)."""
+ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
+"""The parts that go into the engine (``build_messages`` shapes the prompts a client sends instead)."""
 
 
 def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = None, **llm_kwargs) -> LLM:
@@ -49,7 +49,7 @@ def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = N
 
 def use_parts(llm: LLM, parts: dict[str, Any]) -> dict[str, str]:
     """Plug ``parts`` into a fresh ``llm`` (before any request); returns and sets ``llm.course_parts``."""
-    unknown = sorted(set(parts) - set(ENGINE_PARTS) - {"build_messages"})
+    unknown = sorted(set(parts) - {part.key for part in PARTS})
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}; the engine's parts are {ENGINE_PARTS}")
     engine = llm.llm_engine

@@ -43,6 +43,7 @@ class Part:
     chapter: str
     name: str  # the function's or class's name in the exercise
     role: str  # what it does in the engine
+    in_engine: bool = True  # False: the learner's code, but not engine code (the engine of their parts never runs it)
 
 
 PARTS: list[Part] = [
@@ -57,7 +58,7 @@ PARTS: list[Part] = [
     Part("store_kv", "07", "store_kv", "the Triton kernel that writes K/V into the cache"),
     Part("paged_decode", "07", "paged_decode", "decode attention over the paged cache"),
     Part("schedule_waiting", "08", "schedule_waiting", "admission of waiting requests with prefix lookup"),
-    Part("build_messages", "09", "build_messages", "the cache-friendly prompt of the story app"),
+    Part("build_messages", "09", "build_messages", "the cache-friendly prompt of the story app", in_engine=False),
 ]
 PARTS_BY_KEY = {part.key: part for part in PARTS}
 
@@ -93,10 +94,13 @@ def keep(key: str, obj: Any) -> Path | None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.py"
     path.write_text(source)
-    print(
-        f"  kept as your part '{key}': from now on, the engine of your parts uses it "
-        "(mini_vllm.course.reset_parts() goes back to the reference)"
-    )
+    if part.in_engine:
+        print(
+            f"  kept as your part '{key}': from now on, the engine of your parts uses it "
+            "(mini_vllm.course.reset_parts() goes back to the reference)"
+        )
+    else:  # e.g. build_messages: it shapes the prompts a client sends, no engine runs it
+        print(f"  kept as your part '{key}' (load it with mini_vllm.course.load_part({key!r}); it is not engine code)")
     return path
 
 
