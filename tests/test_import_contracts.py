@@ -1,0 +1,93 @@
+"""The engine stands alone: its modules never import the course, the widgets, the servers, the
+benchmarks or the comparisons with vLLM, not even inside a function. Those are built on the
+engine (they listen to its events, drive its classes), never the other way round.
+
+Read from the source with ``ast`` (``tests/import_graph.py``), so an import hidden in a rarely
+called function is caught as well as one at the top.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from import_graph import ROOT, engine_files, imports_of, module_name
+
+# What is built on the engine: no engine module may import any of these (or what is inside them).
+NOT_FOR_THE_ENGINE = (
+    "mini_vllm.course",
+    "mini_vllm.viz",
+    "mini_vllm.bench",
+    "mini_vllm.compare_vllm",
+    "mini_vllm.compare_servers",
+    "mini_vllm.entrypoints",
+    "mini_vllm.profiler",
+    "mini_vllm.router",
+    "mini_vllm.radix_cache",
+    "mini_vllm.cli",
+)
+
+
+def forbidden_imports(files: list[Path], root: Path = ROOT) -> list[str]:
+    """``"mini_vllm/x.py:12 imports mini_vllm.viz.state"`` for every import of a forbidden module."""
+    found = []
+    for path in files:
+        for imp in imports_of(path, root):
+            if any(imp.module == name or imp.module.startswith(name + ".") for name in NOT_FOR_THE_ENGINE):
+                found.append(f"{path.relative_to(root)}:{imp.line} imports {imp.module}")
+    return found
+
+
+def test_the_engine_modules_import_nothing_built_on_them():
+    files = engine_files()
+    assert {module_name(path) for path in files} >= {
+        "mini_vllm.scheduler",
+        "mini_vllm.llm_engine",
+        "mini_vllm.attention",
+        "mini_vllm.attention.torch_backend",
+    }
+    assert forbidden_imports(files) == []
+
+
+def test_every_forbidden_name_is_a_module_that_exists():
+    # A name that no longer matches a module would silently stop protecting anything.
+    for name in NOT_FOR_THE_ENGINE:
+        path = ROOT.joinpath(*name.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), name
+
+
+def test_the_checker_flags_an_engine_module_that_imports_one(tmp_path):
+    package = tmp_path / "mini_vllm"
+    (package / "viz").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "viz" / "__init__.py").write_text("")
+    (package / "viz" / "state.py").write_text("")
+    (package / "router.py").write_text("")
+    (package / "course").mkdir()
+    (package / "course" / "__init__.py").write_text("")
+    (package / "hashing.py").write_text("import hashlib\n")
+    (package / "scheduler.py").write_text(
+        "from __future__ import annotations\n"
+        "from typing import TYPE_CHECKING\n"
+        "from .hashing import sha256\n"
+        "import mini_vllm.router\n"  # line 4
+        "if TYPE_CHECKING:\n"
+        "    from .course import fixtures\n"  # line 6: never runs, still a dependency
+        "def snapshot():\n"
+        "    from .viz.state import StateSource\n"  # line 8: inside a function
+        "    return StateSource\n"
+        "class Scheduler:\n"
+        "    def show(self):\n"
+        "        from . import viz\n"  # line 12: `from package import module`
+        "        import importlib\n"
+        "        return importlib.import_module('mini_vllm.cli')\n"  # line 14
+    )
+    clean = forbidden_imports([package / "hashing.py"], tmp_path)
+    flagged = forbidden_imports([package / "scheduler.py"], tmp_path)
+    assert clean == []
+    assert flagged == [
+        "mini_vllm/scheduler.py:4 imports mini_vllm.router",
+        "mini_vllm/scheduler.py:6 imports mini_vllm.course",
+        "mini_vllm/scheduler.py:8 imports mini_vllm.viz.state",
+        "mini_vllm/scheduler.py:12 imports mini_vllm.viz",
+        "mini_vllm/scheduler.py:14 imports mini_vllm.cli",
+    ]
