@@ -68,9 +68,8 @@ def test_unchecked_comparisons_are_found():
     )
 
 
-# Known, not yet fixed: chapter 10's benchmark cell prints "greedy outputs identical with caching on and off"
-# among timings. Strict xfail: once that cell asserts it, this entry must go.
-UNCHECKED_YET = {"10_benchmarks.ipynb": "chapter 10's timing cell prints outputs_equal_on_off without asserting it"}
+# Known, not yet fixed (chapter name -> why): each is a strict xfail, so a fixed chapter must leave this map.
+UNCHECKED_YET: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
