@@ -19,7 +19,7 @@ TEST_ENV      := OMP_NUM_THREADS=1
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve grade lint test test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -35,6 +35,7 @@ help:
 	@echo "make real-model     convert SmolLM2-135M-Instruct into models/ (once; about a minute, ~650 MB)"
 	@echo "make site           the course as a static website in build/site/ (committed outputs, nothing executed)"
 	@echo "make serve          an OpenAI-compatible server on port 8000 (SERVE_ARGS: vllm serve's flags, e.g. a model folder)"
+	@echo "make hub HUB_PASSWORD=...  instructors: JupyterHub for a workshop room on port 8080 (workshop/README.md)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +115,21 @@ real-model: $(VENV)/.course
 SERVE_ARGS    ?=
 serve: $(VENV)/.course
 	$(PY) -m mini_vllm serve --enable-prompt-tokens-details $(SERVE_ARGS)
+
+# Instructors: JupyterHub for a workshop room (workshop/README.md): every learner logs in with HUB_PASSWORD
+# and gets make lab's JupyterLab on their own copy of the course; make grade DIR=build/workshop/progress.
+# jupyterhub goes into .venv (the workshop extra), configurable-http-proxy into build/node_modules (npm).
+# HUB_ARGS go to jupyterhub; the MINI_VLLM_WORKSHOP_* variables of workshop/jupyterhub_config.py pass through.
+HUB_PASSWORD  ?=
+HUB_ARGS      ?=
+$(VENV)/.workshop: pyproject.toml constraints.txt $(VENV)/.course
+	$(PIP) install -c constraints.txt -e ".[course,workshop]"
+	touch $@
+
+hub: $(VENV)/.workshop
+	bash workshop/ensure_proxy.sh
+	MINI_VLLM_WORKSHOP_PASSWORD="$${MINI_VLLM_WORKSHOP_PASSWORD:-$(HUB_PASSWORD)}" \
+	  $(PY) -m jupyterhub -f workshop/jupyterhub_config.py $(HUB_ARGS)
 
 # Instructors: DIR holds one folder per learner with their exercise notebooks.
 grade: $(VENV)/.course
