@@ -289,3 +289,42 @@ def test_make_serve_from_the_command_line(tmp_path):
     assert server.process.returncode in (0, -15), log[-2000:]
     assert "Traceback" not in log, log[-2000:]
     json.dumps(reply.model_dump())
+
+
+def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(served):
+    """Non-streaming: the server watches for the disconnect while the engine works (as vLLM's with_cancellation)."""
+    llm, server, client = served
+    before = httpx.get(server.url + "/metrics").text.count("abort")
+    body = {
+        "model": MODEL,
+        "messages": [SYSTEM, {"role": "user", "content": "A very long story."}],
+        "max_tokens": 600,
+        "ignore_eos": True,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.5)
+    wait_idle(llm)
+    assert not llm.llm_engine.requests
+    assert_nothing_leaked(llm.llm_engine)
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'vllm:request_success_total{finished_reason="abort"' in metrics and metrics.count("abort") >= before
+
+
+def test_ctrl_c_stops_the_server_with_a_request_running(tmp_path):
+    """A real SIGINT while a long answer streams: the server exits within its grace period, no traceback."""
+    import signal
+
+    spec = ServerSpec(str(default_model_path()), block_size=16, num_blocks=64, max_model_len=1024)
+    with start_mini_server(spec, tmp_path) as server:
+        server.wait_ready(timeout=120)
+        body = {"messages": [SYSTEM, {"role": "user", "content": "Go on."}], "max_tokens": 900, "ignore_eos": True}
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            lines = r.iter_lines()
+            next(lines)
+            start = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+            server.process.wait(timeout=60)
+            took = time.monotonic() - start
+        log = server.log_tail(lines=200)
+    assert took < 30, took
+    assert "Traceback" not in log, log

@@ -180,13 +180,18 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return await self.call(self.engine.reset_prefix_cache)
 
-    def shutdown(self) -> None:
-        """Stop the engine thread; the requests still in flight are aborted."""
+    def begin_shutdown(self) -> None:
+        """Abort every request in flight (their streams end with ``finish_reason="abort"``) and let
+        the engine thread stop after it; returns at once (safe in a signal handler)."""
         if self._stopping:
             return
         self._commands.put((self._abort_all, None))
         self._stopping = True
         self._wakeup.set()
+
+    def shutdown(self) -> None:
+        """``begin_shutdown``, then wait for the engine thread to end."""
+        self.begin_shutdown()
         self._thread.join(timeout=30)
 
     # -- the engine thread ----------------------------------------------------------
@@ -270,7 +275,11 @@ class AsyncLLM:
                 continue  # not ours (queued directly on the engine) or already aborted
             completion = output.outputs[0]
             new_tokens = completion.token_ids[stream.num_tokens_sent :]
-            text = completion.text[len(stream.text_sent) :] if completion.text.startswith(stream.text_sent) else ""
+            if completion.text.startswith(stream.text_sent):
+                text = completion.text[len(stream.text_sent) :]
+            else:  # cannot happen with held-back text; say so rather than send a wrong tail
+                logger.warning("request %r: streamed text is not a prefix of the final text", output.request_id)
+                text = ""
             self.stats.generation_tokens += len(new_tokens)
             self.stats.prompt_tokens += len(output.prompt_token_ids)
             self._count_finished(completion.finish_reason or "abort")

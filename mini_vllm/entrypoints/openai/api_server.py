@@ -56,6 +56,8 @@ FORBIDDEN_SALT_CHARACTERS = ("@", "/", "\\", "\0")
 # Sampling settings a model's generation_config.json may set as defaults (vLLM: --generation-config auto).
 GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")
 UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
+# Seconds a shutdown (Ctrl-C, SIGTERM) waits for running requests before aborting them.
+GRACEFUL_SHUTDOWN_S = 5
 
 
 class APIError(Exception):
@@ -568,7 +570,14 @@ class BackgroundServer:
         )
         self.engine = AsyncLLM(llm)
         self.app = build_app(self.engine, settings)
-        config = uvicorn.Config(self.app, host=host, port=port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="mini-vllm-http", daemon=True)
         self._thread.start()
@@ -580,6 +589,7 @@ class BackgroundServer:
         self.url = f"http://{host}:{bound_port}"
 
     def stop(self) -> None:
+        self.engine.begin_shutdown()  # running requests end now (aborted), so uvicorn has none to wait for
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self.engine.shutdown()
@@ -677,7 +687,32 @@ def main(argv: list[str] | None = None) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         default_sampling=default_sampling_from(engine.model_path),
     )
-    app = build_app(AsyncLLM(llm), server_settings)
+    engine = AsyncLLM(llm)
+    app = build_app(engine, server_settings)
     print(f"mini-vLLM serves {server_settings.served_model_name!r} on http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
+    try:
+        _Server(config, engine).run()
+    except KeyboardInterrupt:
+        pass  # uvicorn raises the Ctrl-C it handled again once it has shut down (as uvicorn.run does)
     return 0
+
+
+class _Server:
+    """uvicorn's server, which on Ctrl-C or SIGTERM first aborts the requests in flight.
+
+    Their streams then end at once (``finish_reason="abort"``, blocks freed) and
+    uvicorn's graceful shutdown finds no request left to wait for.
+    """
+
+    def __new__(cls, config, engine: AsyncLLM):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame) -> None:
+                engine.begin_shutdown()
+                super().handle_exit(sig, frame)
+
+        return Server(config)
