@@ -261,9 +261,33 @@ def _sixteen_token_blocks(token_ids, block_size, cache_salt=None, lora_name=None
     return hashing.hash_request_tokens(token_ids, 16, cache_salt, lora_name)
 
 
+def _empty_salt_is_a_salt(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], None
+    for index in range(len(token_ids) // block_size):
+        keys = [("lora", lora_name, None)] if lora_name is not None else []
+        if cache_salt is not None and index == 0:  # "" too
+            keys.append(("cache_salt", cache_salt))
+        block = token_ids[index * block_size : (index + 1) * block_size]
+        parent = hashing.hash_block_tokens(parent, block, tuple(keys) or None)
+        hashes.append(parent)
+    return hashes
+
+
+def _position_instead_of_parent(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes = []
+    for index in range(len(token_ids) // block_size):
+        block = token_ids[index * block_size : (index + 1) * block_size]
+        keys = hashing.block_extra_keys(index, cache_salt, lora_name) or ()
+        keys += (("position", index),) if index else ()  # tells equal blocks apart, but not their prefixes
+        hashes.append(hashing.hash_block_tokens(None, block, keys or None))  # no parent: the prefix is not in it
+    return hashes
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (_empty_salt_is_a_salt, "empty cache_salt is no salt"),
+        (_position_instead_of_parent, "pass each block's parent"),
         (_hashes_kept_in_a_default, "mutable default"),
         (_consumes_the_tokens, "changed the token_ids"),
         (_yields_hashes, "returned a generator, not a list"),

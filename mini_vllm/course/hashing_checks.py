@@ -179,8 +179,15 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         "block 0 of a prompt without extra keys",
         "block 0 is hash_block_tokens(None, token_ids[0:16], None)",
     )
-    salted = hash_request_tokens(tokens, 16, "tenant-a", None)
     unsalted = hash_request_tokens(tokens, 16, None, None)
+    other_start = hash_request_tokens([t + 1 for t in tokens[:16]] + tokens[16:], 16, None, None)
+    check.expect(
+        all(a != b for a, b in zip(other_start[1:], unsalted[1:])),
+        "two prompts that differ only in block 0 got the same hash for a later block",
+        "pass each block's parent, the previous block's hash, to hash_block_tokens: a hash must name the "
+        "whole prefix, because a block's K/V depend on every token before it",
+    )
+    salted = hash_request_tokens(tokens, 16, "tenant-a", None)
     check.expect(
         all(a != b for a, b in zip(salted, unsalted)),
         "a cache_salt leaves some block hashes unchanged",
@@ -200,6 +207,12 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
             "len(token_ids) // block_size blocks",
         ),
         ("a cache salt", (tokens, 16, "tenant-a", None), "the salt goes into block 0's extra keys only"),
+        (
+            'an empty cache_salt ""',
+            (tokens, 16, "", None),
+            'an empty cache_salt is no salt, as in vLLM: "" adds no key (block_extra_keys tests `if cache_salt:`, '
+            "not `is not None`)",
+        ),
         ("a LoRA name", (tokens, 16, None, "pirate"), "the LoRA name goes into every block's extra keys"),
         ("salt and LoRA", (list(range(32)), 4, "s", "l"), "use block_extra_keys(index, cache_salt, lora_name)"),
         (
