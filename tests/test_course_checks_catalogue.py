@@ -605,8 +605,8 @@ if kernels.TRITON_AVAILABLE:
                 slot_mapping,
                 key.stride(0),
                 key.stride(1),
-                value.stride(0),
-                value.stride(1),
+                (key if mistake == 3 else value).stride(0),  # 3: "value is laid out like key"
+                (key if mistake == 3 else value).stride(1),
                 k_cache.stride(0),
                 k_cache.stride(1),
                 k_cache.stride(2),
@@ -622,7 +622,10 @@ if kernels.TRITON_AVAILABLE:
 
 
 @needs_triton
-@pytest.mark.parametrize("mistake, fragment", [(1, "went through torch.float16"), (2, "a Triton mask must be boolean")])
+@pytest.mark.parametrize(
+    "mistake, fragment",
+    [(1, "went through torch.float16"), (2, "a Triton mask must be boolean"), (3, "load V with its own strides")],
+)
 def test_ch07_store_kv_catalogue(mistake, fragment):
     message = rejects(check_store_kv, _store_kv_with(mistake), fragment)
     assert "slots=[" in message  # the case is named

@@ -146,6 +146,7 @@ def _store_case(
     key_dtype=torch.float32,
     slot_dtype=torch.int64,
     fused_qkv: bool = False,
+    value_from_wider: bool = False,
     magnitude: float = 1.0,
     seed: int = 0,
     random_case: bool = False,
@@ -164,6 +165,10 @@ def _store_case(
     else:
         key = (torch.randn(shape, generator=generator) * magnitude).to(key_dtype).to(device)
         value = (torch.randn(shape, generator=generator) * magnitude).to(key_dtype).to(device)
+    if value_from_wider:
+        # key contiguous, value a view into a wider tensor: their token (and head) strides differ.
+        wider = torch.randn(num_tokens, num_kv_heads + 1, 2 * head_dim, generator=generator).to(key_dtype).to(device)
+        value = wider[:, 1:, head_dim:]
     k = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
     v = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
     slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=device)
@@ -211,6 +216,11 @@ def _store_case(
             )
         elif torch.equal(got_k, want_v) or torch.equal(got_v, want_k):
             hint = "K goes into k_cache and V into v_cache: one of them got the other's row"
+        elif value_from_wider and torch.equal(got_k, want_k):
+            hint = (
+                "the key is right but the value is not, and here value's strides differ from key's: load V "
+                "with its own strides (stride_value_token, stride_value_head), not the key's"
+            )
         elif torch.equal(got_k[0], want_k[0]) and not torch.equal(got_k, want_k):
             hint = (
                 "head 0 is right but another head is not: offset each head by stride_key_head "
@@ -367,6 +377,14 @@ def check_store_kv(store_kv: Callable) -> None:
     _store_case(store_kv, check, "three KV heads", slots=[3, 8], num_blocks=3, block_size=4, num_kv_heads=3, head_dim=4)
     _store_case(
         store_kv, check, "key and value are views into a fused qkv tensor", slots=[7, 1, 12], fused_qkv=True, **base
+    )
+    _store_case(
+        store_kv,
+        check,
+        "value is a view with other strides than key",
+        slots=[9, 2, 14],
+        value_from_wider=True,
+        **base,
     )
     _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9], cache_dtype=torch.float16, **base)
     _store_case(store_kv, check, "an int32 slot_mapping", slots=[14, 3], slot_dtype=torch.int32, **base)
