@@ -183,6 +183,33 @@ def _processes_of(marker: str) -> list[int]:
     return pids
 
 
+def _memory_report(pids: list[int]) -> list[dict]:
+    """What each of the workshop's processes is and its peak resident memory (VmHWM), for the guide's sizing."""
+    rows = []
+    for pid in pids:
+        try:
+            command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(errors="replace")
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        peak = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        kind = next(
+            (
+                k
+                for k, m in (
+                    ("kernel", "ipykernel"),
+                    ("server", "singleuser.py"),
+                    ("proxy", "configurable-http-proxy"),
+                    ("hub", "jupyterhub_config"),
+                )
+                if m in command
+            ),
+            "other",
+        )
+        rows.append({"pid": pid, "kind": kind, "peak_rss_mb": round(peak / 1024), "command": command[:160]})
+    return rows
+
+
 def _end_processes(pids: list[int], timeout: float = 20.0) -> None:
     for pid in pids:
         try:
@@ -405,6 +432,9 @@ def test_three_learners_on_the_hub_and_the_instructor_grades_them():
         assert not list((homes / "bob" / "my-course" / "parts").glob("*slot_mapping*"))
         saved = json.loads((homes / "ada" / "my-course" / "exercises" / EXERCISE).read_text())
         assert "range(start, end)" in "".join(saved["cells"][3]["source"])
+        # Every process of the room and its peak memory, for workshop/README.md's sizing (not asserted).
+        report = _memory_report(_processes_of(str(workdir)))
+        (SCREENSHOTS / "workshop_processes.json").write_text(json.dumps(report, indent=1) + "\n")
     finally:
         if hub.poll() is None:
             hub.send_signal(signal.SIGTERM)  # the hub stops every learner's server and the proxy
