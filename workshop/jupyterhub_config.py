@@ -13,12 +13,14 @@ What it sets up (workshop/README.md is the instructor's guide):
   a process of the hub's own user, in ``$MINI_VLLM_WORKSHOP_DIR/home/<name>/``. No
   isolation between learners (same Unix user) and no enforced memory or CPU limit:
   see the guide for systemdspawner / The Littlest JupyterHub, which enforce both.
-* each learner's home is laid out as ``make lab``'s checkout is: ``notebooks/``,
-  ``exercises/`` and ``solutions/`` are links to the shared course (read-only in
-  JupyterLab: the course's contents manager), and ``my-course/`` is their own copy,
-  made on every spawn by ``mini_vllm.course.lab.prepare_working_copy``, which never
-  overwrites a file that is there. JupyterLab gets ``make lab``'s options: the
-  contents manager, the pre-save hook, the lab settings, nothing from the network.
+* each learner's server is ``workshop/singleuser.py``, which first lays their home out
+  as ``make lab``'s checkout is: ``notebooks/``, ``exercises/`` and ``solutions/`` are
+  links to the shared course (read-only in JupyterLab: the course's contents manager),
+  and ``my-course/`` is their own copy, made at every start by
+  ``mini_vllm.course.lab.prepare_working_copy``, which never overwrites a file that is
+  there. JupyterLab gets ``make lab``'s options: the contents manager, the pre-save
+  hook, the lab settings, nothing from the network. (The hub itself never imports the
+  course's package, which loads torch: that happens once per learner, in their server.)
 * ``$MINI_VLLM_WORKSHOP_DIR/progress/<name>`` links to that learner's
   ``my-course/exercises``: ``make grade DIR=$MINI_VLLM_WORKSHOP_DIR/progress``.
 * the real model (``models/``) and real vLLM (``.venv-vllm``) of this checkout are
