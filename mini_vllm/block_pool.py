@@ -25,8 +25,9 @@ models); this pool has none, so block ids run from 0 to ``num_blocks - 1``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import types
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 # The KV-cache events live with the engine's other events; the pool records them.
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -164,6 +165,54 @@ class FreeKVCacheBlockQueue:
         return self.num_free_blocks
 
 
+class FreeQueueBatchOperations:
+    """The batch operations ``BlockPool`` calls, built on a queue's single ones (``popleft``, ``append``, ``appendleft``).
+
+    A free-queue class given to the pool (``EngineParts.free_queue``) that
+    lacks ``popleft_n``, ``append_n``, ``prepend_n`` or ``__len__`` gets them
+    from here (:func:`with_batch_operations`): same order, one single
+    operation per block. ``FreeKVCacheBlockQueue`` has its own.
+    """
+
+    num_free_blocks: int
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
+        return [self.popleft() for _ in range(n)]
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            self.append(block)
+
+    def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:  # blocks[0] becomes the head
+        for block in reversed(list(blocks)):
+            self.appendleft(block)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+
+BATCH_OPERATIONS = ("popleft_n", "append_n", "prepend_n", "__len__")
+
+
+def with_batch_operations(queue_class: Callable[[list[KVCacheBlock]], Any]) -> Callable[[list[KVCacheBlock]], Any]:
+    """``queue_class`` itself when it has every batch operation, else a subclass that adds the missing ones.
+
+    Decided once, when the pool is built: the pool's calls go straight to the
+    queue's methods (no wrapper object in between), and the queue is an
+    instance of ``queue_class``.
+    """
+    if all(hasattr(queue_class, name) for name in BATCH_OPERATIONS):
+        return queue_class
+    if not isinstance(queue_class, type):
+        raise TypeError(
+            f"free_queue must be a class, or a callable whose queues have {', '.join(BATCH_OPERATIONS)}; "
+            f"got {queue_class!r}"
+        )
+    return type(queue_class.__name__, (queue_class, FreeQueueBatchOperations), {"__module__": queue_class.__module__})
+
+
 class BlockHashToBlockMap:
     """hash → cached block(s): the prefix cache's index.
 
@@ -236,16 +285,42 @@ class BlockPool:
 
     Callers (the ``KVCacheManager``) own the block *tables*: which request holds
     which blocks. The pool only counts references.
+
+    Three of its pieces are extension points (``mini_vllm/engine_parts.py``
+    says what each may change and must keep): the free queue's class
+    (``free_queue``, called with the blocks, head first), ``get_new_blocks`` and
+    ``free_blocks`` (functions ``(pool, ...)`` with the methods' signatures).
+    A function given in place of a method becomes this pool's bound method
+    (an instance attribute, so a call costs what a method call costs); the
+    class's own method is the reference and is used when none is given.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False):
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        enable_kv_cache_events: bool = False,
+        *,
+        free_queue: Callable[[list[KVCacheBlock]], Any] = FreeKVCacheBlockQueue,
+        get_new_blocks: Callable[[BlockPool, int], list[KVCacheBlock]] | None = None,
+        free_blocks: Callable[[BlockPool, Iterable[KVCacheBlock]], None] | None = None,
+        cached_block_hash_to_block: BlockHashToBlockMap | None = None,
+    ):
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.free_block_queue = with_batch_operations(free_queue)(self.blocks)
+        # A part other than this class's own method becomes this pool's bound method.
+        if get_new_blocks is not None and get_new_blocks is not type(self).get_new_blocks:
+            self.get_new_blocks = types.MethodType(get_new_blocks, self)
+        if free_blocks is not None and free_blocks is not type(self).free_blocks:
+            self.free_blocks = types.MethodType(free_blocks, self)
+        # (An empty map of one's own, e.g. one that counts its scans, may be given: the course's checks do.)
+        if cached_block_hash_to_block is None:
+            cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block = cached_block_hash_to_block
         self.num_evictions = 0
         # Events are recorded only when someone listens (the engine turns this on).
         self.enable_kv_cache_events = enable_kv_cache_events

@@ -19,6 +19,7 @@ releases) and ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -198,3 +199,62 @@ def hash_request_tokens(
     return hash_new_full_blocks(
         token_ids, block_size, [], cache_salt, lora_name, get_hash_function(hash_algo), lora_path
     )
+
+
+BlockHasher = Callable[[Sequence[int], int, Sequence[BlockHash], "str | None"], list[BlockHash]]
+"""What a ``Request`` calls when tokens fill blocks: ``(token_ids, block_size, block_hashes, cache_salt)``
+-> the hashes of the full blocks after ``block_hashes`` (vLLM's ``Request`` takes a ``block_hasher`` too)."""
+
+_REFERENCE_BLOCK_HASHERS: dict[str, BlockHasher] = {}
+
+
+def make_block_hasher(
+    hash_algo: str = "sha256",
+    hash_block_tokens: Callable[..., BlockHash] = hash_block_tokens,
+    hash_request_tokens: Callable[..., list[BlockHash]] = hash_request_tokens,
+) -> BlockHasher:
+    """The block hasher of the hashing extension points (``EngineParts.hash_block_tokens`` / ``hash_request_tokens``).
+
+    With this module's own functions it is ``hash_new_full_blocks`` with
+    ``hash_algo``'s hash function bound (a ``functools.partial``: nothing in
+    between). Otherwise the hashes come from the given functions, which hash
+    with SHA-256 as chapter 04's exercise does:
+
+    * ``hash_request_tokens(token_ids, block_size, cache_salt, lora_name)``, when
+      it is not the reference, hashes the whole token list and the hasher
+      keeps the new blocks' hashes;
+    * else ``hash_block_tokens(parent_block_hash, token_ids, extra_keys)``
+      hashes each new full block, chained to the one before it.
+    """
+    own_block, own_request = hash_block_tokens is _hash_block_tokens, hash_request_tokens is _hash_request_tokens
+    if own_block and own_request:
+        hasher = _REFERENCE_BLOCK_HASHERS.get(hash_algo)
+        if hasher is None:
+            hasher = functools.partial(hash_new_full_blocks, hash_fn=get_hash_function(hash_algo))
+            _REFERENCE_BLOCK_HASHERS[hash_algo] = hasher
+        return hasher
+    if hash_algo != "sha256":
+        raise ValueError(
+            f"hash_algo={hash_algo!r}, but the given hash_block_tokens / hash_request_tokens hash with SHA-256: "
+            "use hash_algo='sha256' with them"
+        )
+    if not own_request:
+
+        def hash_with_request_tokens(token_ids, block_size, block_hashes, cache_salt=None) -> list[BlockHash]:
+            return list(hash_request_tokens(list(token_ids), block_size, cache_salt, None))[len(block_hashes) :]
+
+        return hash_with_request_tokens
+
+    def hash_with_block_tokens(token_ids, block_size, block_hashes, cache_salt=None) -> list[BlockHash]:
+        parent = block_hashes[-1] if block_hashes else None
+        new_hashes = []
+        for index in range(len(block_hashes), len(token_ids) // block_size):
+            block_tokens = list(token_ids[index * block_size : (index + 1) * block_size])
+            parent = hash_block_tokens(parent, block_tokens, block_extra_keys(index, cache_salt))
+            new_hashes.append(parent)
+        return new_hashes
+
+    return hash_with_block_tokens
+
+
+_hash_block_tokens, _hash_request_tokens = hash_block_tokens, hash_request_tokens  # the references, by identity

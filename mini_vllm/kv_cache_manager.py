@@ -107,6 +107,29 @@ def longest_cache_hit(block_hashes: Iterable[BlockHash], lookup: Callable[[Block
     return found
 
 
+def find_longest_cache_hit(
+    block_pool: BlockPool, block_hashes: Sequence[BlockHash], max_num_blocks: int
+) -> list[KVCacheBlock]:
+    """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``), from ``block_pool``.
+
+    The reference of the ``find_longest_cache_hit`` extension point (chapter
+    05): stops at the first miss (``longest_cache_hit``), since block ``i``'s
+    hash chains over every block before it, so a later block can only be valid
+    if all earlier ones are. One dict lookup per block hit; takes no reference.
+    """
+    return longest_cache_hit(block_hashes[:max_num_blocks], block_pool.get_cached_block)
+
+
+def free_request_blocks(block_pool: BlockPool, req_blocks: list[KVCacheBlock]) -> None:
+    """Free a request's block table, last block first: the reference of the ``free_request_blocks`` point (chapter 06).
+
+    Reverse order matters for eviction: freed cached blocks join the free
+    queue's tail in this order, so a prefix's *last* block is evicted first
+    and its first block, shared by the most requests, last.
+    """
+    block_pool.free_blocks(reversed(req_blocks))
+
+
 class KVCacheManager:
     """Owns every request's block table (``req_to_blocks``) and the ``BlockPool``.
 
@@ -119,6 +142,13 @@ class KVCacheManager:
 
     Requests are never mutated here except for their hashes being read;
     ``num_computed_tokens`` belongs to the scheduler.
+
+    Two extension points are the manager's (``mini_vllm/engine_parts.py``):
+    ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``, which
+    the method of that name calls, and ``free_request_blocks(block_pool,
+    req_blocks)``, which ``free`` calls; the module's functions of those names
+    are the reference. ``block_pool``: the pool to manage (the engine builds
+    it with its parts); by default a plain ``BlockPool(num_blocks, ...)``.
     """
 
     def __init__(
@@ -127,13 +157,25 @@ class KVCacheManager:
         block_size: int = DEFAULT_BLOCK_SIZE,
         enable_caching: bool = True,
         enable_kv_cache_events: bool = False,
+        *,
+        block_pool: BlockPool | None = None,
+        find_longest_cache_hit: Callable[[BlockPool, Sequence[BlockHash], int], list[KVCacheBlock]] = (
+            find_longest_cache_hit
+        ),
+        free_request_blocks: Callable[[BlockPool, list[KVCacheBlock]], None] = free_request_blocks,
     ) -> None:
         check_block_size(block_size)
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
+        if block_pool is None:
+            block_pool = BlockPool(num_blocks, enable_caching, enable_kv_cache_events)
+        elif block_pool.num_blocks != num_blocks or block_pool.enable_caching != enable_caching:
+            raise ValueError("block_pool must have num_blocks blocks and the same enable_caching")
+        self.block_pool = block_pool
+        self.find_longest_cache_hit_fn = find_longest_cache_hit
+        self.free_request_blocks_fn = free_request_blocks
         # request_id -> its block table: logical block i lives in physical block req_to_blocks[id][i].
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # request_id -> how many of its blocks are already in the prefix cache.
@@ -162,11 +204,11 @@ class KVCacheManager:
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``).
 
-        Stops at the first miss (``longest_cache_hit``): block ``i``'s hash
-        chains over every block before it, so a later block can only be valid
-        if all earlier ones are. Costs one dict lookup per block hit.
+        The ``find_longest_cache_hit`` part over this manager's pool (the
+        reference: the module's ``find_longest_cache_hit``, one dict lookup per
+        block hit, stopping at the first miss).
         """
-        return longest_cache_hit(block_hashes[:max_num_blocks], self.block_pool.get_cached_block)
+        return self.find_longest_cache_hit_fn(self.block_pool, block_hashes, max_num_blocks)
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """The request's cached prefix: (blocks, number of tokens they hold).
@@ -314,13 +356,14 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first (a no-op for unknown requests).
 
-        Reverse order matters for eviction: freed cached blocks join the free
-        queue's tail in this order, so a prefix's *last* block is evicted
-        first and its first block — shared by the most requests — last.
+        Forgets its block table, then hands the table to the
+        ``free_request_blocks`` part (the reference, the module's
+        ``free_request_blocks``, frees it in reverse: a prefix's *last* block
+        is evicted first and its first block, shared by the most requests, last).
         """
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        self.free_request_blocks_fn(self.block_pool, blocks)
 
     # -- inspection -------------------------------------------------------------
     def get_block_ids(self, request_id: str) -> list[int]:

@@ -17,6 +17,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .config import EngineConfig, make_engine_config, signature_with_settings
+from .engine_parts import EngineParts
 from .interrupts import keyboard_interrupts_deferred
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
@@ -28,7 +29,14 @@ PromptType = str | dict
 class LLM:
     """A model plus an engine. Owns one ``LLMEngine``; every call runs it to completion."""
 
-    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        config: EngineConfig | None = None,
+        parts: EngineParts | None = None,
+        **settings: Any,
+    ) -> None:
         """``model``: a Hugging Face folder (None: the bundled model).
 
         The settings are ``EngineConfig``'s fields, as keywords or as
@@ -37,9 +45,14 @@ class LLM:
         ``kv_cache_memory_gb``, ``enable_prefix_caching``, ``max_num_seqs``,
         ``max_num_batched_tokens``, ``max_model_len``, ``attention_backend``,
         ``hash_algo``, ``seed``. An unknown keyword is a TypeError naming it.
+
+        ``parts``: an ``EngineParts`` (``mini_vllm/engine_parts.py``), the
+        pieces this engine runs in place of the engine's own (the free queue,
+        the slot mapping, the hashing, the prefix lookup, freeing, popping with
+        eviction, the kernels, admission); None: the engine's own.
         """
         config = make_engine_config(config, settings)
-        self.llm_engine = LLMEngine(model, config)
+        self.llm_engine = LLMEngine(model, config, parts)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from .attention import get_attn_backend
+from .block_pool import BlockPool
 from .config import EngineConfig, check_device_name
+from .engine_parts import EngineParts
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
 from .input_processor import (
     InputProcessor,
@@ -118,9 +120,21 @@ class LLMEngine:
     KV-cache manager, the manager to the block pool. Every request the engine
     serves is in ``requests`` (its metrics and random generator ride on the
     ``Request``), from ``add_validated_request`` until ``_finish`` removes it.
+
+    ``parts`` (an ``EngineParts``, ``mini_vllm/engine_parts.py``): the pieces
+    this engine runs; each goes to the object that owns it as that object is
+    built here (the defaults are the engine's own implementations, and take
+    the same way). Kept as ``self.parts``.
     """
 
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, model: str | None = None, config: EngineConfig | None = None, parts: EngineParts | None = None
+    ) -> None:
+        if parts is None:
+            parts = EngineParts()
+        elif not isinstance(parts, EngineParts):
+            raise TypeError(f"parts must be an EngineParts, got {type(parts).__name__}")
+        self.parts = parts
         self.config = config = config or EngineConfig()
         self.model_path = os.path.expanduser(str(model)) if model is not None else default_model_path()
         self.device = resolve_device(config.device)
@@ -133,13 +147,41 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = self._eos_token_ids()
 
-        attn_backend = get_attn_backend(config.attention_backend, str(self.device))
+        self.block_hasher = parts.block_hasher(config.hash_algo)  # every Request hashes its blocks with it
+        if parts.store_kv is not None or parts.paged_decode is not None:
+            from .attention.torch_backend import PartsAttentionBackend
+
+            attn_backend = PartsAttentionBackend(parts.store_kv, parts.paged_decode)
+        else:
+            attn_backend = get_attn_backend(config.attention_backend, str(self.device))
         model = load_model(self.model_path, device=self.device, dtype=self.dtype, attn_backend=attn_backend)
         num_blocks = config.num_blocks or self._num_blocks_from_budget()
-        self.model_runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
+        self.model_runner = ModelRunner(
+            model, num_blocks, config.block_size, self.device, self.dtype, slot_mapping=parts.slot_mapping
+        )
         self.events = EventBus()
-        kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens, self.events)
+        block_pool = BlockPool(
+            num_blocks,
+            config.enable_prefix_caching,
+            free_queue=parts.free_queue,
+            get_new_blocks=parts.get_new_blocks,
+            free_blocks=parts.free_blocks,
+        )
+        kv_cache_manager = KVCacheManager(
+            num_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            block_pool=block_pool,
+            find_longest_cache_hit=parts.find_longest_cache_hit,
+            free_request_blocks=parts.free_request_blocks,
+        )
+        self.scheduler = Scheduler(
+            kv_cache_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.events,
+            schedule_waiting=parts.schedule_waiting,
+        )
         self.input_processor = InputProcessor(
             self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.block_size, num_blocks
         )
@@ -329,6 +371,7 @@ class LLMEngine:
                 sampling_params=sampling_params,
                 hash_algo=self.config.hash_algo,
                 prompt=prompt,
+                block_hasher=self.block_hasher,
             )
             seed = sampling_params.seed
             if seed is None:

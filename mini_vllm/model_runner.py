@@ -16,6 +16,7 @@ vLLM equivalent: ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``,
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -44,7 +45,14 @@ def compute_slot_mapping(block_ids: list[int], start: int, end: int, block_size:
 
 
 class ModelRunner:
-    """Owns the model and the KV cache tensors; runs one batch per call."""
+    """Owns the model and the KV cache tensors; runs one batch per call.
+
+    ``slot_mapping`` is the slot-mapping extension point
+    (``mini_vllm/engine_parts.py``): a function with this module's
+    ``compute_slot_mapping``'s signature, kept as ``self.compute_slot_mapping``,
+    which ``prepare_inputs`` calls once per scheduled sequence (default: this
+    module's ``compute_slot_mapping``, looked up when the runner is built).
+    """
 
     def __init__(
         self,
@@ -53,8 +61,11 @@ class ModelRunner:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype,
+        *,
+        slot_mapping: Callable[[list[int], int, int, int], list[int]] | None = None,
     ) -> None:
         self.model = model
+        self.compute_slot_mapping = compute_slot_mapping if slot_mapping is None else slot_mapping
         # On a CPU in float32: the projections run from oneDNN-packed weight copies
         # (model.Linear; ~1.5-2.5x faster matrix multiplies, a second copy of the weights).
         if device.type == "cpu" and dtype == torch.float32:
@@ -76,6 +87,18 @@ class ModelRunner:
     def attn_backend(self) -> AttentionBackend:
         return self.model.model.layers[0].self_attn.attn_backend
 
+    def set_attn_backend(self, backend: AttentionBackend) -> AttentionBackend:
+        """Make every attention layer use ``backend`` (they share one); returns the backend it replaces.
+
+        For a backend built after the engine (chapter 07 plugs one into a
+        running ``LLM``); ``EngineParts.store_kv`` / ``paged_decode`` choose
+        the backend when the engine is built.
+        """
+        previous = self.attn_backend
+        for layer in self.model.model.layers:
+            layer.self_attn.attn_backend = backend
+        return previous
+
     def prepare_inputs(self, scheduler_output: SchedulerOutput):
         """Flatten the batch: token ids, positions, attention metadata and logits rows."""
         input_ids: list[int] = []
@@ -89,7 +112,7 @@ class ModelRunner:
             end = start + scheduled.num_new_tokens
             input_ids.extend(scheduled.request.all_token_ids[start:end])
             positions.extend(range(start, end))
-            slot_mapping.extend(compute_slot_mapping(scheduled.block_ids, start, end, self.block_size))
+            slot_mapping.extend(self.compute_slot_mapping(scheduled.block_ids, start, end, self.block_size))
             seq_lens.append(end)
             cu_seqlens_q.append(cu_seqlens_q[-1] + scheduled.num_new_tokens)
             block_tables.append(scheduled.block_ids)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_BLOCK_SIZE, check_block_size
-from .hashing import BlockHash, get_hash_function, hash_new_full_blocks
+from .hashing import BlockHash, BlockHasher, make_block_hasher
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +91,10 @@ class Request:
         hash_algo: str = "sha256",
         arrival_time: float | None = None,
         prompt: Any = None,
+        block_hasher: BlockHasher | None = None,
     ) -> None:
+        """``block_hasher``: what hashes the blocks its tokens fill (``hashing.make_block_hasher``;
+        by default ``hash_algo``'s reference). The engine passes the one of its ``EngineParts``."""
         check_block_size(block_size)
         self.request_id = request_id
         self.prompt = prompt
@@ -112,7 +115,7 @@ class Request:
         self.metrics: RequestMetrics | None = None
         self.generator: torch.Generator | None = None
 
-        self._hash_fn = get_hash_function(hash_algo)
+        self._block_hasher = make_block_hasher(hash_algo) if block_hasher is None else block_hasher
         self.block_hashes: list[BlockHash] = []
         self._update_block_hashes()
 
@@ -146,9 +149,7 @@ class Request:
         # Only blocks that became full since the last call are hashed.
         if self.num_tokens // self.block_size > len(self.block_hashes):
             self.block_hashes.extend(
-                hash_new_full_blocks(
-                    self._all_token_ids, self.block_size, self.block_hashes, self.cache_salt, hash_fn=self._hash_fn
-                )
+                self._block_hasher(self._all_token_ids, self.block_size, self.block_hashes, self.cache_salt)
             )
 
     # -- status ---------------------------------------------------------------

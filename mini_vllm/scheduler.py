@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+import types
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .events import (
@@ -128,6 +130,11 @@ class Scheduler:
     Invariants: a request is in exactly one of ``waiting`` / ``running`` until
     it finishes; a running request holds blocks for all its computed tokens;
     a waiting request holds none.
+
+    ``schedule_waiting``, admission, is an extension point
+    (``mini_vllm/engine_parts.py``): a function ``(scheduler, token_budget,
+    output) -> int`` given here becomes this scheduler's bound method; the
+    class's own method is the reference (a subclass may override it too).
     """
 
     def __init__(
@@ -136,6 +143,8 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         events: EventBus | None = None,
+        *,
+        schedule_waiting: Callable[[Scheduler, int, SchedulerOutput], int] | None = None,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
@@ -144,6 +153,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.events = events if events is not None else EventBus()
         self.num_preemptions = 0
+        if schedule_waiting is not None and schedule_waiting is not type(self).schedule_waiting:
+            self.schedule_waiting = types.MethodType(schedule_waiting, self)
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -204,8 +215,9 @@ class Scheduler:
     def schedule_waiting(self, token_budget: int, output: SchedulerOutput) -> int:
         """Admit waiting requests in FIFO order: prefix lookup, then slots for the rest.
 
-        Chapter 08's exercise; a subclass may override it (the course's check
-        does), or one scheduler's attribute replace it (the learner's engine does).
+        Chapter 08's exercise and an extension point: a subclass may override
+        it (the course's check does), or ``Scheduler(schedule_waiting=...)``
+        give one scheduler another (``EngineParts.schedule_waiting``).
 
         Stops at the first request the pool cannot serve (it keeps its place),
         when the budget is spent, or at ``max_num_seqs`` running requests.

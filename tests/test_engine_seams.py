@@ -154,13 +154,16 @@ def test_the_request_path_has_no_lora_name():
 def test_llm_repeats_no_setting_of_its_own():
     parameters = inspect.signature(LLM.__init__, follow_wrapped=False).parameters
     code = LLM.__init__.__code__  # what the function itself declares, whatever signature it shows
-    assert code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] == ("self", "model", "config")
+    # (parts is not a setting: the engine's extension points, mini_vllm/engine_parts.py)
+    assert code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] == ("self", "model", "config", "parts")
     assert code.co_flags & inspect.CO_VARKEYWORDS  # the settings come in as **settings
     assert "settings" not in parameters  # and are shown one by one (next test)
 
 
 def shown_settings(signature: inspect.Signature) -> dict:
-    return {name: p.default for name, p in signature.parameters.items() if name not in ("self", "model", "config")}
+    return {
+        name: p.default for name, p in signature.parameters.items() if name not in ("self", "model", "config", "parts")
+    }
 
 
 def test_the_signature_shows_every_setting_with_engine_config_s_default():

@@ -26,6 +26,7 @@ import pytest
 import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)
 from kernels import reference as kernel_reference
 from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue
+from mini_vllm import kv_cache_manager
 from mini_vllm.course.parts import PARTS
 from mini_vllm.course.prompt_checks import reference_build_messages
 from mini_vllm.hashing import hash_block_tokens, hash_new_full_blocks, hash_request_tokens
@@ -46,9 +47,13 @@ REFERENCES = {
     "slot_mapping": [compute_slot_mapping],
     "hash_block_tokens": [hash_block_tokens],
     "hash_request_tokens": [hash_request_tokens, hash_new_full_blocks],
-    "find_longest_cache_hit": [KVCacheManager.find_longest_cache_hit, longest_cache_hit],
+    "find_longest_cache_hit": [
+        KVCacheManager.find_longest_cache_hit,
+        kv_cache_manager.find_longest_cache_hit,
+        longest_cache_hit,
+    ],
     "free_blocks": [BlockPool.free_blocks],
-    "free_request_blocks": [KVCacheManager.free],
+    "free_request_blocks": [KVCacheManager.free, kv_cache_manager.free_request_blocks],
     "get_new_blocks": [BlockPool.get_new_blocks, BlockPool._maybe_evict_cached_block],
     "store_kv": [sys.modules["kernels.store_kv"]._store_kv_kernel.fn],
     "paged_decode": [kernel_reference.paged_attention, kernel_reference.unified_attention],
@@ -185,7 +190,9 @@ def test_a_markdown_copy_and_a_show_source_listing_are_flagged():
     copied = {"cells": [{"cell_type": "markdown", "source": f"```python\n{source}```"}]}
     assert shown_answer(copied, body_lines(Scheduler.schedule_waiting)) is not None
     bundle = show_source(Scheduler.schedule_waiting)._repr_mimebundle_()
-    html_only = {"cells": [{"cell_type": "code", "source": "", "outputs": [{"data": {"text/html": bundle["text/html"]}}]}]}
+    html_only = {
+        "cells": [{"cell_type": "code", "source": "", "outputs": [{"data": {"text/html": bundle["text/html"]}}]}]
+    }
     assert shown_answer(html_only, body_lines(Scheduler.schedule_waiting)) is not None
 
 

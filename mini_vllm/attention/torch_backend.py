@@ -159,3 +159,35 @@ def decode_attention(
         q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible, scale=scale, enable_gqa=True
     )  # K/V as [num_seqs, Hkv, L, D]
     return out[:, :, 0, :].to(query.dtype)
+
+
+class PartsAttentionBackend(TorchAttentionBackend):
+    """The torch backend with the kernel extension points in it (``EngineParts.store_kv`` / ``paged_decode``).
+
+    ``store_kv(key, value, k_cache, v_cache, slot_mapping)`` stores every
+    layer's new K/V in every step; ``paged_decode(query, k_cache, v_cache,
+    block_table, seq_len, scale)`` attends for one sequence's one query token
+    and serves all-decode steps, one sequence at a time. Prefill steps keep
+    the torch backend's attention. A part left None is the torch backend's.
+    The engine builds this backend only when a kernel part is given.
+    """
+
+    def __init__(self, store_kv=None, paged_decode=None) -> None:
+        self.store_kv_fn = store_kv
+        self.paged_decode_fn = paged_decode
+        given = [label for label, fn in (("store_kv", store_kv), ("paged_decode", paged_decode)) if fn is not None]
+        self.name = "torch, with the given " + " and ".join(given) if given else "torch"
+
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        if self.store_kv_fn is None:
+            return super().store_kv(key, value, k_cache, v_cache, slot_mapping)
+        self.store_kv_fn(key, value, k_cache, v_cache, slot_mapping)
+
+    def attention(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        if self.paged_decode_fn is None or metadata.max_query_len > 1:  # prefill: the torch backend's
+            return super().attention(query, k_cache, v_cache, metadata, scale)
+        outputs = [
+            self.paged_decode_fn(query[s], k_cache, v_cache, metadata.block_tables[s], int(metadata.seq_lens[s]), scale)
+            for s in range(metadata.num_seqs)
+        ]
+        return torch.stack(outputs)

@@ -21,6 +21,7 @@ from .kernel_checks import use_attention_backend
 from .learner_engine import (
     against_vllm,
     compare_with_reference,
+    course_parts,
     learner_engine,
     run_against_reference,
     show_parts,
@@ -40,6 +41,7 @@ __all__ = [
     "show_interface",
     "learner_engine",
     "use_parts",
+    "course_parts",
     "show_parts",
     "compare_with_reference",
     "run_against_reference",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from ..block_pool import BlockPool, KVCacheBlock
+from ..block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
@@ -73,22 +73,22 @@ def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:
 def _large_pool(num_in_use: int) -> tuple[BlockPool, list[KVCacheBlock], dict]:
     """20,000 counting blocks, the first ``num_in_use`` in use (every other one cached), and the
     map's items() and the queue's get_all_free_blocks() counting their calls: O(n) scans show up."""
-    pool = counting_pool(20_000)
-    in_use = _take(pool, list(range(num_in_use)), hashed=list(range(0, num_in_use, 2)))
-    _cache_free(pool, [num_in_use + 1, num_in_use + 3])
     scans = {"items": 0, "get_all_free_blocks": 0}
 
-    def counting(obj, name):
-        method = getattr(obj, name)
+    class ScanCountingQueue(FreeKVCacheBlockQueue):
+        def get_all_free_blocks(self):
+            scans["get_all_free_blocks"] += 1
+            return super().get_all_free_blocks()
 
-        def counted(*args, **kwargs):
-            scans[name] += 1
-            return method(*args, **kwargs)
+    class ScanCountingMap(BlockHashToBlockMap):
+        def items(self):
+            scans["items"] += 1
+            return super().items()
 
-        setattr(obj, name, counted)
-
-    counting(pool.cached_block_hash_to_block, "items")
-    counting(pool.free_block_queue, "get_all_free_blocks")
+    pool = counting_pool(20_000, free_queue=ScanCountingQueue, cached_block_hash_to_block=ScanCountingMap())
+    in_use = _take(pool, list(range(num_in_use)), hashed=list(range(0, num_in_use, 2)))
+    _cache_free(pool, [num_in_use + 1, num_in_use + 3])
+    scans.update(items=0, get_all_free_blocks=0)
     CountingBlock.reads = 0
     return pool, in_use, scans
 

@@ -75,9 +75,12 @@ class CountingBlock(KVCacheBlock):
     __hash__ = KVCacheBlock.__hash__
 
 
-def counting_pool(num_blocks: int = 20_000) -> BlockPool:
-    """A ``BlockPool`` of :class:`CountingBlock` s (same ids, same free queue), its read count at 0."""
-    pool = BlockPool(num_blocks)
+def counting_pool(num_blocks: int = 20_000, **pool_kwargs: Any) -> BlockPool:
+    """A ``BlockPool`` of :class:`CountingBlock` s (same ids, same free queue), its read count at 0.
+
+    ``pool_kwargs`` go to ``BlockPool`` (e.g. a ``free_queue`` class that counts its scans).
+    """
+    pool = BlockPool(num_blocks, **pool_kwargs)
     for block in pool.blocks:
         block.__class__ = CountingBlock
     CountingBlock.reads = 0

@@ -80,13 +80,11 @@ def use_attention_backend(llm: Any, backend: Any) -> Any:
 
     The model's layers share one backend object (``LLM(attention_backend=...)``
     chooses it by name); this swaps it for yours, e.g. a subclass of
-    ``TorchAttentionBackend`` whose ``store_kv`` calls your kernel.
+    ``TorchAttentionBackend`` whose ``store_kv`` calls your kernel, through
+    the engine's ``ModelRunner.set_attn_backend``. (To build an engine with your
+    ``store_kv`` and ``paged_decode`` from the start: ``LLM(parts=EngineParts(...))``.)
     """
-    layers = llm.llm_engine.model_runner.model.model.layers
-    previous = layers[0].self_attn.attn_backend
-    for layer in layers:
-        layer.self_attn.attn_backend = backend
-    return previous
+    return llm.llm_engine.model_runner.set_attn_backend(backend)
 
 
 # -- store_kv -------------------------------------------------------------------

@@ -4,239 +4,79 @@
     >>> llm = learner_engine(device="cpu", num_blocks=64)   # every part you have kept so far
     >>> show_parts(llm)                                     # which parts are yours
 
-The engine core knows nothing of the course: each part goes in through a
-seam the engine already has, on this one ``LLM`` only —
+Every part is one of the engine's extension points (``mini_vllm/engine_parts.py``):
+:func:`use_parts` turns the learner's parts into an ``EngineParts`` and
+:func:`learner_engine` builds ``LLM(..., parts=...)`` with it. The engine hands
+each part to the object that owns it (the block pool, the KV-cache manager,
+the scheduler, the model runner, each request, the attention backend) as it
+builds them, for this ``LLM`` only: nothing here patches the engine.
 
-* objects the engine owns are replaced or given an instance attribute:
-  ``block_pool.free_block_queue`` (chapter 02), ``kv_cache_manager.find_longest_cache_hit``
-  (05), ``block_pool.free_blocks`` / ``get_new_blocks`` and ``kv_cache_manager.free`` (06),
-  the attention backend of every layer (07), ``scheduler.schedule_waiting`` (08, the method
-  the exercise writes);
-* two module-level functions (``model_runner.compute_slot_mapping``, 03, and
-  ``request.hash_new_full_blocks``, 04) are swapped only while this engine
-  runs (its ``add_request``/``step`` and the ``LLM`` calls around them), then
-  restored, so a reference ``LLM`` in the same process is untouched.
-
-``llm.course_parts`` maps every part to ``"yours"`` or ``"reference"`` (the
-dashboard and :func:`show_parts` read it).
+:func:`course_parts` maps every part of an engine to ``"yours"`` or
+``"reference"`` (the dashboard and :func:`show_parts` read it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Callable
 from typing import Any
 
+from ..engine_parts import EngineParts
 from ..llm import LLM
 from .parts import PARTS, learner_parts
 
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
 """The parts that go into the engine (``build_messages`` shapes the prompts a client sends instead)."""
 
+HASHING_PARTS = ("hash_block_tokens", "hash_request_tokens")
+"""Chapter 04's parts hash with SHA-256: an engine with another ``hash_algo`` keeps its own hashing."""
 
-def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = None, **llm_kwargs) -> LLM:
-    """An ``LLM(model, **llm_kwargs)`` running the learner's parts.
+
+class LearnerLLM(LLM):
+    """An ``LLM`` built by :func:`learner_engine`: the same engine, plus ``course_parts`` to read."""
+
+    @property
+    def course_parts(self) -> dict[str, str]:
+        """Every part: ``"yours"`` or ``"reference"`` (:func:`course_parts`)."""
+        return course_parts(self)
+
+
+def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = None, **llm_kwargs) -> LearnerLLM:
+    """An ``LLM(model, parts=..., **llm_kwargs)`` running the learner's parts.
 
     ``parts``: part key -> implementation (default: every part kept in the
     parts folder, :func:`mini_vllm.course.parts.learner_parts`). ``{}`` gives
-    the reference engine, marked as such.
+    the reference engine.
     """
-    llm = LLM(model, **llm_kwargs)
-    use_parts(llm, learner_parts() if parts is None else parts)
-    return llm
+    parts = learner_parts() if parts is None else parts
+    hash_algo = llm_kwargs.get("hash_algo") or getattr(llm_kwargs.get("config"), "hash_algo", "sha256")
+    return LearnerLLM(model, parts=use_parts(parts, hash_algo=hash_algo), **llm_kwargs)
 
 
-def use_parts(llm: LLM, parts: dict[str, Any]) -> dict[str, str]:
-    """Plug ``parts`` into a fresh ``llm`` (before any request); returns and sets ``llm.course_parts``."""
+def use_parts(parts: dict[str, Any], *, hash_algo: str = "sha256") -> EngineParts:
+    """The ``EngineParts`` of the learner's ``parts`` (part key -> implementation), for ``LLM(parts=...)``.
+
+    Every key of :data:`ENGINE_PARTS` is a field of ``EngineParts`` of the same
+    name and signature; a part that is not given stays the engine's own. The
+    hashing parts are left out when ``hash_algo`` is not ``"sha256"`` (they
+    hash with SHA-256, as chapter 04's exercise does).
+    """
+    if isinstance(parts, LLM):
+        raise TypeError(
+            "use_parts(llm, parts) no longer changes a built LLM: the parts go in when the engine is built, "
+            "LLM(..., parts=use_parts(parts)) or learner_engine(parts=parts)"
+        )
     unknown = sorted(set(parts) - {part.key for part in PARTS})
     if unknown:
         raise ValueError(f"unknown part(s) {unknown}; the engine's parts are {ENGINE_PARTS}")
-    engine = llm.llm_engine
-    if engine.has_unfinished_requests():
-        raise ValueError("use_parts needs an engine with no request in flight")
-    manager = engine.kv_cache_manager
-    pool = manager.block_pool
-    scheduler = engine.scheduler
-
-    if "free_queue" in parts:
-        queue = parts["free_queue"](list(pool.free_block_queue.get_all_free_blocks()))
-        pool.free_block_queue = queue if _has_batch_operations(queue) else _BatchOperations(queue)
-    if "find_longest_cache_hit" in parts:
-        lookup = parts["find_longest_cache_hit"]
-        manager.find_longest_cache_hit = lambda block_hashes, max_num_blocks: lookup(pool, block_hashes, max_num_blocks)
-    if "free_blocks" in parts:
-        free_blocks = parts["free_blocks"]
-        pool.free_blocks = lambda ordered_blocks: free_blocks(pool, ordered_blocks)
-    if "free_request_blocks" in parts:
-        manager.free = _free_with(manager, parts["free_request_blocks"])
-    if "get_new_blocks" in parts:
-        get_new_blocks = parts["get_new_blocks"]
-        pool.get_new_blocks = lambda num_blocks: get_new_blocks(pool, num_blocks)
-    if "store_kv" in parts or "paged_decode" in parts:
-        from .kernel_checks import use_attention_backend
-
-        use_attention_backend(llm, _learner_backend(parts.get("store_kv"), parts.get("paged_decode")))
-    if "schedule_waiting" in parts:
-        scheduler.schedule_waiting = functools.partial(parts["schedule_waiting"], scheduler)
-    swapped = _module_swaps(parts, engine.config.hash_algo)
-    if swapped:
-        _run_with_swaps(llm, swapped)
-    llm.course_parts = {key: ("yours" if key in parts else "reference") for key in ENGINE_PARTS}
-    return llm.course_parts
+    given = {key: fn for key, fn in parts.items() if key in ENGINE_PARTS}
+    if hash_algo != "sha256":
+        given = {key: fn for key, fn in given.items() if key not in HASHING_PARTS}
+    return EngineParts(**given)
 
 
-_BATCH_OPERATIONS = ("popleft_n", "append_n", "prepend_n", "__len__")
-
-
-def _has_batch_operations(queue: Any) -> bool:
-    return all(hasattr(queue, name) for name in _BATCH_OPERATIONS)
-
-
-class _BatchOperations:
-    """The learner's queue plus the batch operations ``BlockPool`` calls, built on the learner's methods.
-
-    (The chapter 02 exercise gives these; a queue written without them still runs.)
-    """
-
-    def __init__(self, queue: Any) -> None:
-        self.queue = queue
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.queue, name)
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.queue.num_free_blocks
-
-    def popleft_n(self, n: int) -> list:
-        if n > self.queue.num_free_blocks:
-            raise ValueError(f"Cannot pop {n} blocks: only {self.queue.num_free_blocks} are free")
-        return [self.queue.popleft() for _ in range(n)]
-
-    def append_n(self, blocks) -> None:
-        for block in blocks:
-            self.queue.append(block)
-
-    def prepend_n(self, blocks) -> None:  # blocks[0] becomes the head
-        for block in reversed(list(blocks)):
-            self.queue.appendleft(block)
-
-    def __len__(self) -> int:
-        return self.queue.num_free_blocks
-
-
-def _free_with(manager: Any, free_request_blocks: Callable) -> Callable:
-    """``KVCacheManager.free`` with the learner's ``free_request_blocks`` at its heart (as in chapter 06)."""
-
-    def free(request) -> None:
-        req_blocks = manager.req_to_blocks.pop(request.request_id, [])
-        manager.num_cached_block.pop(request.request_id, None)
-        free_request_blocks(manager.block_pool, req_blocks)
-
-    return free
-
-
-def _learner_backend(store_kv: Callable | None, paged_decode: Callable | None):
-    """The torch reference backend with the learner's kernel and decode loop where given (chapter 07)."""
-    from ..attention import TorchAttentionBackend
-
-    yours = [label for label, fn in (("store_kv", store_kv), ("paged_decode", paged_decode)) if fn is not None]
-
-    class LearnerBackend(TorchAttentionBackend):
-        name = "torch, with your " + " and ".join(yours)
-
-        def store_kv(self, key, value, k_cache, v_cache, slot_mapping):
-            if store_kv is None:
-                return super().store_kv(key, value, k_cache, v_cache, slot_mapping)
-            store_kv(key, value, k_cache, v_cache, slot_mapping)
-
-        def attention(self, query, k_cache, v_cache, metadata, scale):
-            if paged_decode is None or metadata.max_query_len > 1:  # prefill: the reference
-                return super().attention(query, k_cache, v_cache, metadata, scale)
-            import torch
-
-            outputs = [
-                paged_decode(query[s], k_cache, v_cache, metadata.block_tables[s], int(metadata.seq_lens[s]), scale)
-                for s in range(metadata.num_seqs)
-            ]
-            return torch.stack(outputs)
-
-    return LearnerBackend()
-
-
-def _module_swaps(parts: dict[str, Any], hash_algo: str) -> list[tuple[Any, str, Any]]:
-    """(module, name, replacement) for the parts that enter through a module-level function."""
-    from .. import model_runner, request
-
-    swaps = []
-    if "slot_mapping" in parts:
-        swaps.append((model_runner, "compute_slot_mapping", parts["slot_mapping"]))
-    hashing_part = parts.get("hash_request_tokens") or parts.get("hash_block_tokens")
-    if hashing_part is not None and hash_algo == "sha256":  # the exercise writes SHA-256 hashes
-        swaps.append((request, "hash_new_full_blocks", _hash_new_full_blocks_with(parts)))
-    return swaps
-
-
-def _hash_new_full_blocks_with(parts: dict[str, Any]) -> Callable:
-    """``hashing.hash_new_full_blocks`` computed with the learner's hash functions."""
-    from ..hashing import block_extra_keys
-
-    hash_request_tokens = parts.get("hash_request_tokens")
-    hash_block_tokens = parts.get("hash_block_tokens")
-
-    def hash_new_full_blocks(
-        token_ids, block_size, block_hashes, cache_salt=None, lora_name=None, hash_fn=None, lora_path=None
-    ):
-        if hash_request_tokens is not None and lora_path is None:
-            return list(hash_request_tokens(list(token_ids), block_size, cache_salt, lora_name))[len(block_hashes) :]
-        parent = block_hashes[-1] if block_hashes else None
-        new = []
-        for index in range(len(block_hashes), len(token_ids) // block_size):
-            block = list(token_ids[index * block_size : (index + 1) * block_size])
-            parent = hash_block_tokens(parent, block, block_extra_keys(index, cache_salt, lora_name, lora_path))
-            new.append(parent)
-        return new
-
-    return hash_new_full_blocks
-
-
-def _run_with_swaps(llm: LLM, swaps: list[tuple[Any, str, Any]]) -> None:
-    """Wrap this engine's entry points so the module-level swaps hold only while it runs."""
-    depth = [0]
-    originals: list[Any] = []
-
-    @contextlib.contextmanager
-    def swapped():
-        if depth[0] == 0:
-            originals[:] = [getattr(module, name) for module, name, _ in swaps]
-            for module, name, replacement in swaps:
-                setattr(module, name, replacement)
-        depth[0] += 1
-        try:
-            yield
-        finally:
-            depth[0] -= 1
-            if depth[0] == 0:
-                for (module, name, _), original in zip(swaps, originals):
-                    setattr(module, name, original)
-
-    def wrap(owner: Any, method_name: str) -> None:
-        method = getattr(owner, method_name, None)
-        if method is None:
-            return
-
-        @functools.wraps(method)
-        def run(*args, **kwargs):
-            with swapped():
-                return method(*args, **kwargs)
-
-        setattr(owner, method_name, run)
-
-    for method_name in ("add_request", "add_validated_request", "step", "abort_request"):
-        wrap(llm.llm_engine, method_name)
-    for method_name in ("generate", "chat"):
-        wrap(llm, method_name)
+def course_parts(llm: LLM) -> dict[str, str]:
+    """Every part of ``llm``'s engine: ``"yours"`` where its ``EngineParts`` has one, else ``"reference"``."""
+    replaced = set(llm.llm_engine.parts.replaced())
+    return {key: ("yours" if key in replaced else "reference") for key in ENGINE_PARTS}
 
 
 # -- showing and comparing ---------------------------------------------------------------
@@ -276,9 +116,9 @@ class PartsTable:
 
 def show_parts(llm: LLM | None = None) -> PartsTable:
     """The parts of ``llm`` (or, without one, of the engine :func:`learner_engine` would build now)."""
-    if llm is not None and hasattr(llm, "course_parts"):
-        return PartsTable(llm.course_parts)
-    kept = learner_parts() if llm is None else {}
+    if llm is not None:
+        return PartsTable(course_parts(llm))
+    kept = learner_parts()
     return PartsTable({key: ("yours" if key in kept else "reference") for key in ENGINE_PARTS})
 
 
@@ -357,7 +197,7 @@ def run_against_reference(
     mine = compare_vllm.run_mini_workloads(mine_llm, specs)
     reference = compare_vllm.run_mini_workloads(reference_llm, specs)
     result: dict[str, Any] = {
-        "parts": dict(mine_llm.course_parts),
+        "parts": course_parts(mine_llm),
         "vllm": None,
         "vllm_missing": None,
         "model_path": str(path),
@@ -515,11 +355,13 @@ def _print_comparison(compared: list[dict]) -> None:
 __all__ = [
     "learner_engine",
     "use_parts",
+    "course_parts",
     "show_parts",
     "compare_with_reference",
     "run_against_reference",
     "against_vllm",
     "compare_observables",
     "PartsTable",
+    "LearnerLLM",
     "ENGINE_PARTS",
 ]
