@@ -375,6 +375,13 @@ def test_three_learners_on_the_hub_and_the_instructor_grades_them():
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="mv-workshop-"))
+    try:
+        _workshop_then_grade(workdir, sync_playwright)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _workshop_then_grade(workdir: Path, sync_playwright) -> None:
     course = _trimmed_course(workdir / "course")
     ws = workdir / "ws"
     public, hub_api, proxy_api = _free_ports(3)
@@ -447,23 +454,20 @@ def test_three_learners_on_the_hub_and_the_instructor_grades_them():
         log.close()
         shutil.copy(log_path, SCREENSHOTS / "workshop_hub.log")
 
-    try:
-        assert not _processes_of(str(workdir)), "processes of the workshop are still running"
-        # The instructor: make grade DIR=<workshop>/progress
-        grade = subprocess.run(
-            [sys.executable, "-m", "mini_vllm", "grade", str(ws / "progress"), "--timeout", "300"],
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        table = grade.stdout
-        assert grade.returncode == 0, grade.stderr[-3000:]
-        for name, (_, _, status) in LEARNERS.items():
-            lines = table.split(f"{name}: ", 1)[1].splitlines()
-            passed = 1 if status == "pass" else 0
-            assert lines[0] == f"{passed} of 1 checks pass", table
-            assert EXERCISE in lines[1] and "check_slot_mapping" in lines[1] and f" {status} " in lines[1] + " ", table
-        assert "compute_slot_mapping: a prefill" in table.split("bob: ", 1)[1].splitlines()[1], table  # the first line
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    assert not _processes_of(str(workdir)), "processes of the workshop are still running"
+    # The instructor: make grade DIR=<workshop>/progress
+    grade = subprocess.run(
+        [sys.executable, "-m", "mini_vllm", "grade", str(ws / "progress"), "--timeout", "300"],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    table = grade.stdout
+    assert grade.returncode == 0, grade.stderr[-3000:]
+    for name, (_, _, status) in LEARNERS.items():
+        lines = table.split(f"{name}: ", 1)[1].splitlines()
+        passed = 1 if status == "pass" else 0
+        assert lines[0] == f"{passed} of 1 checks pass", table
+        assert EXERCISE in lines[1] and "check_slot_mapping" in lines[1] and f" {status} " in lines[1] + " ", table
+    assert "compute_slot_mapping: a prefill" in table.split("bob: ", 1)[1].splitlines()[1], table  # the first line
