@@ -21,6 +21,8 @@ import math
 import pickle
 
 import pytest
+
+from mini_vllm.events import BlockRemoved
 import torch
 from course_fixtures import make_decode, rejects
 from known_mistakes import free_one_at_a_time
@@ -479,6 +481,10 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
                         pool.cached_block_hash_to_block.pop(block_hash, block.block_id)
             else:
                 pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            if mistake != "uncounted":
+                pool.num_evictions += 1
+            if mistake != "no event" and pool.enable_kv_cache_events:
+                pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
             block.block_hash = None
         block.ref_cnt = 1
         blocks.append(block)
@@ -493,6 +499,8 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
         ("all blocks", "pool.get_num_free_blocks()"),
         ("scans the map", "walked the hash map 1 time(s)"),
         ("one block alone", "you returned one block"),
+        ("uncounted", "pool.num_evictions += 1"),
+        ("no event", "record each eviction when the pool records events"),
     ],
 )
 def test_ch06_get_new_blocks_catalogue(mistake, fragment):

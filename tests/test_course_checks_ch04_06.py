@@ -7,6 +7,8 @@ AssertionError on it, with a message that names the mistake."""
 from __future__ import annotations
 
 import pytest
+
+from mini_vllm.events import BlockRemoved
 from course_fixtures import rejects
 
 from mini_vllm.block_pool import BlockPool, KVCacheBlock
@@ -136,6 +138,13 @@ def reference_free_request_blocks(pool, req_blocks):
     reference_free_blocks(pool, reversed(req_blocks))
 
 
+def count_eviction(pool, block):
+    """What an eviction reports: the counter, and a BlockRemoved event when the pool records events."""
+    pool.num_evictions += 1
+    if pool.enable_kv_cache_events:
+        pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
+
+
 def reference_get_new_blocks(pool, num_blocks):
     if num_blocks > pool.get_num_free_blocks():
         raise ValueError(f"only {pool.get_num_free_blocks()} free blocks")
@@ -144,6 +153,7 @@ def reference_get_new_blocks(pool, num_blocks):
         block = pool.free_block_queue.popleft()
         if block.block_hash is not None:
             pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            count_eviction(pool, block)
             block.block_hash = None
         block.ref_cnt = 1
         blocks.append(block)
@@ -280,6 +290,7 @@ def _pops_from_the_tail(pool, num_blocks):
         pool.free_block_queue.remove(block)
         if block.block_hash is not None:
             pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            count_eviction(pool, block)
             block.block_hash = None
         block.ref_cnt = 1
         blocks.append(block)
@@ -305,6 +316,7 @@ def _evicts_every_twin(pool, num_blocks):
             for _, other in list(pool.cached_block_hash_to_block.items()):
                 if other.block_hash == block_hash:
                     pool.cached_block_hash_to_block.pop(block_hash, other.block_id)
+            count_eviction(pool, block)
             block.block_hash = None
         block.ref_cnt = 1
     return blocks

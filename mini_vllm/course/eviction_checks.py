@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from ..block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from ..events import BlockRemoved
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
@@ -452,6 +453,24 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         _in_map(pool, pool.blocks[1]) and pool.blocks[1].block_hash is not None,
         "popping block 0 also evicted block 1, which stays in the free queue",
         "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
+    )
+    # An eviction is something the engine reports: its counter, and a KV event when someone listens.
+    check.expect(
+        pool.num_evictions == 1,
+        f"block 0's prefix was evicted, but pool.num_evictions is {pool.num_evictions} (expected 1)",
+        "count every eviction: pool.num_evictions += 1 (the engine's stats and vLLM's metrics report it)",
+    )
+    listened = cached_head()
+    listened.enable_kv_cache_events = True
+    get_new_blocks(listened, 2)
+    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
+    expected_events = [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
+    check.expect(
+        removed == expected_events,
+        f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {removed}",
+        "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
+        "pool.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,))) "
+        "(a router mirrors each replica's cache from these events)",
     )
     run_both(cached_head, 1, "a cached block at the head is popped")
 
