@@ -28,13 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from traitlets.config import Config
 
 from mini_vllm.course import lab
+from http_wait import wait_for_http
 from prerequisites import CHROMIUM, missing, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,17 +61,11 @@ LEARNERS = {
 
 def _load_config(tmp_path: Path, **env: str) -> tuple[Config, dict]:
     values = {"MINI_VLLM_WORKSHOP_DIR": str(tmp_path / "ws"), "MINI_VLLM_WORKSHOP_PASSWORD": PASSWORD, **env}
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
     config = Config()
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in values.items():
+            patch.setenv(key, value)
         namespace = runpy.run_path(str(CONFIG), init_globals={"get_config": lambda: config})
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return config, namespace
 
 
@@ -224,20 +218,6 @@ def _end_processes(pids: list[int], timeout: float = 20.0) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _wait_for_hub(url: str, hub: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if hub.poll() is not None:
-            raise AssertionError(f"the hub exited with {hub.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"the hub did not answer {url} within {timeout:.0f} s:\n{log.read_text()[-4000:]}")
 
 
 def _accept_kernel_dialog(page) -> None:
@@ -408,7 +388,7 @@ def _workshop_then_grade(workdir: Path, sync_playwright) -> None:
     log = open(log_path, "w")
     hub = subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_hub(f"{base}/hub/api", hub, log_path)
+        wait_for_http(f"{base}/hub/api", hub, "the hub", timeout=180.0, log=log_path)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:

@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from mini_vllm.course import lab
+from http_wait import wait_for_http
 from prerequisites import CHROMIUM, require_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,20 +83,6 @@ def _fingerprint(root: Path) -> dict[str, str]:
         for folder in lab.COPIED_FOLDERS
         for p in sorted((root / folder).glob("*.ipynb"))
     }
-
-
-def _wait_for_server(url: str, process: subprocess.Popen, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"jupyter lab exited early with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"jupyter lab did not answer {url} within {timeout:.0f} s")
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -395,7 +382,7 @@ def test_a_learner_goes_through_chapter_00_and_an_exercise():
     server = subprocess.Popen(command, cwd=root, env=env, stdout=server_log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_for_server(f"{base}/api/status", server)
+        wait_for_http(f"{base}/api/status", server, "jupyter lab", timeout=90.0)
         assert (
             _redirect_target(f"{base}/").rstrip("?").endswith(f"/lab/tree/{lab.START_NOTEBOOK}")
         )  # the printed address
