@@ -226,6 +226,18 @@ def _accept_kernel_dialog(page) -> None:
         dialog.first.click()
 
 
+def _run_cell_until(page, index: int, expected: str, attempts: int = 3) -> None:
+    """Run code cell ``index`` until its output shows ``expected``: on a loaded machine a kernel that
+    has just started can drop the first request, and the next cell must not run without this one."""
+    cell = page.locator(f"{VISIBLE} .jp-CodeCell").nth(index)
+    for _ in range(attempts):
+        _run_cell(page, index)
+        if expected in cell.locator(".jp-OutputArea").inner_text():
+            return
+        _wait_kernel_idle(page)
+    raise AssertionError(f"cell {index} never printed {expected!r}: {cell.inner_text()[-2000:]}")
+
+
 def _wait_kernel_idle(page, timeout: float = 240.0) -> None:
     idle = (
         f"() => [...document.querySelectorAll('{VISIBLE} .jp-Notebook-ExecutionIndicator,"
@@ -311,7 +323,7 @@ def _learner(page, base: str, name: str, home: Path) -> None:
     page.wait_for_selector(f"{VISIBLE} .jp-Notebook .jp-Cell", timeout=180_000)
     assert page.url.split("?")[0].endswith(f"/user/{name}/lab/tree/{lab.START_NOTEBOOK}")
     _wait_kernel_idle(page)
-    _run_cell(page, 0)  # an engine on the bundled model
+    _run_cell_until(page, 0, "system prompt 0")  # an engine on the bundled model
     _run_cell(page, 1)  # its live dashboard
     page.wait_for_selector(f"{VISIBLE} .mv-dashboard", timeout=120_000)
     assert "Traceback" not in page.inner_text(f"{VISIBLE} .jp-Notebook")
