@@ -474,6 +474,11 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
     blocks = []
     for _ in range(num_blocks):
         block = pool.free_block_queue.popleft()
+        if mistake == "counts every pop" and block.block_hash is None:
+            pool.num_evictions += 1
+        if mistake == "event when events are off" and block.block_hash is not None and not pool.enable_kv_cache_events:
+            # queues the event whether or not the pool records events (the normal path below queues it when on)
+            pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
         if block.block_hash is not None:
             if mistake == "scans the map":
                 for block_hash, cached in list(pool.cached_block_hash_to_block.items()):
@@ -501,6 +506,8 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
         ("one block alone", "you returned one block"),
         ("uncounted", "pool.num_evictions += 1"),
         ("no event", "record each eviction when the pool records events"),
+        ("counts every pop", "count only the popped blocks that still had a hash"),
+        ("event when events are off", "only when pool.enable_kv_cache_events is on"),
     ],
 )
 def test_ch06_get_new_blocks_catalogue(mistake, fragment):

@@ -412,6 +412,32 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             random_case=random_case,
         )
         _compare_states(check, pool, expected_pool, case, hint, random_case=random_case)
+        # What the pool reports, with KV events off (as above) and on: the same evictions, the same events.
+        check.expect_equal(
+            pool.num_evictions,
+            expected_pool.num_evictions,
+            f"{case}: pool.num_evictions",
+            "count only the popped blocks that still had a hash: a block without one held no prefix to evict",
+            random_case=random_case,
+        )
+        check.expect(
+            not pool.kv_event_queue,
+            f"{case}: with pool.enable_kv_cache_events off, you queued {list(pool.kv_event_queue)[:3]}",
+            "queue BlockRemoved only when pool.enable_kv_cache_events is on: otherwise nobody empties the queue",
+            random_case=random_case,
+        )
+        listened, expected_listened = build(), build()
+        listened.enable_kv_cache_events = expected_listened.enable_kv_cache_events = True
+        raw_get_new_blocks(listened, num_blocks)
+        _reference_get_new_blocks(expected_listened, num_blocks)
+        check.expect_equal(
+            list(listened.kv_event_queue),
+            list(expected_listened.kv_event_queue),
+            f"{case}, with pool.enable_kv_cache_events on: the BlockRemoved events",
+            "one BlockRemoved per popped block that had a hash, queued before clearing block.block_hash "
+            "(an event carrying None names no prefix)",
+            random_case=random_case,
+        )
         return pool, got
 
     # 1. A fresh pool: blocks come from the head, with one reference each.
