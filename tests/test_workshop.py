@@ -131,9 +131,10 @@ def test_solutions_can_stay_out_of_the_room(tmp_path):
     assert not (home / "solutions").exists() and not (home / "my-course" / "solutions").exists()
 
 
-def test_learners_get_make_labs_jupyterlab_options():
-    options = _singleuser()["server_options"](Path("/home/ada"))
-    expected = lab.server_command(Path("/home/ada"))[3:]
+def test_learners_get_make_labs_jupyterlab_options(tmp_path):
+    home = tmp_path / "home" / "ada"
+    options = _singleuser()["server_options"](home)
+    expected = lab.server_command(home)[3:]
     assert [o for o in expected if not o.startswith(("--ServerApp.root_dir=", "--LabApp.default_url="))] == options
     assert any("CourseContentsManager" in o for o in options)
     assert any(o.startswith("--ContentsManager.pre_save_hook=") for o in options)
