@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mini_vllm.course import lab
 from mini_vllm.course.build import ROOT, WIDGET_VIEW
+from jupyterlab_page import lab_test_server
 
 VIEW = {"model_id": "abc", "version_major": 2, "version_minor": 0}
 
@@ -187,7 +188,6 @@ def test_the_pre_save_hook_alone_refuses_committed_paths():
 
 def test_make_labs_server_refuses_a_save_to_a_committed_notebook_over_http(tmp_path):
     """The command ``make lab`` runs, over Jupyter's REST API (what JupyterLab's save calls)."""
-    import os
     import socket
     import time
     import urllib.error
@@ -198,26 +198,8 @@ def test_make_labs_server_refuses_a_save_to_a_committed_notebook_over_http(tmp_p
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    jupyter = tmp_path / "jupyter"
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(jupyter / "config"),
-        JUPYTER_RUNTIME_DIR=str(jupyter / "runtime"),
-        JUPYTERLAB_SETTINGS_DIR=str(jupyter / "settings"),
-        JUPYTERLAB_WORKSPACES_DIR=str(jupyter / "workspaces"),
-    )
     token = "course-test"
-    command = lab.server_command(
-        root,
-        [
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={token}",
-            "--ServerApp.terminals_enabled=False",
-        ],
-    )
+    command, env = lab_test_server(root, tmp_path / "jupyter", port, token)
     base = f"http://127.0.0.1:{port}/api/contents"
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -35,6 +35,7 @@ from traitlets.config import Config
 
 from mini_vllm.course import lab
 from http_wait import wait_for_http
+from jupyterlab_page import VISIBLE, wait_kernel_idle
 from prerequisites import CHROMIUM, missing, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,6 @@ SCREENSHOTS = ROOT / "build" / "screenshots"
 PASSWORD = "workshop-test-password"
 EXERCISE = "03_block_tables.ipynb"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-VISIBLE = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
 # What each learner writes into the exercise's code cell, and what the check then says.
 SOLUTION = """def compute_slot_mapping(block_ids, start, end, block_size):
@@ -221,12 +221,6 @@ def _end_processes(pids: list[int], timeout: float = 20.0) -> None:
             pass
 
 
-def _accept_kernel_dialog(page) -> None:
-    dialog = page.locator(".jp-Dialog:has-text('Select Kernel') .jp-Dialog-button.jp-mod-accept")
-    if dialog.count():
-        dialog.first.click()
-
-
 def _run_cell_until(page, index: int, expected: str, attempts: int = 3) -> None:
     """Run code cell ``index`` until its output shows ``expected``: on a loaded machine a kernel that
     has just started can drop the first request, and the next cell must not run without this one."""
@@ -235,21 +229,8 @@ def _run_cell_until(page, index: int, expected: str, attempts: int = 3) -> None:
         _run_cell(page, index)
         if expected in cell.locator(".jp-OutputArea").inner_text():
             return
-        _wait_kernel_idle(page)
+        wait_kernel_idle(page, timeout=240.0)
     raise AssertionError(f"cell {index} never printed {expected!r}: {cell.inner_text()[-2000:]}")
-
-
-def _wait_kernel_idle(page, timeout: float = 240.0) -> None:
-    idle = (
-        f"() => [...document.querySelectorAll('{VISIBLE} .jp-Notebook-ExecutionIndicator,"
-        f" {VISIBLE} .jp-Toolbar-kernelStatus')]"
-        ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))"
-    )
-    deadline = time.monotonic() + timeout
-    while not page.evaluate(idle):
-        assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s"
-        _accept_kernel_dialog(page)
-        page.wait_for_timeout(500)
 
 
 def _run_cell(page, index: int, timeout: float = 240_000, attempts: int = 3) -> None:
@@ -323,7 +304,7 @@ def _learner(page, base: str, name: str, home: Path) -> None:
     page.wait_for_url(f"**/user/{name}/lab/**", timeout=300_000)
     page.wait_for_selector(f"{VISIBLE} .jp-Notebook .jp-Cell", timeout=180_000)
     assert page.url.split("?")[0].endswith(f"/user/{name}/lab/tree/{lab.START_NOTEBOOK}")
-    _wait_kernel_idle(page)
+    wait_kernel_idle(page, timeout=240.0)
     _run_cell_until(page, 0, "system prompt 0")  # an engine on the bundled model
     _run_cell(page, 1)  # its live dashboard
     page.wait_for_selector(f"{VISIBLE} .mv-dashboard", timeout=120_000)
@@ -343,7 +324,7 @@ def _learner(page, base: str, name: str, home: Path) -> None:
     page.wait_for_function(
         f"() => document.querySelector('{VISIBLE} .jp-Notebook').textContent.includes('slot_mapping')", timeout=60_000
     )
-    _wait_kernel_idle(page)
+    wait_kernel_idle(page, timeout=240.0)
     if source is not None:
         _type_into_cell(page, 1, source)
     for index in range(3):  # the imports, the function, the check cell

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import socket
@@ -41,6 +40,7 @@ import pytest
 
 from mini_vllm.course import lab
 from http_wait import wait_for_http
+from jupyterlab_page import accept_kernel_dialog, lab_test_server, wait_kernel_idle
 from prerequisites import CHROMIUM, require_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,20 +117,6 @@ def _check_page(page, when: str) -> None:
     assert errors.count() == 0, f"error output {when}: {errors.first.inner_text()[:2000]}"
 
 
-def _wait_kernel_idle(page, timeout: float = 90.0) -> None:
-    """Until the notebook's kernel says idle (choosing the default kernel if JupyterLab asks)."""
-    idle = (
-        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator,"
-        " .jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelStatus')]"
-        ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))"
-    )
-    deadline = time.monotonic() + timeout
-    while not page.evaluate(idle):
-        assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s"
-        _accept_kernel_dialog(page)
-        page.wait_for_timeout(300)
-
-
 def _wait_all_run(page, timeout: float = 240_000) -> None:
     """Every code cell has a number in its prompt, none is queued or running."""
     page.wait_for_function(
@@ -145,13 +131,6 @@ def _menu(page, menu: str, item: str) -> None:
     page.click(f".lm-Menu-itemLabel:text-is('{item}')")
 
 
-def _accept_kernel_dialog(page) -> None:
-    """A "Select Kernel" dialog can come up while a notebook opens: choose the default, as a learner would."""
-    dialog = page.locator(".jp-Dialog:has-text('Select Kernel') .jp-Dialog-button.jp-mod-accept")
-    if dialog.count():
-        dialog.first.click()
-
-
 def _run_all(page, attempts: int = 4) -> None:
     """Edit > Clear Outputs of All Cells, then Run > Run All Cells, until the first cell really runs.
 
@@ -164,7 +143,7 @@ def _run_all(page, attempts: int = 4) -> None:
         " return !!p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }"
     )
     for _ in range(attempts):
-        _accept_kernel_dialog(page)
+        accept_kernel_dialog(page)
         page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
         page.click(".lm-MenuBar-item:has-text('Edit')")
         page.click(".lm-Menu-itemLabel:text-matches('^Clear (Outputs of All Cells|All Outputs)$')")
@@ -245,7 +224,7 @@ def _learner_path(page, base: str, root: Path) -> None:
     for folder in ("exercises", "my-course", "notebooks", "solutions"):
         _listing_item(page, folder).wait_for(timeout=30_000)
     _open_from_file_browser(page, "my-course", "notebooks", "00_welcome.ipynb")
-    _wait_kernel_idle(page)
+    wait_kernel_idle(page, timeout=90.0)
 
     # 2. Run All: every cell runs, nothing fails, the live dashboard is there at the end.
     _run_all(page)
@@ -291,7 +270,7 @@ def _learner_path(page, base: str, root: Path) -> None:
     assert saved["cells"][4]["outputs"], "the saved dashboard cell is empty"
     page.reload(wait_until="domcontentloaded")
     page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell", timeout=60_000)
-    _wait_kernel_idle(page)
+    wait_kernel_idle(page, timeout=90.0)
     page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .mv-dashboard", timeout=60_000)
     page.wait_for_timeout(3000)  # a widget that cannot be restored says so within ~2 s
     _check_page(page, "after save and reload")
@@ -299,7 +278,7 @@ def _learner_path(page, base: str, root: Path) -> None:
 
     # 5. An exercise from the file browser, run to its first check.
     _open_from_file_browser(page, "my-course", "exercises", EXERCISE)
-    _wait_kernel_idle(page)
+    wait_kernel_idle(page, timeout=90.0)
     _run_all(page)
     page.wait_for_selector(
         ".jp-NotebookPanel:not(.lm-mod-hidden) [data-mime-type='application/vnd.jupyter.stderr']", timeout=120_000
@@ -356,28 +335,7 @@ def test_a_learner_goes_through_chapter_00_and_an_exercise():
     created = lab.prepare_working_copy(root)  # what `make lab` does first
     assert root / lab.START_NOTEBOOK in created
     port = _free_port()
-    # Private Jupyter folders: no user settings, a fresh workspace, no news prompt over the page.
-    settings = workdir / "settings"
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        JUPYTER_CONFIG_DIR=str(workdir / "config"),
-        JUPYTER_RUNTIME_DIR=str(workdir / "runtime"),
-        JUPYTERLAB_SETTINGS_DIR=str(settings),
-        JUPYTERLAB_WORKSPACES_DIR=str(workdir / "workspaces"),
-    )
-    command = lab.server_command(
-        root,
-        [
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--IdentityProvider.token=",
-            "--ServerApp.password=",
-            "--ServerApp.terminals_enabled=False",
-        ],
-    )
+    command, env = lab_test_server(root, workdir, port)
     server_log = open(workdir / "server.log", "w")
     server = subprocess.Popen(command, cwd=root, env=env, stdout=server_log, stderr=subprocess.STDOUT)
     try:
