@@ -41,6 +41,13 @@ class AttentionMetadata:
         cu_seqlens_q: ``[num_seqs + 1]`` int32, prefix sums of the query lengths.
         max_query_len: the longest query (1 for an all-decode batch).
         max_seq_len: the longest sequence.
+        sliding_window: None for full attention; else the window ``W`` of a
+            sliding-window layer: the query at position ``p`` attends only the
+            keys at positions ``p - W + 1 .. p`` (``W`` tokens, itself
+            included: transformers' and vLLM's convention). Where a request's
+            table holds the null block (a block entirely before the window,
+            already freed), ``block_tables`` holds the placeholder id 0: a
+            backend must not let those entries change the result.
     """
 
     slot_mapping: torch.Tensor
@@ -49,6 +56,7 @@ class AttentionMetadata:
     cu_seqlens_q: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    sliding_window: int | None = None
 
     @property
     def num_seqs(self) -> int:
