@@ -19,8 +19,10 @@ Two ideas carry prefix caching:
 vLLM equivalents: ``vllm/v1/core/block_pool.py`` (``BlockPool``,
 ``BlockHashToBlockMap``) and ``vllm/v1/core/kv_cache_utils.py``
 (``KVCacheBlock``, ``FreeKVCacheBlockQueue``). One difference: vLLM reserves
-block 0 as a "null block" (a placeholder used by sliding-window and hybrid
-models); this pool has none, so block ids run from 0 to ``num_blocks - 1``.
+block 0 of the pool as its *null block*, the placeholder a sliding-window
+group puts in a table where a block left the window (chapter 08b); here the
+null block is a block of its own with id -1, outside the pool, so block ids
+still run from 0 to ``num_blocks - 1`` and a pool of N blocks serves N.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 # The KV-cache events live with the engine's other events; the pool records them.
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash
+
+NULL_BLOCK_ID = -1  # the null block's id: a placeholder in sliding-window tables, never in the pool
 
 if TYPE_CHECKING:
     from .request import Request
@@ -45,16 +49,19 @@ class KVCacheBlock:
         ref_cnt: how many running requests have this block in their block table.
         block_hash: the hash of the (full) block's contents while it is in the
             prefix cache, else None.
+        kv_cache_group_id: the KV-cache group it is cached for (0 but in a
+            hybrid model, chapter 08b); meaningful while ``block_hash`` is set.
         prev_free_block / next_free_block: links of the free-block queue; only
             meaningful while the block is in the queue (ref_cnt == 0).
     """
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free_block", "next_free_block")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "kv_cache_group_id", "prev_free_block", "next_free_block")
 
     def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: BlockHash | None = None):
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash = block_hash
+        self.kv_cache_group_id = 0
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
 
@@ -221,16 +228,24 @@ class BlockHashToBlockMap:
     Nothing de-duplicates them; lookup returns the first one inserted. To keep
     the common case cheap a single block is stored as itself, and several as a
     ``{block_id: block}`` dict (insertion-ordered).
+
+    In a hybrid model (chapter 08b) every KV-cache group hashes the same
+    tokens to the same hash but caches its own blocks: a lookup names the
+    group and gets only a block cached for it (``block.kv_cache_group_id``).
+    vLLM appends the group id to the key instead
+    (``make_block_hash_with_group_id``); a key here is always the bare hash.
     """
 
     def __init__(self) -> None:
         self._cache: dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]] = {}
 
-    def get_one_block(self, key: BlockHash) -> KVCacheBlock | None:
+    def get_one_block(self, key: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
         entry = self._cache.get(key)
-        if entry is None or isinstance(entry, KVCacheBlock):
-            return entry
-        return next(iter(entry.values()))
+        if entry is None:
+            return None
+        if isinstance(entry, KVCacheBlock):
+            return entry if entry.kv_cache_group_id == kv_cache_group_id else None
+        return next((block for block in entry.values() if block.kv_cache_group_id == kv_cache_group_id), None)
 
     def insert(self, key: BlockHash, block: KVCacheBlock) -> None:
         entry = self._cache.get(key)
@@ -321,6 +336,9 @@ class BlockPool:
         if cached_block_hash_to_block is None:
             cached_block_hash_to_block = BlockHashToBlockMap()
         self.cached_block_hash_to_block = cached_block_hash_to_block
+        # What a sliding-window group's table holds where a block left the window (chapter
+        # 08b): outside the pool, never allocated, freed, touched or cached.
+        self.null_block = KVCacheBlock(NULL_BLOCK_ID)
         self.num_evictions = 0
         # Events are recorded only when someone listens (the engine turns this on).
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -333,9 +351,9 @@ class BlockPool:
         """Fraction of blocks held by running requests (cached-but-free blocks count as free)."""
         return 1.0 - self.get_num_free_blocks() / self.num_blocks
 
-    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
-        """The block that holds ``block_hash``'s contents, if it is still cached."""
-        return self.cached_block_hash_to_block.get_one_block(block_hash)
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        """The block of group ``kv_cache_group_id`` that holds ``block_hash``'s contents, if it is still cached."""
+        return self.cached_block_hash_to_block.get_one_block(block_hash, kv_cache_group_id)
 
     def cache_full_blocks(
         self,
@@ -343,34 +361,45 @@ class BlockPool:
         blocks: list[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,
-    ) -> None:
-        """Enter ``blocks[num_cached_blocks:num_full_blocks]`` into the prefix cache.
+        kv_cache_group_id: int = 0,
+        block_mask: list[bool] | None = None,
+    ) -> list[KVCacheBlock]:
+        """Enter ``blocks[num_cached_blocks:num_full_blocks]`` into the prefix cache; returns the blocks it cached.
 
         Their hashes come from ``request.block_hashes`` (computed when the
         request's tokens filled them). Called at *schedule* time, before the
         K/V are computed: the model computes them in the same step, before any
-        later step can read them.
+        later step can read them. A sliding-window group (chapter 08b) passes
+        its group id and a ``block_mask`` (one entry per block of the range:
+        False skips it), and its null blocks are skipped.
         """
+        cached: list[KVCacheBlock] = []
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
+            if block is self.null_block or (block_mask is not None and not block_mask[index - num_cached_blocks]):
+                continue
             assert block.block_hash is None, f"block {block.block_id} is already cached"
             block_hash = request.block_hashes[index]
             block.block_hash = block_hash
+            block.kv_cache_group_id = kv_cache_group_id
             self.cached_block_hash_to_block.insert(block_hash, block)
-        if self.enable_kv_cache_events and num_full_blocks > num_cached_blocks:
+            cached.append(block)
+        if self.enable_kv_cache_events and cached:
             # One event for the whole run of blocks, as vLLM's cache_full_blocks sends.
             block_size = request.block_size
             self.kv_event_queue.append(
                 BlockStored(
-                    block_hashes=tuple(request.block_hashes[num_cached_blocks:num_full_blocks]),
+                    block_hashes=tuple(block.block_hash for block in cached),
                     parent_block_hash=request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None,
                     token_ids=tuple(
                         request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
                     ),
                     block_size=block_size,
-                    block_ids=tuple(block.block_id for block in blocks[num_cached_blocks:num_full_blocks]),
+                    block_ids=tuple(block.block_id for block in cached),
+                    group_idx=kv_cache_group_id,
                 )
             )
+        return cached
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop ``num_blocks`` blocks from the head of the free queue, each with ref_cnt 1.
@@ -390,15 +419,22 @@ class BlockPool:
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         """Drop ``block`` from the prefix cache if it is in it; True if it was."""
-        block_hash = block.block_hash
-        if block_hash is None:
+        if block.block_hash is None:
             return False
+        self._remove_from_cache(block)
+        self.num_evictions += 1
+        return True
+
+    def _remove_from_cache(self, block: KVCacheBlock) -> None:
+        """Take ``block`` out of the map and clear its hash (recording ``BlockRemoved``)."""
+        block_hash, group_id = block.block_hash, block.kv_cache_group_id
         self.cached_block_hash_to_block.pop(block_hash, block.block_id)
         block.block_hash = None
-        self.num_evictions += 1
+        block.kv_cache_group_id = 0
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,)))
-        return True
+            self.kv_event_queue.append(
+                BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), group_idx=group_id)
+            )
 
     def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take blocks back out of the prefix cache: their K/V were never written.
@@ -412,13 +448,8 @@ class BlockPool:
         them; this is not an eviction and is not counted as one.
         """
         for block in blocks:
-            block_hash = block.block_hash
-            if block_hash is None:
-                continue
-            self.cached_block_hash_to_block.pop(block_hash, block.block_id)
-            block.block_hash = None
-            if self.enable_kv_cache_events:
-                self.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,)))
+            if block.block_hash is not None:
+                self._remove_from_cache(block)
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on cache-hit blocks (a free one leaves the free queue)."""
@@ -466,6 +497,7 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:
             block.block_hash = None
+            block.kv_cache_group_id = 0
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

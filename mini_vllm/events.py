@@ -55,7 +55,10 @@ class BlockStored:
     ``block_hashes[i]`` names ``block_ids[i]``; the blocks are consecutive
     blocks of one request, holding ``token_ids`` (``block_size`` tokens each).
     ``parent_block_hash`` is the hash of the block before the first one (None
-    for a request's first block). vLLM 0.33 also sends ``lora_id``,
+    for a request's first block). ``group_idx``: the KV-cache group whose
+    blocks these are (always 0 but in a hybrid model, chapter 08b); a
+    sliding-window group may skip blocks of the run, so ``token_ids`` may
+    cover more blocks than ``block_hashes`` names. vLLM 0.33 also sends ``lora_id``,
     ``lora_name``, ``medium``, ``extra_keys`` and a few more; they have no use
     here (mini-vLLM serves no LoRA adapters).
     """
@@ -65,6 +68,7 @@ class BlockStored:
     token_ids: tuple[int, ...]
     block_size: int
     block_ids: tuple[int, ...] = ()
+    group_idx: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,13 @@ class BlockRemoved:
     """Cached blocks left the prefix cache (evicted on reuse, or uncached after a failed step).
 
     vLLM 0.33 sends one event per removed hash; so does mini-vLLM
-    (``block_hashes`` has one entry, ``block_ids`` the matching block).
+    (``block_hashes`` has one entry, ``block_ids`` the matching block;
+    ``group_idx`` the KV-cache group it was cached for).
     """
 
     block_hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...] = ()
+    group_idx: int = 0
 
 
 @dataclass(frozen=True)

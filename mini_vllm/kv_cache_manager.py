@@ -14,14 +14,28 @@ whose ``find_longest_cache_hit`` this mirrors).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from .block_pool import BlockPool, KVCacheBlock, KVCacheEvent
 from .config import DEFAULT_BLOCK_SIZE, check_block_size
 from .hashing import BlockHash
+from .kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from .request import Request
+
+# The per-group rules and the reference parts live with the per-group managers; the
+# router, the profiler, the widgets and the course import them from here too.
+from .single_type_kv_cache_manager import (  # noqa: F401 (re-exported)
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+    SlidingWindowManager,
+    cdiv,
+    find_longest_cache_hit,
+    find_sliding_window_cache_hit,
+    free_request_blocks,
+    longest_cache_hit,
+    max_cache_hit_blocks,
+)
 
 
 @dataclass
@@ -69,69 +83,16 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division: how many blocks of ``b`` tokens hold ``a`` tokens."""
-    return -(-a // b)
-
-
-def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:
-    """The most blocks a prompt of ``num_tokens`` tokens may take from the cache: the last-block rule.
-
-    ``(num_tokens - 1) // block_size``: the prompt's last token is always
-    computed, because its logits give the first output token, so a fully cached
-    48-token prompt with 16-token blocks reuses 2 blocks and recomputes the
-    third (vLLM: ``max_cache_hit_length = request.num_tokens - 1`` in
-    ``KVCacheManager.get_computed_blocks``). Everything that caps a hit calls this.
-    """
-    return max(0, num_tokens - 1) // block_size
-
-
-T = TypeVar("T")
-
-
-def longest_cache_hit(block_hashes: Iterable[BlockHash], lookup: Callable[[BlockHash], T | None]) -> list[T]:
-    """What ``lookup`` finds for the leading ``block_hashes``, up to the first miss: the longest cached prefix.
-
-    Stops at the first hash ``lookup`` returns None for: block ``i``'s hash
-    chains over every block before it, so a later block can only be reused if
-    all earlier ones are. The engine passes ``BlockPool.get_cached_block``;
-    the router, the profiler and the hash-chain widget pass their own
-    hash -> value map's ``get``. Everything that walks a chain calls this.
-    """
-    found: list[T] = []
-    for block_hash in block_hashes:
-        value = lookup(block_hash)
-        if value is None:
-            break
-        found.append(value)
-    return found
-
-
-def find_longest_cache_hit(
-    block_pool: BlockPool, block_hashes: Sequence[BlockHash], max_num_blocks: int
-) -> list[KVCacheBlock]:
-    """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``), from ``block_pool``.
-
-    The reference of the ``find_longest_cache_hit`` extension point (chapter
-    05): stops at the first miss (``longest_cache_hit``), since block ``i``'s
-    hash chains over every block before it, so a later block can only be valid
-    if all earlier ones are. One dict lookup per block hit; takes no reference.
-    """
-    return longest_cache_hit(block_hashes[:max_num_blocks], block_pool.get_cached_block)
-
-
-def free_request_blocks(block_pool: BlockPool, req_blocks: list[KVCacheBlock]) -> None:
-    """Free a request's block table, last block first: the reference of the ``free_request_blocks`` point (chapter 06).
-
-    Reverse order matters for eviction: freed cached blocks join the free
-    queue's tail in this order, so a prefix's *last* block is evicted first
-    and its first block, shared by the most requests, last.
-    """
-    block_pool.free_blocks(reversed(req_blocks))
-
-
 class KVCacheManager:
-    """Owns every request's block table (``req_to_blocks``) and the ``BlockPool``.
+    """Owns the ``BlockPool`` and, through one manager per KV-cache group, every request's block tables.
+
+    With one group (every model before chapter 08b) there is one block table
+    per request, ``req_to_blocks``. A hybrid model's ``kv_cache_config`` has
+    a full-attention group and a sliding-window group: each group's manager
+    (``managers``, ``single_type_kv_cache_manager.py``) keeps its own table
+    per request, all take blocks from the one pool, and a hit is the prefix
+    that every group can serve (vLLM: ``KVCacheManager`` over a
+    ``HybridKVCacheCoordinator``).
 
     Invariants (``check_invariants`` asserts them):
 
@@ -143,12 +104,14 @@ class KVCacheManager:
     Requests are never mutated here except for their hashes being read;
     ``num_computed_tokens`` belongs to the scheduler.
 
-    Two extension points are the manager's (``mini_vllm/engine_parts.py``):
-    ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``, which
-    the method of that name calls, and ``free_request_blocks(block_pool,
-    req_blocks)``, which ``free`` calls; the module's functions of those names
-    are the reference. ``block_pool``: the pool to manage (the engine builds
-    it with its parts); by default a plain ``BlockPool(num_blocks, ...)``.
+    Extension points (``mini_vllm/engine_parts.py``), handed to the group
+    managers: ``find_longest_cache_hit(block_pool, block_hashes,
+    max_num_blocks)`` (full attention's lookup), ``free_request_blocks(block_pool,
+    req_blocks)`` (every group's) and ``find_sliding_window_cache_hit`` (a
+    sliding-window group's lookup); the functions of those names in
+    ``single_type_kv_cache_manager.py`` are the reference. ``block_pool``: the
+    pool to manage (the engine builds it with its parts); by default a plain
+    ``BlockPool(num_blocks, ...)``.
     """
 
     def __init__(
@@ -158,15 +121,22 @@ class KVCacheManager:
         enable_caching: bool = True,
         enable_kv_cache_events: bool = False,
         *,
+        kv_cache_config: KVCacheConfig | None = None,
         block_pool: BlockPool | None = None,
         find_longest_cache_hit: Callable[[BlockPool, Sequence[BlockHash], int], list[KVCacheBlock]] = (
             find_longest_cache_hit
         ),
         free_request_blocks: Callable[[BlockPool, list[KVCacheBlock]], None] = free_request_blocks,
+        find_sliding_window_cache_hit: Callable[..., list[KVCacheBlock]] = find_sliding_window_cache_hit,
     ) -> None:
         check_block_size(block_size)
         if not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if kv_cache_config is None:  # one full-attention group (its layers: all of them)
+            kv_cache_config = KVCacheConfig(num_blocks, (KVCacheGroupSpec((), FullAttentionSpec(block_size)),))
+        elif kv_cache_config.num_blocks != num_blocks or kv_cache_config.block_size != block_size:
+            raise ValueError("kv_cache_config must have num_blocks blocks of block_size tokens")
+        self.kv_cache_config = kv_cache_config
         self.block_size = block_size
         self.enable_caching = enable_caching
         if block_pool is None:
@@ -174,17 +144,51 @@ class KVCacheManager:
         elif block_pool.num_blocks != num_blocks or block_pool.enable_caching != enable_caching:
             raise ValueError("block_pool must have num_blocks blocks and the same enable_caching")
         self.block_pool = block_pool
-        self.find_longest_cache_hit_fn = find_longest_cache_hit
-        self.free_request_blocks_fn = free_request_blocks
-        # request_id -> its block table: logical block i lives in physical block req_to_blocks[id][i].
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        # request_id -> how many of its blocks are already in the prefix cache.
-        self.num_cached_block: dict[str, int] = {}
+        managers: list[SingleTypeKVCacheManager] = []
+        for group_id, group in enumerate(kv_cache_config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            if isinstance(spec, FullAttentionSpec):
+                manager: SingleTypeKVCacheManager = FullAttentionManager(
+                    spec,
+                    block_pool,
+                    group_id,
+                    free_request_blocks=free_request_blocks,
+                    find_longest_cache_hit=find_longest_cache_hit,
+                )
+            elif isinstance(spec, SlidingWindowSpec):
+                manager = SlidingWindowManager(
+                    spec,
+                    block_pool,
+                    group_id,
+                    free_request_blocks=free_request_blocks,
+                    find_sliding_window_cache_hit=find_sliding_window_cache_hit,
+                )
+            else:
+                raise TypeError(f"unsupported KV-cache spec {spec!r}")
+            managers.append(manager)
+        self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)  # one per group, in group order
+        # A hybrid lookup's shared-prefix junction per request (see get_computed_blocks).
+        self.shared_prefix_boundary: dict[str, int] = {}
         # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
         # (a dict, so it never outgrows the pool when nobody takes it): the scheduler
         # takes them once per step, so that a failed step can uncache them.
         self.newly_cached_blocks: dict[int, KVCacheBlock] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def is_hybrid(self) -> bool:
+        """More than one KV-cache group (chapter 08b): hits and new blocks come per group, as tuples."""
+        return len(self.managers) > 1
+
+    @property
+    def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
+        """Group 0's block tables: request id -> its blocks (in a single-group engine, *the* block table)."""
+        return self.managers[0].req_to_blocks
+
+    @property
+    def num_cached_block(self) -> dict[str, int]:
+        """Group 0's count of each request's blocks already in the prefix cache."""
+        return self.managers[0].num_cached_block
 
     @property
     def num_blocks(self) -> int:
@@ -202,15 +206,15 @@ class KVCacheManager:
 
     # -- lookup -----------------------------------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
-        """The cached blocks for the longest prefix of ``block_hashes`` (at most ``max_num_blocks``).
+        """Group 0's hit for ``block_hashes`` (at most ``max_num_blocks`` blocks).
 
-        The ``find_longest_cache_hit`` part over this manager's pool (the
-        reference: the module's ``find_longest_cache_hit``, one dict lookup per
-        block hit, stopping at the first miss).
+        In a single-group engine: the longest cached prefix, by the
+        ``find_longest_cache_hit`` part over this manager's pool (the
+        reference stops at the first miss).
         """
-        return self.find_longest_cache_hit_fn(self.block_pool, block_hashes, max_num_blocks)
+        return self.managers[0].find_longest_cache_hit(block_hashes, max_num_blocks)
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request):
         """The request's cached prefix: (blocks, number of tokens they hold).
 
         Takes no references: the scheduler may still decide not to admit the
@@ -220,17 +224,55 @@ class KVCacheManager:
         first output token. A fully cached 48-token prompt therefore hits 2
         blocks (32 tokens) with 16-token blocks, and recomputes the third.
 
+        The blocks are a list; in a hybrid engine a tuple of lists, one per
+        group, all as long as the hit (a sliding-window group's list holds the
+        null block before its window). The hit is the prefix *every* group can
+        serve: the full-attention group's, then the sliding-window group's
+        within it, and the full-attention blocks cut to that (vLLM 0.33's
+        ``HybridKVCacheCoordinator.find_longest_cache_hit``). When the
+        full-attention group could serve more, that longer prefix is a
+        *junction* shared with an earlier request: the sliding-window group
+        will cache its blocks there (``shared_prefix_boundary``).
+
         Counts nothing: a lookup is counted when the request is admitted
         (``allocate_slots``), so a request looked up in several steps before
         it fits counts once.
         """
         self._check_block_size(request)
         if not self.enable_caching:
-            return [], 0
+            return self._no_hit(), 0
         max_num_blocks = max_cache_hit_blocks(request.num_tokens, self.block_size)
-        computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_num_blocks)
-        num_computed_tokens = len(computed_blocks) * self.block_size
-        return computed_blocks, num_computed_tokens
+        if not self.is_hybrid:
+            computed_blocks = self.managers[0].find_longest_cache_hit(request.block_hashes, max_num_blocks)
+            return computed_blocks, len(computed_blocks) * self.block_size
+        hits = []
+        num_hit_blocks = max_num_blocks
+        longest = 0
+        for manager in self.managers:  # full attention first: its hit bounds the others'
+            blocks = manager.find_longest_cache_hit(request.block_hashes, num_hit_blocks)
+            hits.append(blocks)
+            num_hit_blocks = len(blocks)
+            longest = max(longest, num_hit_blocks)
+        self.shared_prefix_boundary[request.request_id] = longest * self.block_size if longest > num_hit_blocks else 0
+        return tuple(blocks[:num_hit_blocks] for blocks in hits), num_hit_blocks * self.block_size
+
+    def _no_hit(self):
+        return tuple([] for _ in self.managers) if self.is_hybrid else []
+
+    def _hits_by_group(self, new_computed_blocks) -> tuple[list[KVCacheBlock], ...]:
+        """``new_computed_blocks`` as one list per group (a single-group engine takes a plain list)."""
+        if not self.is_hybrid:
+            return (list(new_computed_blocks),)
+        if not new_computed_blocks:
+            return tuple([] for _ in self.managers)
+        if len(new_computed_blocks) != len(self.managers) or not all(
+            isinstance(blocks, (list, tuple)) for blocks in new_computed_blocks
+        ):
+            raise ValueError(
+                f"this engine has {len(self.managers)} KV-cache groups: new_computed_blocks must be "
+                "get_computed_blocks' tuple of per-group lists"
+            )
+        return tuple(list(blocks) for blocks in new_computed_blocks)
 
     def _check_block_size(self, request: Request) -> None:
         # The request's hashes are per block of *its* size: they must match the pool's.
@@ -258,9 +300,9 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
-        new_computed_blocks: Sequence[KVCacheBlock] = (),
+        new_computed_blocks=(),
         num_lookahead_tokens: int = 0,
-    ) -> list[KVCacheBlock] | None:
+    ):
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:
@@ -270,14 +312,17 @@ class KVCacheManager:
             num_lookahead_tokens: extra slots for speculative (draft) tokens:
                 allocated, but never cached, since they may be rejected.
 
-        Returns the newly allocated blocks (``[]`` when none were needed), or
-        None — changing nothing at all — when the pool cannot serve the request.
+        Returns the newly allocated blocks (``[]`` when none were needed; in a
+        hybrid engine a tuple of such lists, one per group), or None —
+        changing no reference count — when the pool cannot serve the request.
         Hit blocks that sit in the free queue (ref_cnt 0) count toward what is
         needed: touching them takes them out of the queue.
 
-        Every block that becomes full with this step's tokens is hashed into the
-        cache *now*, at schedule time, so a request admitted later in the same
-        step can already hit it.
+        First, a sliding-window group gives back the blocks that left the
+        window (even when the allocation then fails, as vLLM does: they are
+        not needed either way). Every block that becomes full with this
+        step's tokens is hashed into the cache *now*, at schedule time, so a
+        request admitted later in the same step can already hit it.
 
         A request that held no blocks is being *admitted*: when its allocation
         succeeds, its lookup is counted in ``prefix_cache_stats`` (once, even
@@ -291,51 +336,40 @@ class KVCacheManager:
         if num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens}")
         self._check_block_size(request)
-        new_computed_blocks = list(new_computed_blocks)
-        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
-        is_admission = not req_blocks
+        hits = self._hits_by_group(new_computed_blocks)
+        request_id = request.request_id
+        is_admission = not any(manager.req_to_blocks.get(request_id) for manager in self.managers)
 
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        num_required_blocks = cdiv(num_tokens_need_slot, self.block_size)
-        num_new_blocks = max(0, num_required_blocks - len(req_blocks) - len(new_computed_blocks))
-        # A hit block with ref_cnt 0 is in the free queue: taking it uses up a free block.
-        num_evictable_computed_blocks = sum(1 for block in new_computed_blocks if block.ref_cnt == 0)
-        if num_new_blocks + num_evictable_computed_blocks > self.block_pool.get_num_free_blocks():
-            if not req_blocks:
-                del self.req_to_blocks[request.request_id]  # leave no trace of a failed admission
+        for manager in self.managers:
+            manager.remove_skipped_blocks(request_id, num_computed_tokens)
+        num_blocks_to_allocate = sum(
+            manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, blocks, num_computed_tokens)
+            for manager, blocks in zip(self.managers, hits)
+        )
+        if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
             return None
 
-        if new_computed_blocks:
+        if any(hits):
             if not self.enable_caching:
                 raise ValueError("new_computed_blocks given but prefix caching is disabled")
-            self.block_pool.touch(new_computed_blocks)
-            req_blocks.extend(new_computed_blocks)
-        if request.request_id not in self.num_cached_block:
-            # The hit blocks are cached already: caching starts after them.
-            self.num_cached_block[request.request_id] = len(new_computed_blocks)
-
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks else []
-        req_blocks.extend(new_blocks)
+            # Every group takes its hit before any group pops new blocks, which could evict them.
+            for manager, blocks in zip(self.managers, hits):
+                manager.add_computed_blocks(request_id, blocks, num_computed_tokens)
+        new_blocks = [manager.allocate_new_blocks(request_id, num_tokens_need_slot) for manager in self.managers]
 
         if self.enable_caching:
             # Only tokens that are final are cached: never the lookahead slots.
-            self.cache_blocks(request, min(num_computed_tokens + num_new_tokens, request.num_tokens))
+            num_tokens_to_cache = min(num_computed_tokens + num_new_tokens, request.num_tokens)
+            # Where a later request can resume: a resent prompt, and a junction the lookup found.
+            boundaries = (request.num_prompt_tokens - 1, self.shared_prefix_boundary.get(request_id, 0))
+            for manager in self.managers:
+                for block in manager.cache_blocks(request, num_tokens_to_cache, boundaries):
+                    self.newly_cached_blocks[block.block_id] = block
         if is_admission:
             self.record_prefix_cache_stats(request, num_new_computed_tokens)
-        return new_blocks
-
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Enter the request's blocks that are full after ``num_computed_tokens`` tokens into the cache."""
-        num_full_blocks = num_computed_tokens // self.block_size
-        num_cached_blocks = self.num_cached_block.get(request.request_id, 0)
-        if num_full_blocks <= num_cached_blocks:
-            return
-        req_blocks = self.req_to_blocks[request.request_id]
-        self.block_pool.cache_full_blocks(request, req_blocks, num_cached_blocks, num_full_blocks)
-        for block in req_blocks[num_cached_blocks:num_full_blocks]:
-            self.newly_cached_blocks[block.block_id] = block
-        self.num_cached_block[request.request_id] = num_full_blocks
+        return tuple(new_blocks) if self.is_hybrid else new_blocks[0]
 
     def take_newly_cached_blocks(self) -> list[KVCacheBlock]:
         """The blocks cached since the last call (at schedule time: their K/V are not written yet)."""
@@ -354,21 +388,26 @@ class KVCacheManager:
         self.block_pool.uncache_blocks(blocks)
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, last block first (a no-op for unknown requests).
+        """Release the request's blocks, group by group, each table last block first (a no-op for unknown requests).
 
-        Forgets its block table, then hands the table to the
-        ``free_request_blocks`` part (the reference, the module's
-        ``free_request_blocks``, frees it in reverse: a prefix's *last* block
-        is evicted first and its first block, shared by the most requests, last).
+        Each group forgets its table and hands it to the ``free_request_blocks``
+        part (the reference frees it in reverse: a prefix's *last* block is
+        evicted first and its first block, shared by the most requests, last).
         """
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.num_cached_block.pop(request.request_id, None)
-        self.free_request_blocks_fn(self.block_pool, blocks)
+        for manager in self.managers:
+            manager.free(request.request_id)
+        self.shared_prefix_boundary.pop(request.request_id, None)
 
     # -- inspection -------------------------------------------------------------
     def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as physical block ids."""
+        """The request's block table (group 0's in a hybrid engine) as physical block ids."""
         return [block.block_id for block in self.req_to_blocks.get(request_id, [])]
+
+    def get_block_ids_by_group(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table in every group, as ids (the null block is ``NULL_BLOCK_ID``, -1)."""
+        return tuple(
+            [block.block_id for block in manager.req_to_blocks.get(request_id, [])] for manager in self.managers
+        )
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
@@ -392,11 +431,19 @@ class KVCacheManager:
     def check_invariants(self) -> None:
         """Assert the class invariants (for tests; O(num_blocks))."""
         pool = self.block_pool
-        holders = Counter(block.block_id for table in self.req_to_blocks.values() for block in table)
+        null = pool.null_block
+        holders = Counter(
+            block.block_id
+            for manager in self.managers
+            for table in manager.req_to_blocks.values()
+            for block in table
+            if block is not null
+        )
         for block in pool.blocks:
             assert block.ref_cnt == holders[block.block_id], (
                 f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by {holders[block.block_id]} block tables"
             )
+        assert null.ref_cnt == 0 and null.block_hash is None, "the null block was touched or cached"
         free_ids = [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
         assert len(free_ids) == len(set(free_ids)), f"a block is twice in the free queue: {free_ids}"
         assert len(free_ids) == pool.free_block_queue.num_free_blocks, "num_free_blocks is out of date"
@@ -415,6 +462,15 @@ class KVCacheManager:
                 )
             if not self.enable_caching:
                 assert block.block_hash is None, "caching is off but a block has a hash"
-        for request_id, num_cached in self.num_cached_block.items():
-            table = self.req_to_blocks.get(request_id, [])
-            assert num_cached <= len(table), f"{request_id}: {num_cached} cached blocks but a table of {len(table)}"
+        for manager in self.managers:
+            for request_id, num_cached in manager.num_cached_block.items():
+                table = manager.req_to_blocks.get(request_id, [])
+                assert num_cached <= len(table), (
+                    f"{request_id}: {num_cached} cached blocks but a table of {len(table)} (group {manager.kv_cache_group_id})"
+                )
+            for request_id, table in manager.req_to_blocks.items():
+                # A sliding-window table holds nulls only before its window: a run at its start.
+                first_real = next((i for i, block in enumerate(table) if block is not null), len(table))
+                assert all(block is not null for block in table[first_real:]), (
+                    f"{request_id}: a null block after a real one in group {manager.kv_cache_group_id}"
+                )

@@ -17,12 +17,13 @@ NOT_PER_REQUEST = {"eos_token_ids"}
 
 
 def per_request_containers(engine) -> dict[str, Any]:
-    """Every dict, list, set or deque held by the engine, its scheduler or its KV-cache manager, by name.
+    """Every dict, list, set or deque held by the engine, its scheduler, its KV-cache manager or a group's, by name.
 
     Found by looking, not listed by hand: a container added later is checked too.
     """
     containers = {}
-    for owner in (engine, engine.scheduler, engine.scheduler.kv_cache_manager):
+    manager = engine.scheduler.kv_cache_manager
+    for owner in (engine, engine.scheduler, manager, *manager.managers):  # and each KV-cache group's manager
         for name, value in vars(owner).items():
             if isinstance(value, (dict, list, set, deque)) and name not in NOT_PER_REQUEST:
                 containers[f"{type(owner).__name__}.{name}"] = value
