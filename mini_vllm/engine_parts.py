@@ -29,6 +29,9 @@ field                      called by                                        refe
 ``store_kv``               the attention backend, every layer and step      the backend's own (None)
 ``paged_decode``           the attention backend, decode steps              the backend's own (None)
 ``schedule_waiting``       ``Scheduler.schedule``                           ``Scheduler.schedule_waiting``
+``find_sliding_window_``   ``SlidingWindowManager.find_longest_cache_hit``  ``single_type_kv_cache_``
+``cache_hit``              (hybrid models, chapter 08b)                     ``manager.find_sliding_``
+                                                                            ``window_cache_hit``
 =========================  ===============================================  ==========================
 
 A replacement may change *how* its piece works, never *what* the rest of the
@@ -46,7 +49,7 @@ from typing import Any
 
 from . import hashing
 from .block_pool import BlockPool, FreeKVCacheBlockQueue
-from .kv_cache_manager import find_longest_cache_hit, free_request_blocks
+from .kv_cache_manager import find_longest_cache_hit, find_sliding_window_cache_hit, free_request_blocks
 from .scheduler import Scheduler
 
 
@@ -123,6 +126,14 @@ class EngineParts:
             (``allocate_slots``) through the manager; set ``RUNNING`` and, on a
             first admission, ``num_cached_tokens``; put each admission in the
             step through ``scheduler.schedule_request``.
+        find_sliding_window_cache_hit: ``(block_pool, block_hashes,
+            max_num_blocks, num_contiguous_blocks, kv_cache_group_id) ->
+            list[KVCacheBlock]``, a sliding-window group's hit (hybrid models
+            only): searching right to left, the first run of
+            ``num_contiguous_blocks`` blocks cached for that group, with
+            ``block_pool.null_block`` at every position before the run (or, with
+            no such run, a shorter run that starts at block 0). Must take no
+            reference, change nothing, and look up only that group's blocks.
     """
 
     free_queue: Callable[[list[Any]], Any] = FreeKVCacheBlockQueue
@@ -136,6 +147,7 @@ class EngineParts:
     store_kv: Callable[..., None] | None = None
     paged_decode: Callable[..., Any] | None = None
     schedule_waiting: Callable[..., int] = Scheduler.schedule_waiting
+    find_sliding_window_cache_hit: Callable[..., list[Any]] = find_sliding_window_cache_hit
 
     def replaced(self) -> list[str]:
         """The fields that are not the engine's own implementation, in field order."""

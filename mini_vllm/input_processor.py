@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 from transformers import AutoTokenizer
@@ -124,12 +125,24 @@ class InputProcessor:
     requests; this class only says yes (returning the token ids) or raises.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, block_size: int, num_blocks: int) -> None:
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        block_size: int,
+        num_blocks: int,
+        blocks_needed: Callable[[int], int] | None = None,
+    ) -> None:
+        """``blocks_needed(num_tokens)``: the most blocks a request that long holds at once (default:
+        ``cdiv(num_tokens, block_size)``, one full-attention group; a hybrid model's engine passes
+        ``kv_cache_interface.max_blocks_per_request`` for its groups)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.blocks_needed = blocks_needed or (lambda num_tokens: cdiv(num_tokens, block_size))
 
     def process_prompt(self, prompt: Any) -> tuple[Any, str | None, Any]:
         """A prompt as ``LLM.generate`` takes it -> (prompt_token_ids, cache_salt, what to report as the prompt).
@@ -207,7 +220,7 @@ class InputProcessor:
                 f"the prompt has {len(prompt_token_ids)} tokens, longer than max_model_len={self.max_model_len}"
             )
         num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens - 1, self.max_model_len)
-        needed_blocks = cdiv(num_tokens_needing_slots, self.block_size)
+        needed_blocks = self.blocks_needed(num_tokens_needing_slots)
         if needed_blocks > self.num_blocks:
             raise ValueError(
                 f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling_params.max_tokens}) needs "

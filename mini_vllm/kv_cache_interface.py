@@ -98,6 +98,26 @@ class KVCacheConfig:
         return len(self.kv_cache_groups[0].layer_ids)
 
 
+def max_blocks_per_request(kv_cache_config: KVCacheConfig, num_tokens: int, max_num_batched_tokens: int) -> int:
+    """The most blocks of the pool one request of ``num_tokens`` tokens holds at once, over all groups.
+
+    A full-attention group holds every block; a sliding-window group at most
+    the window before a chunk plus the chunk: ``cdiv(sliding_window - 1 +
+    max_num_batched_tokens, block_size) + 1`` (vLLM:
+    ``SlidingWindowSpec.max_memory_usage_bytes``).
+    """
+    block_size = kv_cache_config.block_size
+    num_blocks = -(-num_tokens // block_size)
+    total = 0
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, SlidingWindowSpec):
+            total += min(num_blocks, -(-(spec.sliding_window - 1 + max_num_batched_tokens) // block_size) + 1)
+        else:
+            total += num_blocks
+    return total
+
+
 def make_kv_cache_config(
     layer_windows: list[int | None] | tuple[int | None, ...], block_size: int, num_blocks: int
 ) -> KVCacheConfig:

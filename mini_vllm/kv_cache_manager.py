@@ -409,6 +409,12 @@ class KVCacheManager:
             [block.block_id for block in manager.req_to_blocks.get(request_id, [])] for manager in self.managers
         )
 
+    def block_ids_of(self, blocks) -> tuple[int, ...]:
+        """The ids of a hit or of new blocks (a hybrid engine's per-group tuple: every group's, null left out)."""
+        groups = blocks if self.is_hybrid else (blocks,)
+        null = self.block_pool.null_block
+        return tuple(block.block_id for group in groups for block in group if block is not null)
+
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
 

@@ -12,6 +12,7 @@ vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -37,6 +38,7 @@ from .input_processor import (
     type_name,
 )
 from .interrupts import keyboard_interrupts_deferred
+from .kv_cache_interface import make_kv_cache_config, max_blocks_per_request
 from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelConfig, default_model_path, load_model
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -156,8 +158,18 @@ class LLMEngine:
             attn_backend = get_attn_backend(config.attention_backend, str(self.device))
         model = load_model(self.model_path, device=self.device, dtype=self.dtype, attn_backend=attn_backend)
         num_blocks = config.num_blocks or self._num_blocks_from_budget()
+        # One KV-cache group of every layer, or a hybrid model's two (chapter 08b).
+        self.kv_cache_config = make_kv_cache_config(
+            self.model_config.layer_sliding_windows, config.block_size, num_blocks
+        )
         self.model_runner = ModelRunner(
-            model, num_blocks, config.block_size, self.device, self.dtype, slot_mapping=parts.slot_mapping
+            model,
+            num_blocks,
+            config.block_size,
+            self.device,
+            self.dtype,
+            slot_mapping=parts.slot_mapping,
+            kv_cache_config=self.kv_cache_config,
         )
         self.events = EventBus()
         block_pool = BlockPool(
@@ -171,9 +183,11 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             config.enable_prefix_caching,
+            kv_cache_config=self.kv_cache_config,
             block_pool=block_pool,
             find_longest_cache_hit=parts.find_longest_cache_hit,
             free_request_blocks=parts.free_request_blocks,
+            find_sliding_window_cache_hit=parts.find_sliding_window_cache_hit,
         )
         self.scheduler = Scheduler(
             kv_cache_manager,
@@ -183,7 +197,14 @@ class LLMEngine:
             schedule_waiting=parts.schedule_waiting,
         )
         self.input_processor = InputProcessor(
-            self.tokenizer, self.model_config.vocab_size, self.max_model_len, config.block_size, num_blocks
+            self.tokenizer,
+            self.model_config.vocab_size,
+            self.max_model_len,
+            config.block_size,
+            num_blocks,
+            blocks_needed=functools.partial(
+                max_blocks_per_request, self.kv_cache_config, max_num_batched_tokens=config.max_num_batched_tokens
+            ),
         )
         self.requests: dict[str, Request] = {}  # queued and not finished, by id: the engine's only per-request state
         self.num_steps = 0

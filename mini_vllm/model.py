@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,18 @@ def default_model_path() -> str:
     ``training/`` holds the script that made it.
     """
     return str(Path(__file__).resolve().parent / "default_model")
+
+
+def hybrid_model_path() -> str:
+    """Absolute path of the bundled hybrid model: the default model's architecture with
+    layers 0 and 2 sliding-window attention (64 tokens) and layers 1 and 3 full attention.
+
+    Its ``config.json`` says so with ``layer_types`` and ``sliding_window``;
+    ``transformers`` honours them, and so does vLLM's Transformers backend
+    (``model_impl="transformers"``; vLLM's native Qwen3 ignores ``layer_types``).
+    ``training/README.md`` says how it was fine-tuned from the default model.
+    """
+    return str(Path(__file__).resolve().parent / "hybrid_model")
 
 
 # --------------------------------------------------------------------------- #
@@ -96,6 +108,16 @@ class ModelConfig:
     o_bias: bool = False  # a bias on o_proj too (Llama/Qwen3 ``attention_bias``)
     mlp_bias: bool = False  # biases in the MLP (Llama ``mlp_bias``)
     rope_scaling: dict | None = None  # None: plain RoPE; else "linear" or "llama3" parameters
+    # Hybrid models (chapter 08b): each layer's kind, "full_attention" or "sliding_attention"
+    # (empty: all full), and the sliding layers' window in tokens (None: no sliding layer).
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+
+    @property
+    def layer_sliding_windows(self) -> list[int | None]:
+        """Per layer, its sliding window (None for a full-attention layer)."""
+        types = self.layer_types or ("full_attention",) * self.num_layers
+        return [self.sliding_window if kind == "sliding_attention" else None for kind in types]
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "ModelConfig":
@@ -103,9 +125,7 @@ class ModelConfig:
         family = model_family(cfg)
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {cfg['hidden_act']!r}; only 'silu' (SwiGLU)")
-        if cfg.get("use_sliding_window", False):
-            raise ValueError("sliding-window attention is not implemented")
-
+        layer_types, sliding_window = _parse_layer_types(cfg)
         num_heads = cfg["num_attention_heads"]
         rope_theta, rope_scaling = _parse_rope(cfg)
         return cls(
@@ -127,6 +147,8 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             mlp_bias=bool(cfg.get("mlp_bias", False)),
+            layer_types=layer_types,
+            sliding_window=sliding_window,
             **family.fields(cfg),  # what differs by family: qkv_bias, qk_norm, o_bias
         )
 
@@ -224,6 +246,41 @@ SUPPORTED_ARCHITECTURES = MODEL_FAMILIES.names()
 
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _parse_layer_types(cfg: dict) -> tuple[tuple[str, ...], int | None]:
+    """``(layer_types, sliding_window)`` as transformers reads them; ValueError for what is not implemented.
+
+    A layer slides when its ``layer_types`` entry is "sliding_attention" and
+    the config has a window. Qwen2/Qwen3 configs turn the window off with
+    ``use_sliding_window: false`` (transformers then ignores
+    ``sliding_window``) and, without ``layer_types``, make layers from
+    ``max_window_layers`` on slide.
+    """
+    num_layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window")
+    if not cfg.get("use_sliding_window", True):
+        window = None
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        if window is None or "use_sliding_window" not in cfg:
+            return (), None
+        first_sliding = cfg.get("max_window_layers", num_layers)
+        layer_types = ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(num_layers)]
+    layer_types = tuple(layer_types)
+    if len(layer_types) != num_layers:
+        raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"unsupported layer_types {unknown}; mini-vLLM implements {list(LAYER_TYPES)}")
+    if window is None or "sliding_attention" not in layer_types:
+        return (), None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise ValueError(f"sliding_window must be an integer >= 2, got {window!r}")
+    return layer_types, window
 
 
 def _parse_rope(cfg: dict) -> tuple[float, dict | None]:
@@ -496,22 +553,30 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        attn_metadata: AttentionMetadata,
+        attn_metadata: AttentionMetadata | Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         """Run the new tokens of a packed batch; returns final-normed hidden states.
 
         input_ids, positions: ``[num_tokens]`` int64 (several sequences back to
         back). kv_caches: per layer ``(k_cache, v_cache)``, each
         ``[num_blocks, block_size, num_kv_heads, head_dim]``; this call writes
-        the new tokens' K/V into them. Returns ``[num_tokens, hidden_size]``.
+        the new tokens' K/V into them. ``attn_metadata``: one for every layer,
+        or (a hybrid model, chapter 08b) one per layer: each KV-cache group has
+        its own block tables, slot mapping and sliding window. Returns
+        ``[num_tokens, hidden_size]``.
         """
-        if len(kv_caches) != len(self.model.layers):
-            raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
+        layers = self.model.layers
+        if len(kv_caches) != len(layers):
+            raise ValueError(f"expected {len(layers)} KV caches, got {len(kv_caches)}")
+        if isinstance(attn_metadata, AttentionMetadata):
+            attn_metadata = [attn_metadata] * len(layers)
+        elif len(attn_metadata) != len(layers):
+            raise ValueError(f"expected one AttentionMetadata or {len(layers)}, got {len(attn_metadata)}")
         hidden = self.model.embed_tokens(input_ids)
         # The RoPE angles depend only on the positions: computed once per step, not once per layer.
         rope = self.model.rotary_emb(positions, hidden.dtype)
-        for layer, (k_cache, v_cache) in zip(self.model.layers, kv_caches):
-            hidden = layer(hidden, rope, k_cache, v_cache, attn_metadata)
+        for layer, (k_cache, v_cache), metadata in zip(layers, kv_caches, attn_metadata):
+            hidden = layer(hidden, rope, k_cache, v_cache, metadata)
         return self.model.norm(hidden)
 
     def pack_linear_weights_for_cpu(self) -> int:

@@ -1,7 +1,8 @@
 """The model runner: from a scheduled batch to logits (chapters 03, 07, 08).
 
 It owns the model's weights and the physical KV cache: per layer a K and a V
-tensor of shape ``[num_blocks, block_size, num_kv_heads, head_dim]``. Each
+tensor of shape ``[num_blocks, block_size, num_kv_heads, head_dim]`` (in a
+hybrid model the KV-cache groups share them: see ``ModelRunner``). Each
 step it turns the scheduler's decisions into tensors — the flat token ids and
 positions, each token's cache slot (``slot_mapping``), each sequence's block
 table and length — runs the model once over the whole batch, and returns the
@@ -21,16 +22,30 @@ from collections.abc import Callable
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .kv_cache_interface import KVCacheConfig, SlidingWindowSpec, make_kv_cache_config
 from .model import CausalLM, ModelConfig
 from .scheduler import SchedulerOutput
 
 logger = logging.getLogger("mini_vllm")
 
 
+def kv_cache_layers_per_block(config: ModelConfig) -> int:
+    """How many layers' K/V one block holds: every layer, or in a hybrid model one KV-cache group's layers.
+
+    A block belongs to one group at a time, so a hybrid model's groups share
+    the KV tensors: 2 full-attention + 2 sliding-window layers need blocks of
+    2 layers, half of what 4 full-attention layers need (chapter 08b).
+    """
+    windows = config.layer_sliding_windows
+    num_sliding = sum(window is not None for window in windows)
+    return max(num_sliding, len(windows) - num_sliding)
+
+
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """K and V, every layer: ``2 * layers * block_size * kv_heads * head_dim * bytes``."""
+    """K and V of the layers one block holds: ``2 * layers * block_size * kv_heads * head_dim * bytes``."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element_size
+    layers = kv_cache_layers_per_block(config)
+    return 2 * layers * block_size * config.num_kv_heads * config.head_dim * element_size
 
 
 def compute_slot_mapping(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
@@ -52,6 +67,13 @@ class ModelRunner:
     ``compute_slot_mapping``'s signature, kept as ``self.compute_slot_mapping``,
     which ``prepare_inputs`` calls once per scheduled sequence (default: this
     module's ``compute_slot_mapping``, looked up when the runner is built).
+
+    ``kv_cache_config`` (default: one full-attention group of every layer):
+    with several KV-cache groups (a hybrid model, chapter 08b) the ``j``-th
+    layer of every group uses KV tensor ``j`` (a block belongs to one group
+    at a time, so they never collide), and each step builds one
+    ``AttentionMetadata`` per group: its block tables, its slot mapping and,
+    for a sliding-window group, its window.
     """
 
     def __init__(
@@ -63,6 +85,7 @@ class ModelRunner:
         dtype: torch.dtype,
         *,
         slot_mapping: Callable[[list[int], int, int, int], list[int]] | None = None,
+        kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         self.model = model
         self.compute_slot_mapping = compute_slot_mapping if slot_mapping is None else slot_mapping
@@ -75,13 +98,23 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.device = device
         self.dtype = dtype
+        if kv_cache_config is None:
+            kv_cache_config = make_kv_cache_config([None] * self.config.num_layers, block_size, num_blocks)
+        self.kv_cache_config = kv_cache_config
         shape = (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
         # Zeros, not empty: unused slots are masked anyway, but zeros keep any
         # accidental read finite and make the widgets' K statistics meaningful.
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [
+        tensors = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(self.config.num_layers)
+            for _ in range(kv_cache_config.num_layers_per_block)
         ]
+        # Layer l of a group's layers uses tensor index_in_group(l); layer_group[l]: its group.
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = [tensors[0]] * self.config.num_layers
+        self.layer_group = [0] * self.config.num_layers
+        for group_id, group in enumerate(kv_cache_config.kv_cache_groups):
+            for index, layer in enumerate(group.layer_ids or range(self.config.num_layers)):
+                self.kv_caches[layer] = tensors[index]
+                self.layer_group[layer] = group_id
 
     @property
     def attn_backend(self) -> AttentionBackend:
@@ -100,36 +133,58 @@ class ModelRunner:
         return previous
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput):
-        """Flatten the batch: token ids, positions, attention metadata and logits rows."""
+        """Flatten the batch: token ids, positions, attention metadata and logits rows.
+
+        The metadata is one ``AttentionMetadata``, or in a hybrid model a list
+        with each layer's group's (``CausalLM.forward`` takes either).
+        """
+        groups = self.kv_cache_config.kv_cache_groups
         input_ids: list[int] = []
         positions: list[int] = []
-        slot_mapping: list[int] = []
+        slot_mapping: list[list[int]] = [[] for _ in groups]  # per group
+        block_tables: list[list[list[int]]] = [[] for _ in groups]  # per group, per sequence
         seq_lens: list[int] = []
         cu_seqlens_q: list[int] = [0]
-        block_tables: list[list[int]] = []
         for scheduled in scheduler_output.scheduled:
             start = scheduled.num_computed_tokens
             end = start + scheduled.num_new_tokens
             input_ids.extend(scheduled.request.all_token_ids[start:end])
             positions.extend(range(start, end))
-            slot_mapping.extend(self.compute_slot_mapping(scheduled.block_ids, start, end, self.block_size))
+            for group_id, block_ids in enumerate(scheduled.block_ids_by_group):
+                slot_mapping[group_id].extend(self.compute_slot_mapping(block_ids, start, end, self.block_size))
+                block_tables[group_id].append(block_ids)
             seq_lens.append(end)
             cu_seqlens_q.append(cu_seqlens_q[-1] + scheduled.num_new_tokens)
-            block_tables.append(scheduled.block_ids)
-        max_blocks = max(len(table) for table in block_tables)
-        padded = [table + [0] * (max_blocks - len(table)) for table in block_tables]
 
         def as_tensor(values, dtype):
             return torch.tensor(values, dtype=dtype, device=self.device)
 
-        metadata = AttentionMetadata(
-            slot_mapping=as_tensor(slot_mapping, torch.int64),
-            block_tables=as_tensor(padded, torch.int32),
+        def padded(tables: list[list[int]], has_nulls: bool) -> list[list[int]]:
+            # Past a table's end, and where a sliding-window table holds the null block (-1),
+            # the placeholder 0: never read (masked by seq_lens and by the window).
+            if has_nulls:
+                tables = [[max(block_id, 0) for block_id in table] for table in tables]
+            max_blocks = max(len(table) for table in tables)
+            return [table + [0] * (max_blocks - len(table)) for table in tables]
+
+        shared = dict(
             seq_lens=as_tensor(seq_lens, torch.int32),
             cu_seqlens_q=as_tensor(cu_seqlens_q, torch.int32),
             max_query_len=max(s.num_new_tokens for s in scheduler_output.scheduled),
             max_seq_len=max(seq_lens),
         )
+        by_group = []
+        for group_id, group in enumerate(groups):
+            window = group.kv_cache_spec.sliding_window if isinstance(group.kv_cache_spec, SlidingWindowSpec) else None
+            by_group.append(
+                AttentionMetadata(
+                    slot_mapping=as_tensor(slot_mapping[group_id], torch.int64),
+                    block_tables=as_tensor(padded(block_tables[group_id], window is not None), torch.int32),
+                    sliding_window=window,
+                    **shared,
+                )
+            )
+        metadata = by_group[0] if len(by_group) == 1 else [by_group[group_id] for group_id in self.layer_group]
         # The logits we need: the last new token of each sequence.
         logits_indices = as_tensor([end - 1 for end in cu_seqlens_q[1:]], torch.int64)
         return as_tensor(input_ids, torch.int64), as_tensor(positions, torch.int64), metadata, logits_indices

@@ -88,8 +88,14 @@ class ScheduledRequest:
     request: Request
     num_computed_tokens: int  # tokens with K/V in the cache before this step
     num_new_tokens: int
-    block_ids: list[int]  # the request's block table after allocation
+    block_ids: list[int]  # the request's block table after allocation (group 0's in a hybrid model)
     first_admission: bool = False  # admitted for the first time in this step (set by Scheduler.schedule)
+    # Every KV-cache group's table, in group order (a hybrid model, chapter 08b; the null block is -1).
+    block_ids_by_group: tuple[list[int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.block_ids_by_group:
+            self.block_ids_by_group = (self.block_ids,)
 
     @property
     def samples_token(self) -> bool:
@@ -240,7 +246,7 @@ class Scheduler:
             if request.num_cached_tokens < 0:  # its first admission; a re-admission keeps the first value
                 request.num_cached_tokens = num_new_local_computed_tokens
             if self.events.active:
-                block_ids = tuple(block.block_id for block in new_computed_blocks)
+                block_ids = self.kv_cache_manager.block_ids_of(new_computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
             self.schedule_request(request, num_new_local_computed_tokens, num_new_tokens, output)
@@ -278,8 +284,17 @@ class Scheduler:
         computes those tokens in this step. Chapter 08's ``schedule_waiting``
         exercise calls it for every request it admits.
         """
-        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids))
+        manager = self.kv_cache_manager
+        if manager.is_hybrid:
+            by_group = manager.get_block_ids_by_group(request.request_id)
+            scheduled = ScheduledRequest(
+                request, num_computed_tokens, num_new_tokens, by_group[0], block_ids_by_group=by_group
+            )
+        else:
+            scheduled = ScheduledRequest(
+                request, num_computed_tokens, num_new_tokens, manager.get_block_ids(request.request_id)
+            )
+        output.scheduled.append(scheduled)
         # The tokens count as computed from now on: the model computes them in this step.
         request.num_computed_tokens = num_computed_tokens + num_new_tokens
 
@@ -341,7 +356,8 @@ class Scheduler:
 
     def _free_blocks(self, request: Request) -> None:
         if self.events.active:
-            block_ids = tuple(self.kv_cache_manager.get_block_ids(request.request_id))
+            by_group = self.kv_cache_manager.get_block_ids_by_group(request.request_id)
+            block_ids = tuple(block_id for ids in by_group for block_id in ids if block_id >= 0)
             self.kv_cache_manager.free(request)
             self.events.emit(BlocksFreed(request.request_id, block_ids))
         else:
@@ -354,8 +370,9 @@ class Scheduler:
         for event in pool_events:
             if isinstance(event, BlockRemoved):
                 self.events.emit(event)
-        if new_blocks:
-            self.events.emit(BlocksAllocated(request.request_id, tuple(block.block_id for block in new_blocks)))
+        block_ids = self.kv_cache_manager.block_ids_of(new_blocks)
+        if block_ids:
+            self.events.emit(BlocksAllocated(request.request_id, block_ids))
         for event in pool_events:
             if not isinstance(event, BlockRemoved):
                 self.events.emit(event)
