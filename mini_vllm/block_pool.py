@@ -374,6 +374,7 @@ class BlockPool:
         False skips it), and its null blocks are skipped.
         """
         cached: list[KVCacheBlock] = []
+        runs: list[list[int]] = []  # consecutive indices cached, for the events
         for index in range(num_cached_blocks, num_full_blocks):
             block = blocks[index]
             if block is self.null_block or (block_mask is not None and not block_mask[index - num_cached_blocks]):
@@ -384,21 +385,27 @@ class BlockPool:
             block.kv_cache_group_id = kv_cache_group_id
             self.cached_block_hash_to_block.insert(block_hash, block)
             cached.append(block)
-        if self.enable_kv_cache_events and cached:
-            # One event for the whole run of blocks, as vLLM's cache_full_blocks sends.
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        if self.enable_kv_cache_events:
+            # One event per run of consecutive blocks: for full attention, one per call, as
+            # vLLM's cache_full_blocks sends (for a sliding-window group vLLM sends one event
+            # whose hashes skip the blocks it did not cache).
             block_size = request.block_size
-            self.kv_event_queue.append(
-                BlockStored(
-                    block_hashes=tuple(block.block_hash for block in cached),
-                    parent_block_hash=request.block_hashes[num_cached_blocks - 1] if num_cached_blocks else None,
-                    token_ids=tuple(
-                        request.all_token_ids[num_cached_blocks * block_size : num_full_blocks * block_size]
-                    ),
-                    block_size=block_size,
-                    block_ids=tuple(block.block_id for block in cached),
-                    group_idx=kv_cache_group_id,
+            for run in runs:
+                first, end = run[0], run[-1] + 1
+                self.kv_event_queue.append(
+                    BlockStored(
+                        block_hashes=tuple(request.block_hashes[first:end]),
+                        parent_block_hash=request.block_hashes[first - 1] if first else None,
+                        token_ids=tuple(request.all_token_ids[first * block_size : end * block_size]),
+                        block_size=block_size,
+                        block_ids=tuple(block.block_id for block in blocks[first:end]),
+                        group_idx=kv_cache_group_id,
+                    )
                 )
-            )
         return cached
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

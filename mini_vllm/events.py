@@ -56,9 +56,10 @@ class BlockStored:
     blocks of one request, holding ``token_ids`` (``block_size`` tokens each).
     ``parent_block_hash`` is the hash of the block before the first one (None
     for a request's first block). ``group_idx``: the KV-cache group whose
-    blocks these are (always 0 but in a hybrid model, chapter 08b); a
-    sliding-window group may skip blocks of the run, so ``token_ids`` may
-    cover more blocks than ``block_hashes`` names. vLLM 0.33 also sends ``lora_id``,
+    blocks these are (always 0 but in a hybrid model, chapter 08b). A
+    sliding-window group caches only some blocks of a request: it sends one
+    event per run of consecutive blocks (vLLM sends one per call, its hashes
+    skipping the blocks it left out). vLLM 0.33 also sends ``lora_id``,
     ``lora_name``, ``medium``, ``extra_keys`` and a few more; they have no use
     here (mini-vLLM serves no LoRA adapters).
     """
