@@ -243,7 +243,7 @@ class KVCacheManager:
             return self._no_hit(), 0
         max_num_blocks = max_cache_hit_blocks(request.num_tokens, self.block_size)
         if not self.is_hybrid:
-            computed_blocks = self.managers[0].find_longest_cache_hit(request.block_hashes, max_num_blocks)
+            computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_num_blocks)
             return computed_blocks, len(computed_blocks) * self.block_size
         hits = []
         num_hit_blocks = max_num_blocks

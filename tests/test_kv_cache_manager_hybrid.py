@@ -1,0 +1,194 @@
+"""The KV-cache manager with two KV-cache groups (full attention + sliding window), scenario by scenario.
+
+The call-for-call comparison with vLLM 0.33's own manager is
+``tests/test_vs_vllm_hybrid_kv_cache_manager.py``; these tests pin the
+behaviour a reader of chapter 08b is told about, with small numbers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mini_vllm.block_pool import NULL_BLOCK_ID
+from mini_vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+    make_kv_cache_config,
+    max_blocks_per_request,
+)
+from mini_vllm.kv_cache_manager import KVCacheManager
+from mini_vllm.request import Request
+from mini_vllm.single_type_kv_cache_manager import find_sliding_window_cache_hit, sliding_window_contiguous_blocks
+
+BLOCK = 4
+WINDOW = 9  # a hit needs cdiv(8, 4) = 2 cached blocks in a row
+NULL = NULL_BLOCK_ID
+
+
+def hybrid_manager(num_blocks: int = 40, window: int = WINDOW, **kwargs) -> KVCacheManager:
+    config = make_kv_cache_config([window, None, window, None], BLOCK, num_blocks)
+    return KVCacheManager(num_blocks, BLOCK, kv_cache_config=config, **kwargs)
+
+
+def admit(manager: KVCacheManager, request: Request, max_new_tokens: int | None = None):
+    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    num_new = request.num_tokens - num_hit_tokens
+    if max_new_tokens is not None:
+        num_new = min(num_new, max_new_tokens)
+    new_blocks = manager.allocate_slots(request, num_new, num_hit_tokens, hits)
+    if new_blocks is not None:
+        request.num_computed_tokens = num_hit_tokens + num_new
+    manager.check_invariants()
+    return hits, num_hit_tokens, new_blocks
+
+
+def decode(manager: KVCacheManager, request: Request, token: int = 7) -> None:
+    request.append_output_token_ids(token)
+    assert manager.allocate_slots(request, 1) is not None
+    request.num_computed_tokens += 1
+    manager.check_invariants()
+
+
+def test_groups_come_full_attention_first_with_equal_layer_counts():
+    config = make_kv_cache_config([64, None, 64, None], 16, 10)
+    assert [type(g.kv_cache_spec).__name__ for g in config.kv_cache_groups] == [
+        "FullAttentionSpec",
+        "SlidingWindowSpec",
+    ]
+    assert config.kv_cache_groups[0].layer_ids == (1, 3) and config.kv_cache_groups[1].layer_ids == (0, 2)
+    assert config.num_layers_per_block == 2 and config.is_hybrid
+    with pytest.raises(ValueError, match="as many of each"):
+        make_kv_cache_config([64, None, None, None], 16, 10)
+    with pytest.raises(ValueError, match="same window"):
+        make_kv_cache_config([64, None, 32, None], 16, 10)
+    single = make_kv_cache_config([None] * 4, 16, 10)
+    assert not single.is_hybrid and single.num_layers_per_block == 4
+
+
+def test_a_single_group_engine_returns_plain_lists():
+    manager = KVCacheManager(20, BLOCK)
+    request = Request("r", list(range(10)), BLOCK)
+    hits, _, new_blocks = admit(manager, request)
+    assert hits == [] and isinstance(new_blocks, list) and len(new_blocks) == 3
+    assert not manager.is_hybrid
+
+
+def test_blocks_leave_the_window_as_the_request_decodes_and_stay_cached():
+    manager = hybrid_manager()
+    request = Request("r", list(range(100, 116)), BLOCK)  # 16 tokens: 4 full blocks
+    admit(manager, request)
+    full, sliding = manager.get_block_ids_by_group("r")
+    assert len(full) == len(sliding) == 4 and NULL not in sliding
+    # Before token 16 runs, its window is tokens 8..16: blocks 0 and 1 (tokens 0..7) are behind it.
+    decode(manager, request)
+    full, sliding = manager.get_block_ids_by_group("r")
+    assert sliding[:2] == [NULL, NULL] and NULL not in sliding[2:]
+    assert NULL not in full  # full attention keeps everything
+    freed = [b for b in manager.block_pool.blocks if b.ref_cnt == 0 and b.block_hash is not None]
+    assert {b.kv_cache_group_id for b in freed} == {1}  # freed while running, still cached
+    manager.free(request)
+    manager.check_invariants()
+    assert manager.get_num_free_blocks() == manager.num_blocks
+
+
+def test_the_hit_is_what_every_group_can_serve_and_a_junction_gets_pinned():
+    manager = hybrid_manager()
+    prompt = list(range(200, 226))  # 26 tokens: 6 full blocks; replay boundary = token 25 -> blocks 4, 5 end there
+    first = Request("a", prompt, BLOCK)
+    admit(manager, first)
+    manager.free(first)
+    # The sliding-window group cached only the 2 blocks ending at the replay boundary (blocks 4 and 5).
+    cached_sliding = sorted(
+        i for i, h in enumerate(first.block_hashes) if manager.block_pool.get_cached_block(h, 1) is not None
+    )
+    assert cached_sliding == [4, 5]
+    # Same prompt again: the hit is 6 blocks capped by the last-block rule to (26-1)//4 = 6.
+    again = Request("b", prompt, BLOCK)
+    hits, num_hit_tokens, _ = admit(manager, again)
+    assert num_hit_tokens == 24
+    assert [b.block_id for b in hits[1]][:4] == [NULL] * 4
+    manager.free(again)
+    # A prompt sharing only the first 17 tokens: full attention finds 4 blocks, the window none -> hit 0 ...
+    shared = prompt[:17]
+    second = Request("c", shared + [1, 2, 3, 4, 5, 6, 7, 8], BLOCK)
+    hits, num_hit_tokens, _ = admit(manager, second)
+    assert num_hit_tokens == 0 and hits == ([], [])
+    assert manager.shared_prefix_boundary["c"] == 16  # ... and the junction at token 16 is pinned
+    manager.free(second)
+    # ... so the third prompt with that prefix hits the 16 tokens in both groups.
+    third = Request("d", shared + [9, 9, 9, 9, 9, 9, 9, 9], BLOCK)
+    hits, num_hit_tokens, _ = admit(manager, third)
+    assert num_hit_tokens == 16
+    assert [b.block_id for b in hits[1]][:2] == [NULL, NULL] and NULL not in [b.block_id for b in hits[0]]
+    manager.free(third)
+    manager.check_invariants()
+
+
+def test_a_sliding_window_hit_survives_an_evicted_first_block():
+    pool_manager = hybrid_manager()
+    pool = pool_manager.block_pool
+    request = Request("a", list(range(300, 326)), BLOCK)
+    admit(pool_manager, request)
+    pool_manager.free(request)
+    hashes = request.block_hashes
+    # Evict the full-attention group's block 0: full attention now finds nothing ...
+    block0 = pool.get_cached_block(hashes[0], 0)
+    pool.free_block_queue.remove(block0)
+    pool.free_block_queue.appendleft(block0)
+    pool.get_new_blocks(1)
+    assert pool_manager.find_longest_cache_hit(hashes, 6) == []
+    # ... while the sliding-window group's run at blocks 4, 5 is still a hit for that group alone.
+    found = find_sliding_window_cache_hit(pool, hashes, 6, sliding_window_contiguous_blocks(WINDOW, BLOCK), 1)
+    assert [b.block_id for b in found][:4] == [NULL] * 4 and NULL not in [b.block_id for b in found[4:]]
+    # The request's hit is the smaller one: nothing.
+    assert pool_manager.get_computed_blocks(Request("b", list(range(300, 326)), BLOCK))[1] == 0
+
+
+def test_sliding_window_lookup_rules():
+    manager = hybrid_manager()
+    pool = manager.block_pool
+    request = Request("a", list(range(400, 432)), BLOCK)  # 8 blocks
+    hashes = request.block_hashes
+    blocks = pool.get_new_blocks(8)
+    # Cache blocks 1, 3, 4 and 6 for group 1.
+    for index in (1, 3, 4, 6):
+        pool.cache_full_blocks(request, blocks, index, index + 1, kv_cache_group_id=1)
+    ids = lambda found: [b.block_id for b in found]  # noqa: E731
+    b = [block.block_id for block in blocks]
+    # Rightmost run of 2 is blocks 3, 4: nulls before it, nothing after.
+    assert ids(find_sliding_window_cache_hit(pool, hashes, 8, 2, 1)) == [NULL, NULL, NULL, b[3], b[4]]
+    # Capped at 4 blocks: blocks 0..3 have no run of 2 ending before 4 -> none, and block 0 is missing.
+    assert ids(find_sliding_window_cache_hit(pool, hashes, 4, 2, 1)) == []
+    # Group 0 holds none of them.
+    assert find_sliding_window_cache_hit(pool, hashes, 8, 2, 0) == []
+    # A run from block 0 shorter than needed is still a hit.
+    pool.cache_full_blocks(request, blocks, 0, 1, kv_cache_group_id=1)
+    assert ids(find_sliding_window_cache_hit(pool, hashes, 3, 3, 1)) == [b[0], b[1]]
+
+
+def test_a_hybrid_engine_needs_blocks_in_both_groups_and_refuses_what_never_fits():
+    config = make_kv_cache_config([WINDOW, None], BLOCK, 10)
+    # 40 tokens: 10 full-attention blocks + at most cdiv(8 + 8, 4) + 1 = 5 sliding-window blocks.
+    assert max_blocks_per_request(config, 40, max_num_batched_tokens=8) == 15
+    manager = KVCacheManager(10, BLOCK, kv_cache_config=config)
+    request = Request("a", list(range(24)), BLOCK)
+    assert manager.allocate_slots(request, 24) is None  # 6 + 6 blocks > 10: nothing changed
+    manager.check_invariants()
+    assert manager.get_num_free_blocks() == 10 and "a" not in manager.req_to_blocks
+
+
+def test_per_group_hits_are_required_in_a_hybrid_engine():
+    manager = hybrid_manager()
+    request = Request("a", list(range(8)), BLOCK)
+    with pytest.raises(ValueError, match="per-group"):
+        manager.allocate_slots(request, 8, 4, [manager.block_pool.blocks[0]])
+
+
+def test_a_config_and_manager_disagreeing_on_size_is_refused():
+    config = KVCacheConfig(
+        8, (KVCacheGroupSpec((0,), FullAttentionSpec(4)), KVCacheGroupSpec((1,), SlidingWindowSpec(4, 9)))
+    )
+    with pytest.raises(ValueError, match="num_blocks"):
+        KVCacheManager(9, 4, kv_cache_config=config)
