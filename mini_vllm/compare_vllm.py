@@ -213,6 +213,108 @@ def build_workloads(tokenizer, block_size: int, names: Sequence[str] | None = No
     return [{"name": name, **workloads[name]} for name in names]
 
 
+HYBRID_WORKLOAD_NAMES = (
+    "junction",
+    "longer_than_the_window",
+    "shared_system_prompt",
+    "multi_turn_chat",
+    "eviction_and_preemption",
+)
+
+
+def build_hybrid_workloads(tokenizer, block_size: int, names: Sequence[str] | None = None) -> list[dict]:
+    """Workloads for a hybrid model (chapter 08b): prompts longer than its window, with shared prefixes.
+
+    ``junction``: a long prompt P, then a prompt sharing P's first ~8 blocks and
+    diverging (the full-attention group hits, the sliding-window group cached
+    only P's last blocks, so the request's hit is 0 and the junction is pinned),
+    then a third with the same ~8 blocks (now a hit), then P again (the blocks
+    at P's replay boundary). ``longer_than_the_window``: a prompt of 12 blocks
+    decoding 40 tokens (blocks leave the window), then the same prompt. The
+    other three are ``build_workloads``' of the same names.
+    """
+    names = list(HYBRID_WORKLOAD_NAMES if names is None else names)
+    unknown = [name for name in names if name not in HYBRID_WORKLOAD_NAMES]
+    if unknown:
+        raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(HYBRID_WORKLOAD_NAMES)}")
+    data = _prompt_data()
+    systems, users = data["system_prompts"], data["user_requests"]
+    block = block_size
+    long_prompt = _ids_of_length(tokenizer, systems, 10 * block - 5, start=0)
+    shared = long_prompt[: 8 * block - 6]
+    second = shared + _ids_of_length(tokenizer, users, block + 7, start=3)
+    third = shared + _ids_of_length(tokenizer, users, 2 * block + 1, start=6)
+    workloads = {
+        "junction": {
+            "description": "P, then two prompts sharing P's first 8 blocks (the second pins the junction, "
+            "the third hits it), then P again",
+            "calls": [_call([_ids(prompt)]) for prompt in (long_prompt, second, third, long_prompt)],
+        },
+        "longer_than_the_window": {
+            "description": "a 12-block prompt decoding 40 tokens (its first blocks leave the window), then again",
+            "calls": [
+                _call([_ids(prompt)], max_tokens=40)
+                for prompt in [_ids_of_length(tokenizer, systems, 12 * block, start=2)] * 2
+            ],
+        },
+    }
+    plain = [name for name in names if name not in workloads]
+    for workload in build_workloads(tokenizer, block_size, plain) if plain else []:
+        workloads[workload["name"]] = {key: value for key, value in workload.items() if key != "name"}
+    return [{"name": name, **workloads[name]} for name in names]
+
+
+def run_hybrid_side_by_side(
+    model_path: str | None = None, block_size: int = 32, pools: Sequence[int] = (64, 40), threads: int = 1
+) -> dict:
+    """The hybrid model through mini-vLLM and real vLLM, side by side (``run_matrix``'s dict).
+
+    One run per pool size in ``pools``: the first runs every hybrid workload
+    but the eviction one, the others only the eviction one (a pool small
+    enough that requests are preempted and cached blocks evicted). vLLM runs
+    the model with ``model_impl="transformers"``: its native Qwen3 ignores
+    ``layer_types`` (every layer full attention), its Transformers backend
+    honours them and builds the same two KV-cache groups. ``max_model_len``
+    is 512 so that vLLM's start-up check (a request of that length must fit,
+    every group's blocks counted) passes with these pools.
+    """
+    from transformers import AutoTokenizer
+
+    from .model import hybrid_model_path
+
+    path = model_path or hybrid_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    everything = [name for name in HYBRID_WORKLOAD_NAMES if name != "eviction_and_preemption"]
+    engines = [
+        {
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "max_model_len": 512,
+            "model_impl": "transformers",
+            "workloads": build_hybrid_workloads(
+                tokenizer, block_size, everything if index == 0 else ["eviction_and_preemption"]
+            ),
+        }
+        for index, num_blocks in enumerate(pools)
+    ]
+    theirs = run_vllm(path, engines, threads=threads)
+    ours = run_mini(path, engines, threads=threads)
+    runs = []
+    for spec, mine, real in zip(engines, ours, theirs["engines"]):
+        compared = [
+            compare_workload(w, m, r) for w, m, r in zip(spec["workloads"], mine["workloads"], real["workloads"])
+        ]
+        runs.append({"block_size": spec["block_size"], "num_blocks": spec["num_blocks"], "workloads": compared})
+    return {
+        "model": Path(path).name,
+        "dtype": "float32",
+        "vllm_version": theirs["vllm_version"],
+        "threads": threads,
+        "runs": runs,
+        "vllm_kv_cache": theirs["engines"][0].get("kv_cache"),
+    }
+
+
 def your_prompts_workload(tokenizer, texts: Sequence[str], max_tokens: int = 16) -> dict:
     """A workload of your own prompts (``--prompt``): each one by one, then all of them in one call.
 
@@ -314,7 +416,7 @@ def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32"
                 num_blocks=spec["num_blocks"],
                 max_num_seqs=MAX_NUM_SEQS,
                 max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                max_model_len=engine_max_model_len(spec["block_size"], spec["num_blocks"]),
+                max_model_len=spec.get("max_model_len") or engine_max_model_len(spec["block_size"], spec["num_blocks"]),
             )
             results.append(
                 {
@@ -350,10 +452,12 @@ def run_vllm(
                 "dtype": dtype,
                 "block_size": spec["block_size"],
                 "num_blocks": spec["num_blocks"],
-                "max_model_len": engine_max_model_len(spec["block_size"], spec["num_blocks"]),
+                "max_model_len": spec.get("max_model_len")
+                or engine_max_model_len(spec["block_size"], spec["num_blocks"]),
                 "max_num_seqs": MAX_NUM_SEQS,
                 "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "workloads": spec["workloads"],
+                **({"model_impl": spec["model_impl"]} if spec.get("model_impl") else {}),
             }
             for spec in engines
         ],

@@ -1,0 +1,98 @@
+"""The hybrid model end to end, mini-vLLM against real vLLM (``make vllm``): chapter 08b's claims.
+
+``mini_vllm.compare_vllm.run_hybrid_side_by_side`` sends the same token ids
+through both engines, the bundled hybrid model (``mini_vllm/hybrid_model/``:
+sliding-window layers 0 and 2, window 64, full-attention layers 1 and 3),
+float32, block size 32, the same pool and scheduler limits, each workload
+from a cold cache. vLLM runs it with ``model_impl="transformers"`` (its native
+Qwen3 would treat every layer as full attention). Requests: prompts longer
+than the window, shared prefixes that diverge (the junction), the same prompt
+again, a growing chat, and a pool so small that requests are preempted.
+
+Equal per request: ``num_cached_tokens`` and the greedy tokens; per workload:
+the prefix-cache counters and the preemptions. vLLM starts once (one
+subprocess, ~1 min). Skipped, with the reason, without ``.venv-vllm``; under
+``CI=true`` that is a failure (tests/prerequisites.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mini_vllm.compare_vllm import run_hybrid_side_by_side, vllm_missing_reason, vllm_python
+from prerequisites import missing
+
+
+@pytest.fixture(scope="module")
+def side_by_side() -> dict:
+    if vllm_python() is None:
+        missing("vllm", vllm_missing_reason())
+    return run_hybrid_side_by_side()
+
+
+def workloads(result: dict) -> dict[str, dict]:
+    return {w["name"]: w for run in result["runs"] for w in run["workloads"]}
+
+
+def test_vllm_builds_the_same_two_kv_cache_groups(side_by_side):
+    kv_cache = side_by_side["vllm_kv_cache"]
+    assert kv_cache["coordinator"] == "HybridKVCacheCoordinator"
+    specs = sorted((g["spec"], g["sliding_window"], tuple(g["layers"])) for g in kv_cache["groups"])
+    assert [(spec, window) for spec, window, _ in specs] == [("FullAttentionSpec", None), ("SlidingWindowSpec", 64)]
+    assert [len(layers) for _, _, layers in specs] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    "name", ["junction", "longer_than_the_window", "shared_system_prompt", "multi_turn_chat", "eviction_and_preemption"]
+)
+def test_every_request_gets_the_same_hit_and_the_same_tokens(side_by_side, name):
+    workload = workloads(side_by_side)[name]
+    different = [row for row in workload["rows"] if not (row["cached_equal"] and row["tokens_equal"])]
+    assert not different, f"{name}: {different}"
+    assert workload["counters_equal"] and workload["same_num_requests"], (workload["mini"], workload["vllm"])
+    assert workload["mini"]["num_preemptions"] == workload["vllm"]["num_preemptions"]
+
+
+def test_the_junction_workload_shows_the_rule_of_the_chapter(side_by_side):
+    # P; a prompt sharing P's first blocks: 0 (the sliding window kept only P's last blocks);
+    # a third sharing them: a hit (the second pinned the junction); P again: a hit.
+    cached = [row["mini_cached"] for row in workloads(side_by_side)["junction"]["rows"]]
+    assert cached[0] == 0 and cached[1] == 0 and cached[2] > 0 and cached[3] > cached[2]
+
+
+def test_the_small_pool_preempts_in_both_engines(side_by_side):
+    workload = workloads(side_by_side)["eviction_and_preemption"]
+    assert workload["mini"]["num_preemptions"] > 0
+
+
+def test_a_wrong_sliding_window_lookup_is_caught(side_by_side):
+    """A mini-vLLM whose sliding-window group looked up like full attention (from the left, to the first
+    miss) would differ from vLLM on the junction workload: the comparison can fail."""
+    from transformers import AutoTokenizer
+
+    from mini_vllm import LLM
+    from mini_vllm.compare_vllm import MAX_NUM_BATCHED_TOKENS, build_hybrid_workloads, run_mini_workloads
+    from mini_vllm.engine_parts import EngineParts
+    from mini_vllm.kv_cache_manager import longest_cache_hit
+    from mini_vllm.model import hybrid_model_path
+
+    def from_the_left(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, kv_cache_group_id):
+        return longest_cache_hit(
+            block_hashes[:max_num_blocks], lambda h: block_pool.get_cached_block(h, kv_cache_group_id)
+        )
+
+    path = hybrid_model_path()
+    run = side_by_side["runs"][0]
+    llm = LLM(
+        path,
+        device="cpu",
+        block_size=run["block_size"],
+        num_blocks=run["num_blocks"],
+        max_model_len=512,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        parts=EngineParts(find_sliding_window_cache_hit=from_the_left),
+    )
+    (junction,) = build_hybrid_workloads(AutoTokenizer.from_pretrained(path), run["block_size"], ["junction"])
+    (wrong,) = run_mini_workloads(llm, [junction])
+    vllm_cached = [row["vllm_cached"] for row in workloads(side_by_side)["junction"]["rows"]]
+    assert [r["num_cached_tokens"] for r in wrong["requests"]] != vllm_cached
