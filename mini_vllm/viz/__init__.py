@@ -12,12 +12,14 @@
 
 The views take an ``LLM``/``LLMEngine`` or, for the early chapters, a bare
 ``KVCacheManager`` (plus the scenario's requests). Each renders as static HTML
-and deterministic text too, so notebooks show it without a kernel.
+and deterministic text too, so notebooks show it without a kernel. On a
+hybrid model (chapter 08b) they show every KV-cache group: one block-table
+row per group (∅ where a block left the sliding window), each block's group.
 """
 
 from .dashboard import EngineDashboard
 from .hash_chain import HashChainView
-from .state import BlockInfo, CacheSnapshot, RequestInfo, StateSource
+from .state import BlockInfo, CacheSnapshot, KVCacheGroupInfo, RequestInfo, StateSource
 from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot, View
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "CacheSnapshot",
     "BlockInfo",
     "RequestInfo",
+    "KVCacheGroupInfo",
 ]

@@ -44,6 +44,14 @@ from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot, mime
 _OPEN_DASHBOARDS: "weakref.WeakValueDictionary[int, EngineDashboard]" = weakref.WeakValueDictionary()
 
 
+def _groups_text(snap: CacheSnapshot) -> str:
+    """``group 0 full attention (layers 1, 3); group 1 sliding window 64 tokens (layers 0, 2)``."""
+    return "; ".join(
+        f"group {group.group_id} {group.description}" + (f" ({group.layers_text})" if group.layers_text else "")
+        for group in snap.kv_cache_groups
+    )
+
+
 def _count(n: int, noun: str) -> str:
     """``1 token``, ``2 tokens``."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -138,7 +146,8 @@ class EngineDashboard:
                 self._chain_prompt = list(request.prompt_token_ids)
                 self._chain_salt = request.cache_salt
         elif isinstance(event, ComputedBlocksFound):
-            self.source.hit_blocks[event.request_id] = len(event.block_ids)
+            # Positions in the table (a hybrid model's event lists every group's blocks).
+            self.source.hit_blocks[event.request_id] = event.num_computed_tokens // self.source.block_size
         elif isinstance(event, RequestFinished):
             self._record_finished(event)
         elif isinstance(event, StepFinished):
@@ -326,6 +335,14 @@ class EngineDashboard:
             self.source, self._chain_prompt, cache_salt=self._chain_salt, title="Hash chain of the last prompt added"
         )
 
+    @staticmethod
+    def _pool_description(snap: CacheSnapshot) -> str:
+        """``64 blocks × 16 tokens`` and, for a hybrid model, the KV-cache groups that share them."""
+        text = f"{snap.num_blocks} blocks × {snap.block_size} tokens"
+        if snap.is_hybrid:
+            text += f" shared by {snap.num_groups} KV-cache groups: " + _groups_text(snap)
+        return text
+
     def _header_html(self, snap: CacheSnapshot) -> str:
         m = self._metrics(snap)
         item = style(display="inline-block", margin="0 14px 2px 0", white_space="nowrap")
@@ -365,7 +382,7 @@ class EngineDashboard:
             f'<div style="{style(display="flex", flex_wrap="wrap", justify_content="space-between", align_items="center")}">'
             f'<div style="{style(font_size="15px", font_weight="700")}">mini-vLLM engine '
             f'<span style="{style(font_weight="400", font_size="12px", color=MUTED)}">'
-            f"{snap.num_blocks} blocks × {snap.block_size} tokens, read live from the engine</span></div>"
+            f"{esc(self._pool_description(snap))}, read live from the engine</span></div>"
             f"<div>{plot}{key}</div></div>"
         )
         message_style = style(
@@ -382,7 +399,9 @@ class EngineDashboard:
             title
             + metrics_html
             + message
-            + legend(include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer)
+            + legend(
+                include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer, groups=snap.kv_cache_groups
+            )
         )
 
     def _finished_html(self) -> str:
@@ -438,6 +457,10 @@ class EngineDashboard:
             f"EngineDashboard: step {m['step']}, {m['running']} running, {m['waiting']} waiting, "
             f"hit rate {m['hit_rate']} ({m['hits']}), blocks in use {m['blocks']}, "
             f"evictions {m['evictions']}, preemptions {m['preemptions']}",
+        ]
+        if snap.is_hybrid:
+            lines.append(f"KV-cache groups ({snap.num_groups}, one pool): {_groups_text(snap)}")
+        lines += [
             self.table_view.render_text(snap),
             self.pool_view.render_text(snap),
             self.queue_view.render_text(snap),

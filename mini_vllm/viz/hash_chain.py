@@ -7,6 +7,12 @@ the view also shows the first token where the two differ — the usual answer
 to "why did my prompt miss the cache?".
 
     >>> HashChainView(llm, "Once upon a time", reference="Once upon a tree")
+
+In a hybrid model (chapter 08b) the chain's HIT/MISS is the full-attention
+group's (group 0); each other group gets a column saying where it has the
+block cached, and the reusable hit is the prefix every group can serve (a
+sliding-window group needs only the blocks under the window before the hit's
+end), as ``KVCacheManager.get_computed_blocks`` finds it.
 """
 
 from __future__ import annotations
@@ -15,13 +21,47 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..hashing import hash_request_tokens
-from ..kv_cache_manager import longest_cache_hit, max_cache_hit_blocks
+from ..kv_cache_manager import find_sliding_window_cache_hit, longest_cache_hit, max_cache_hit_blocks
+from ..single_type_kv_cache_manager import sliding_window_contiguous_blocks
 from ..profiler import common_prefix_length
 from .html import GREEN, MONO, MUTED, VERMILLION, badge, container, esc, heading, style, tooltip_tokens
-from .state import CacheSnapshot, short_hash
+from .state import CacheSnapshot, KVCacheGroupInfo, short_hash
 from .views import View
 
 PromptLike = str | Sequence[int] | Any
+
+
+class _SnapshotLookup:
+    """What ``find_sliding_window_cache_hit`` reads of a pool, answered from a snapshot (block ids, no blocks)."""
+
+    null_block = None
+
+    def __init__(self, snap: CacheSnapshot) -> None:
+        self.snap = snap
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_id: int = 0) -> int | None:
+        return self.snap.cached_by_group[kv_cache_group_id].get(block_hash)
+
+
+def hybrid_hit_blocks(snap: CacheSnapshot, block_hashes: Sequence[bytes], max_num_blocks: int) -> int:
+    """How many blocks every KV-cache group can serve for ``block_hashes`` (the engine's hybrid lookup).
+
+    Group 0 (full attention) bounds the hit; each later group cuts it to what
+    it serves: a sliding-window group needs the ``cdiv(window - 1,
+    block_size)`` blocks before the hit's end cached for it (or a run from
+    block 0). A single-group snapshot: the longest cached prefix.
+    """
+    num_blocks = len(longest_cache_hit(block_hashes[:max_num_blocks], snap.cached.get))
+    for group in snap.kv_cache_groups[1:]:
+        if group.sliding_window is not None:
+            contiguous = sliding_window_contiguous_blocks(group.sliding_window, snap.block_size)
+            found = find_sliding_window_cache_hit(
+                _SnapshotLookup(snap), block_hashes, num_blocks, contiguous, group.group_id
+            )
+        else:
+            found = longest_cache_hit(block_hashes[:num_blocks], snap.cached_by_group[group.group_id].get)
+        num_blocks = len(found)
+    return num_blocks
 
 
 class HashChainView(View):
@@ -83,6 +123,8 @@ class HashChainView(View):
                     "hash": block_hash,
                     "parent": parent,
                     "cached_block": snap.cached.get(block_hash),
+                    # hybrid models: per later group, the block cached for it (None: not cached for it)
+                    "cached_by_group": tuple(cached.get(block_hash) for cached in snap.cached_by_group[1:]),
                 }
             )
             parent = block_hash
@@ -99,14 +141,20 @@ class HashChainView(View):
     def summary(self, snap: CacheSnapshot) -> dict:
         rows = self.chain(snap)
         num_hits = len(longest_cache_hit([row["hash"] for row in rows], snap.cached.get))
-        return {
+        usable = min(num_hits, max_cache_hit_blocks(len(self.token_ids), snap.block_size))
+        summary = {
             "rows": rows,
             "num_hits": num_hits,
             "first_miss": num_hits if num_hits < len(rows) else None,
-            "usable": min(num_hits, max_cache_hit_blocks(len(self.token_ids), snap.block_size)),
+            "usable": usable,
             "tail": len(self.token_ids) - len(rows) * snap.block_size,
             "diff": self.first_difference(),
         }
+        if snap.is_hybrid:  # every group must serve the hit: group 0's usable prefix, cut by the others
+            summary["full_usable"] = usable
+            summary["usable"] = hybrid_hit_blocks(snap, [row["hash"] for row in rows], usable)
+            summary["groups"] = snap.kv_cache_groups[1:]
+        return summary
 
     def _diff_text(self, position: int) -> str:
         def token_at(ids: Sequence[int]) -> str:
@@ -134,11 +182,19 @@ class HashChainView(View):
             f". A request with this prompt reuses {summary['usable']} block"
             f"{'s' if summary['usable'] != 1 else ''} ({summary['usable'] * self._block_size} tokens)"
         )
-        if summary["usable"] < summary["num_hits"]:
+        full_usable = summary.get("full_usable", summary["usable"])
+        if full_usable < summary["num_hits"]:
             text += " — capped: the last prompt token is always computed"
+        if summary["usable"] < full_usable:
+            groups: Sequence[KVCacheGroupInfo] = summary["groups"]
+            windows = ", ".join(group.description for group in groups if group.is_sliding_window)
+            text += (
+                f" — not {full_usable}: every KV-cache group must serve the hit, and the {windows} group"
+                " needs the blocks under the window before the hit's end cached for it"
+            )
         return text + "."
 
-    def _row_html(self, row: dict, size: int, cell: str, marker: str, status: str) -> str:
+    def _row_html(self, row: dict, size: int, cell: str, marker: str, status: str, extra: str = "") -> str:
         """One table row: block index, token range, its text (tokens on hover), parent → hash, status."""
         index = row["index"]
         text = self.source.decode(row["tokens"])
@@ -153,7 +209,7 @@ class HashChainView(View):
             f'<td style="{mono_cell}">{index * size}–{index * size + size - 1}{marker}</td>'
             f'<td style="{text_cell}" title="{tooltip}">{esc(shown)}</td>'
             f'<td style="{mono_cell}">{parent} → <b>{short_hash(row["hash"])}</b></td>'
-            f'<td style="{cell}">{status}</td></tr>'
+            f'<td style="{cell}">{status}</td>{extra}</tr>'
         )
 
     def render_html(self, snap: CacheSnapshot) -> str:
@@ -161,10 +217,11 @@ class HashChainView(View):
         diff = summary["diff"]
         size = snap.block_size
         cell = style(padding="3px 6px", border_bottom="1px solid #eeeeee", vertical_align="top", text_align="left")
-        header = "".join(
-            f'<th style="{cell};font-weight:600;color:{MUTED}">{name}</th>'
-            for name in ("block", "tokens", "text", "parent → hash", "in the cache now")
-        )
+        names = ["block", "tokens", "text", "parent → hash", "in the cache now"]
+        if snap.is_hybrid:  # the HIT/MISS column is group 0's; one column per other group
+            names[-1] = f"in the cache now ({snap.kv_cache_groups[0].description})"
+            names += [f"cached for {group.tag} (group {group.group_id})" for group in snap.kv_cache_groups[1:]]
+        header = "".join(f'<th style="{cell};font-weight:600;color:{MUTED}">{esc(name)}</th>' for name in names)
         body_rows = []
         for row in summary["rows"]:
             index = row["index"]
@@ -181,13 +238,21 @@ class HashChainView(View):
             marker = ""
             if diff is not None and index == diff // size:
                 marker = " " + badge(f"differs at token {diff}", VERMILLION, "mv-diff", solid=False)
-            body_rows.append(self._row_html(row, size, cell, marker, status))
+            extra = ""
+            if snap.is_hybrid:
+                extra = "".join(
+                    f'<td class="mv-group-cached" style="{cell}">'
+                    + (f"block {block_id}" if block_id is not None else f'<span style="color:{MUTED}">—</span>')
+                    + "</td>"
+                    for block_id in row["cached_by_group"]
+                )
+            body_rows.append(self._row_html(row, size, cell, marker, status, extra))
         if summary["tail"]:
             start = len(summary["rows"]) * size
             body_rows.append(
                 f'<tr class="mv-chain-tail"><td style="{cell};color:{MUTED}">{len(summary["rows"])}</td>'
                 f'<td style="{cell};font-family:{MONO};color:{MUTED}">{start}–{start + summary["tail"] - 1}</td>'
-                f'<td style="{cell};color:{MUTED}" colspan="3">partial block ({summary["tail"]}/{size} tokens): '
+                f'<td style="{cell};color:{MUTED}" colspan="{3 + snap.num_groups - 1}">partial block ({summary["tail"]}/{size} tokens): '
                 "no hash yet, never cached</td></tr>"
             )
         table_style = style(border_collapse="collapse", font_size="12px")
@@ -213,6 +278,9 @@ class HashChainView(View):
                 status = f"UNREACHABLE (cached in block {row['cached_block']})"
             else:
                 status = "MISS" + (" <- chain breaks" if row["index"] == summary["first_miss"] else "")
+            if snap.is_hybrid:
+                for group, block_id in zip(snap.kv_cache_groups[1:], row["cached_by_group"]):
+                    status += f"; {group.tag}: " + (f"block {block_id}" if block_id is not None else "-")
             lines.append(f"  block {row['index']}: {parent} -> {short_hash(row['hash'])}  {status}")
         if summary["tail"]:
             lines.append(f"  partial block: {summary['tail']} tokens, not hashed")

@@ -14,7 +14,7 @@ import html
 from collections.abc import Sequence
 
 from ..config import DEFAULT_BLOCK_SIZE
-from .state import CACHED, FREE, USED, USED_CACHED
+from .state import CACHED, FREE, USED, USED_CACHED, KVCacheGroupInfo
 
 BLUE = "#0072B2"
 ORANGE = "#E69F00"
@@ -41,6 +41,42 @@ STATE_STYLE: dict[str, tuple[str, str, str, str]] = {
     CACHED: (hatch("#f8dba3", "#fff5e1"), ORANGE, "solid", "cached, free: can still be hit, evictable"),
     USED_CACHED: (hatch("#b9d8f1", "#e6f2fb"), BLUE, "solid", "in use and cached (has a hash)"),
 }
+
+
+# KV-cache groups (hybrid models only): a colour strip at the top of a block and a tag
+# ("full", "SW64") say which group a block belongs to; the null block is a hatched grey ∅.
+GROUP_COLORS = ("#CC79A7", "#56B4E9", "#F0E442", "#000000")
+NULL_SYMBOL = "∅"
+NULL_TOOLTIP = "null block: left the sliding window, freed"
+
+
+def group_color(group: int) -> str:
+    return GROUP_COLORS[group % len(GROUP_COLORS)]
+
+
+def group_strip(group: int | None) -> str:
+    """Extra style for a block of ``group``: a strip of the group's colour along its top edge ("" for None)."""
+    return "" if group is None else f";box-shadow:inset 0 4px 0 {group_color(group)}"
+
+
+def null_cell_style(width: str = "78px") -> str:
+    """The box of a null-block entry: hatched light grey, dotted border (no block state: it is not a block)."""
+    return style(
+        display="inline-block",
+        vertical_align="top",
+        box_sizing="border-box",
+        width=width,
+        min_height="62px",
+        margin="2px",
+        padding="3px 5px",
+        border=f"1px dotted {GRAY}",
+        border_radius="4px",
+        background=hatch("#e4e4e4", "#f7f7f7"),
+        color=MUTED,
+        font_size="11px",
+        line_height="14px",
+        overflow="hidden",
+    )
 
 
 def esc(value: object) -> str:
@@ -140,8 +176,39 @@ def swatch(state: str, label: str, shared: bool = False, next_evict: bool = Fals
     return f'<span style="{item}"><span style="{box}">{esc(letter)}</span>{esc(label)}</span>'
 
 
-def legend(include_tables: bool = False, block_size: int = DEFAULT_BLOCK_SIZE, k_norm_layer: int | None = None) -> str:
-    """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it)."""
+def group_swatch(group: KVCacheGroupInfo) -> str:
+    """A legend item for one KV-cache group: its colour strip and tag, then what it is."""
+    box = cell_style(USED, width="40px") + group_strip(group.group_id)
+    box += ";min-height:18px;height:18px;text-align:center;font-weight:700;margin:0 4px 0 0;vertical-align:middle"
+    box += ";padding:3px 2px 0 2px;font-size:10px"
+    item = style(display="inline-block", margin="0 12px 2px 0", white_space="nowrap")
+    layers = f" ({group.layers_text})" if group.layers_text else ""
+    label = f"group {group.group_id}: {group.description}{layers}"
+    return f'<span class="mv-group-key" style="{item}"><span style="{box}">{esc(group.tag)}</span>{esc(label)}</span>'
+
+
+def null_swatch() -> str:
+    box = null_cell_style(width="26px")
+    box += ";min-height:18px;height:18px;text-align:center;font-weight:700;margin:0 4px 0 0;vertical-align:middle"
+    box += ";padding:1px 2px"
+    item = style(display="inline-block", margin="0 12px 2px 0", white_space="nowrap")
+    return (
+        f'<span style="{item}"><span style="{box}">{NULL_SYMBOL}</span>{esc(f"{NULL_SYMBOL} = {NULL_TOOLTIP}")}</span>'
+    )
+
+
+def legend(
+    include_tables: bool = False,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    k_norm_layer: int | None = None,
+    groups: Sequence[KVCacheGroupInfo] = (),
+) -> str:
+    """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it).
+
+    ``groups``: the KV-cache groups; with more than one (a hybrid model) the
+    legend also shows each group's colour and tag, and the null block.
+    """
+    hybrid = len(groups) > 1
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
     items.append(swatch(CACHED, "thick border = evicted next", next_evict=True))
@@ -152,7 +219,21 @@ def legend(include_tables: bool = False, block_size: int = DEFAULT_BLOCK_SIZE, k
             f"{badge('HIT', GREEN)} prefix-cache hit</span>"
         )
         extra += f" · n/{block_size}: filled slots of a partial block"
-    if k_norm_layer is not None:
+    if hybrid:
+        items += [group_swatch(group) for group in groups]
+        if include_tables:
+            items.append(null_swatch())
+    # In a hybrid model the groups share the KV tensors: layer l uses the tensor of its index in its group.
+    tensor = next((g.layer_ids.index(k_norm_layer) for g in groups if k_norm_layer in g.layer_ids), None)
+    if k_norm_layer is not None and hybrid and tensor is not None:
+        shared_by = " and ".join(
+            f"layer {group.layer_ids[tensor]} ({group.kind})" for group in groups if len(group.layer_ids) > tensor
+        )
+        extra += (
+            f" · ‖K‖: L2 norm of the block's keys in layer {k_norm_layer}'s KV tensor, which {shared_by} share "
+            "(a block holds one group's layers), read from the cache: same number, same K/V"
+        )
+    elif k_norm_layer is not None:
         extra += (
             f" · ‖K‖: L2 norm of the block's keys in layer {k_norm_layer}, read from the cache: same number, same K/V"
         )

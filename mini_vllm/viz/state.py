@@ -9,6 +9,14 @@ the engine: no block is touched, no event is taken.
 
 Everything in a snapshot is deterministic for a deterministic run: lists are
 in block-id, free-queue or request-insertion order, never in set or hash order.
+
+A hybrid model (chapter 08b) has several KV-cache groups over one pool: the
+snapshot describes them (``CacheSnapshot.kv_cache_groups``), gives every
+request's table in each group (``RequestInfo.block_ids_by_group``, the null
+block as ``NULL_BLOCK_ID``, -1) and every block's group (``BlockInfo.group``);
+owners are counted over every group's tables. The fields that existed before
+groups keep their meaning for group 0 (``RequestInfo.block_ids``, ``cached``),
+so a single-group engine's snapshot reads as it always did.
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..block_pool import NULL_BLOCK_ID
 from ..events import BlockStored
+from ..kv_cache_interface import SlidingWindowSpec
 from ..kv_cache_manager import KVCacheManager, PrefixCacheStats
 from ..request import Request
 
@@ -40,16 +50,54 @@ def short_hash(block_hash: bytes | None, length: int = 4) -> str:
 
 
 @dataclass(frozen=True)
+class KVCacheGroupInfo:
+    """One KV-cache group: its kind and layers (a single-group engine has one, full attention)."""
+
+    group_id: int
+    sliding_window: int | None = None  # None: full attention
+    layer_ids: tuple[int, ...] = ()  # the model's layers in the group (() for a bare manager's default group)
+
+    @property
+    def is_sliding_window(self) -> bool:
+        return self.sliding_window is not None
+
+    @property
+    def kind(self) -> str:
+        """``"full attention"`` or ``"sliding window"``."""
+        return "sliding window" if self.is_sliding_window else "full attention"
+
+    @property
+    def description(self) -> str:
+        """``"full attention"`` or ``"sliding window 64 tokens"``."""
+        return f"sliding window {self.sliding_window} tokens" if self.is_sliding_window else "full attention"
+
+    @property
+    def tag(self) -> str:
+        """A short label for cells and text columns: ``"full"`` or ``"SW64"``."""
+        return f"SW{self.sliding_window}" if self.is_sliding_window else "full"
+
+    @property
+    def layers_text(self) -> str:
+        """``"layers 1, 3"`` (``""`` when the layers are not known)."""
+        if not self.layer_ids:
+            return ""
+        return ("layer " if len(self.layer_ids) == 1 else "layers ") + ", ".join(map(str, self.layer_ids))
+
+
+@dataclass(frozen=True)
 class BlockInfo:
-    """One physical block as the pool sees it."""
+    """One physical block as the pool sees it (never the null block: it is not in the pool)."""
 
     block_id: int
     ref_cnt: int
     block_hash: bytes | None
-    owners: tuple[str, ...]  # requests whose block table holds it
+    owners: tuple[str, ...]  # requests whose block table (of any group) holds it
     free_position: int | None  # 0 = head of the free queue (reused first); None = in use
     token_ids: tuple[int, ...] | None  # its tokens, where known
     k_norm: float | None  # ‖K‖ of the block in one layer, where the engine has tensors
+    # The KV-cache group whose tables hold it or, once free, that it is cached for;
+    # None for a free, empty block. A block belongs to one group at a time.
+    group: int | None = None
 
     @property
     def state(self) -> str:
@@ -71,9 +119,26 @@ class RequestInfo:
     num_tokens: int
     num_prompt_tokens: int
     num_computed_tokens: int
-    block_ids: tuple[int, ...]  # the block table: logical block i -> physical block block_ids[i]
-    num_hit_blocks: int  # the first blocks that came from the prefix cache
+    block_ids: tuple[int, ...]  # the block table (group 0's): logical block i -> physical block block_ids[i]
+    num_hit_blocks: int  # the first logical blocks that came from the prefix cache (in every group)
     token_ids: tuple[int, ...]
+    # Every group's table, in group order (group 0's is ``block_ids``); the null block is
+    # NULL_BLOCK_ID (-1). A snapshot always fills it; () reads as ``(block_ids,)``.
+    block_ids_by_group: tuple[tuple[int, ...], ...] = ()
+
+    def tables(self) -> tuple[tuple[int, ...], ...]:
+        """Every group's table (``block_ids_by_group``, or ``(block_ids,)`` where it was left empty)."""
+        return self.block_ids_by_group or (self.block_ids,)
+
+    def is_hit(self, index: int, group: int = 0) -> bool:
+        """Logical block ``index`` of ``group``'s table is a block that came from the prefix cache.
+
+        The hit covers the first ``num_hit_blocks`` positions of every group;
+        a sliding-window group holds the null block at those before its
+        window (nothing was taken there), and later the window moves on.
+        """
+        table = self.tables()[group]
+        return index < self.num_hit_blocks and index < len(table) and table[index] != NULL_BLOCK_ID
 
     def tokens_in_block(self, index: int, block_size: int) -> int:
         """How many token slots of logical block ``index`` are filled (or reserved for the next token)."""
@@ -98,6 +163,28 @@ class CacheSnapshot:
     prefix_cache_stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     num_evictions: int = 0
     num_preemptions: int = 0
+    # The KV-cache groups, in group order (one, full attention, but in a hybrid model).
+    kv_cache_groups: tuple[KVCacheGroupInfo, ...] = (KVCacheGroupInfo(0),)
+    # Per group: hash -> the block of that group a lookup returns (``cached`` is group 0's).
+    cached_by_group: tuple[Mapping[bytes, int], ...] = ()
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The groups' descriptions: ``("full attention", "sliding window 64 tokens")``."""
+        return tuple(group.description for group in self.kv_cache_groups)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.kv_cache_groups)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """More than one KV-cache group (chapter 08b)."""
+        return len(self.kv_cache_groups) > 1
+
+    def blocks_in_group(self, group: int) -> int:
+        """How many blocks belong to ``group`` now (held in its tables, or cached for it)."""
+        return sum(1 for block in self.blocks if block.group == group)
 
     @property
     def hit_rate(self) -> float:
@@ -217,17 +304,24 @@ class StateSource:
         block_size = manager.block_size
         known = self.known_requests()
 
+        group_managers = self._group_managers()
+        null = getattr(pool, "null_block", None)
         owners: dict[int, list[str]] = {}
+        held_by_group: dict[int, int] = {}
         tokens_by_block: dict[int, tuple[int, ...]] = {}
-        for request_id, table in manager.req_to_blocks.items():
-            request = known.get(request_id)
-            for index, block in enumerate(table):
-                owners.setdefault(block.block_id, []).append(request_id)
-                if request is not None and block.block_id not in tokens_by_block:
-                    start = index * block_size
-                    tokens = tuple(request.all_token_ids[start : start + block_size])
-                    if tokens:
-                        tokens_by_block[block.block_id] = tokens
+        for group_id, group_manager in enumerate(group_managers):
+            for request_id, table in group_manager.req_to_blocks.items():
+                request = known.get(request_id)
+                for index, block in enumerate(table):
+                    if block is null or block.block_id == NULL_BLOCK_ID:  # a placeholder, not a block
+                        continue
+                    owners.setdefault(block.block_id, []).append(request_id)
+                    held_by_group.setdefault(block.block_id, group_id)
+                    if request is not None and block.block_id not in tokens_by_block:
+                        start = index * block_size
+                        tokens = tuple(request.all_token_ids[start : start + block_size])
+                        if tokens:
+                            tokens_by_block[block.block_id] = tokens
 
         # Remember what each cached hash holds, from every request we know.
         for request in known.values():
@@ -235,10 +329,14 @@ class StateSource:
             for index, block_hash in enumerate(request.block_hashes):
                 if block_hash not in self._tokens_by_hash:
                     self._tokens_by_hash[block_hash] = tuple(tokens[index * block_size : (index + 1) * block_size])
-        cached: dict[bytes, int] = {}
+        cached_by_group: list[dict[bytes, int]] = [{} for _ in group_managers]
         for block_hash, block in pool.cached_block_hash_to_block.items():
-            cached.setdefault(block_hash, block.block_id)  # a lookup returns the first inserted
-        self._tokens_by_hash = {h: t for h, t in self._tokens_by_hash.items() if h in cached}
+            group_id = getattr(block, "kv_cache_group_id", 0)
+            if group_id < len(cached_by_group):  # a lookup returns the first inserted of its group
+                cached_by_group[group_id].setdefault(block_hash, block.block_id)
+        cached = cached_by_group[0]
+        in_pool = set().union(*cached_by_group)
+        self._tokens_by_hash = {h: t for h, t in self._tokens_by_hash.items() if h in in_pool}
 
         free_queue = tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks())
         position = {block_id: place for place, block_id in enumerate(free_queue)}
@@ -249,6 +347,9 @@ class StateSource:
             tokens = tokens_by_block.get(block.block_id)
             if tokens is None and block.block_hash is not None:
                 tokens = self._tokens_by_hash.get(block.block_hash)
+            group = held_by_group.get(block.block_id)
+            if group is None and block.block_hash is not None:
+                group = getattr(block, "kv_cache_group_id", 0)
             blocks.append(
                 BlockInfo(
                     block_id=block.block_id,
@@ -258,17 +359,23 @@ class StateSource:
                     free_position=position.get(block.block_id),
                     token_ids=tokens,
                     k_norm=norms[block.block_id] if norms is not None else None,
+                    group=group,
                 )
             )
 
         requests = []
         request_ids = list(known)
-        request_ids += [rid for rid in manager.req_to_blocks if rid not in known]
+        for group_manager in group_managers:
+            request_ids += [rid for rid in group_manager.req_to_blocks if rid not in known and rid not in request_ids]
         for request_id in request_ids:
             request = known.get(request_id)
-            block_ids = tuple(manager.get_block_ids(request_id))
+            by_group = tuple(
+                tuple(block.block_id for block in group_manager.req_to_blocks.get(request_id, ()))
+                for group_manager in group_managers
+            )
+            block_ids = by_group[0]
             if request is None:
-                requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, ()))
+                requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, (), by_group))
                 continue
             if request_id in self.hit_blocks:
                 num_hit_blocks = self.hit_blocks[request_id]
@@ -286,6 +393,7 @@ class StateSource:
                     block_ids=block_ids,
                     num_hit_blocks=min(num_hit_blocks, len(block_ids)),
                     token_ids=tuple(request.all_token_ids),
+                    block_ids_by_group=by_group,
                 )
             )
 
@@ -303,4 +411,22 @@ class StateSource:
             prefix_cache_stats=replace(manager.prefix_cache_stats),
             num_evictions=pool.num_evictions,
             num_preemptions=engine.scheduler.num_preemptions if engine is not None else 0,
+            kv_cache_groups=self.kv_cache_groups(),
+            cached_by_group=tuple(cached_by_group),
         )
+
+    def _group_managers(self) -> tuple[Any, ...]:
+        """One object per KV-cache group with its ``req_to_blocks`` (the manager itself without groups)."""
+        return tuple(getattr(self.manager, "managers", None) or (self.manager,))
+
+    def kv_cache_groups(self) -> tuple[KVCacheGroupInfo, ...]:
+        """The manager's KV-cache groups, described (one full-attention group without a ``kv_cache_config``)."""
+        config = getattr(self.manager, "kv_cache_config", None)
+        if config is None:
+            return (KVCacheGroupInfo(0),)
+        groups = []
+        for group_id, group in enumerate(config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
+            groups.append(KVCacheGroupInfo(group_id, window, tuple(group.layer_ids)))
+        return tuple(groups)
