@@ -48,6 +48,7 @@ import json
 import os
 import random
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -224,19 +225,49 @@ def release_source(version: str, ci: bool, root: Path = ROOT) -> Path:
     pytest.skip(message)
 
 
-def run_driver(pythonpath: Path | None) -> dict:
-    """The driver's snapshots of every workload, run by .venv-vllm's Python (on ``pythonpath``'s vLLM if given)."""
-    # PYTHONHASHSEED, if set, passes through: both sides derive NONE_HASH from it the same way.
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    payload = json.dumps({"workloads": WORKLOADS})
-    done = subprocess.run(
-        [str(VLLM_PYTHON), str(DRIVER)], input=payload, capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+class DriverRun:
+    """The driver, started on every workload (default: ``WORKLOADS``) by .venv-vllm's Python; ``result()`` waits.
+
+    On ``pythonpath``'s vLLM if given, else on the one installed there. Its
+    input and output go through temporary files, so that several runs (one
+    per release) can go on at once without filling a pipe.
+    """
+
+    def __init__(self, pythonpath: Path | None, workloads: list[dict] | None = None) -> None:
+        # PYTHONHASHSEED, if set, passes through: both sides derive NONE_HASH from it the same way.
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
+        env.pop("PYTHONPATH", None)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = str(pythonpath)
+        self.stdin, self.stdout, self.stderr = (tempfile.TemporaryFile("w+") for _ in range(3))
+        json.dump({"workloads": WORKLOADS if workloads is None else workloads}, self.stdin)
+        self.stdin.seek(0)
+        self.process = subprocess.Popen(
+            [str(VLLM_PYTHON), str(DRIVER)], stdin=self.stdin, stdout=self.stdout, stderr=self.stderr, env=env
+        )
+
+    def result(self) -> dict:
+        try:
+            returncode = self.process.wait(timeout=600)
+            self.stderr.seek(0)
+            assert returncode == 0, self.stderr.read()[-3000:]
+            self.stdout.seek(0)
+            return json.load(self.stdout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the driver if it still runs, and drop its files."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for file in (self.stdin, self.stdout, self.stderr):
+            file.close()
+
+
+def run_driver(pythonpath: Path | None, workloads: list[dict] | None = None) -> dict:
+    """The driver's snapshots of every workload (default: ``WORKLOADS``), run by .venv-vllm's Python (see DriverRun)."""
+    return DriverRun(pythonpath, workloads).result()
 
 
 @pytest.fixture(scope="module", params=VLLM_RELEASES)

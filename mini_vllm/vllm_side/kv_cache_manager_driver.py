@@ -7,7 +7,8 @@ JSON object ``{"workloads": [...]}``; each workload is
 
     {"num_blocks": N, "block_size": B, "enable_caching": bool, "ops": [op, ...]}
 
-and each op one call a scheduler would make:
+(plus ``"sliding_window": W`` for a hybrid model: see below), and each op
+one call a scheduler would make:
 
 * ``{"op": "add", "rid", "tokens", "salt"}`` - a new request (salt may be null);
 * ``{"op": "admit", "rid", "max_new_tokens"}`` - ``get_computed_blocks``, then
@@ -19,7 +20,21 @@ and each op one call a scheduler would make:
 * ``{"op": "free", "rid"}``, ``{"op": "preempt", "rid"}``, ``{"op": "reset"}``.
 
 It prints one JSON list per workload: a snapshot after every op, in
-mini-vLLM's numbering (vLLM's block 0 is its null block, so vLLM id - 1).
+mini-vLLM's numbering (vLLM's block 0 is its null block, so vLLM id - 1, and
+the null block is -1 as in mini-vLLM).
+
+A workload with ``"sliding_window": W`` drives a *hybrid* model
+(``tests/test_vs_vllm_hybrid_kv_cache_manager.py``): two KV-cache groups over
+one pool, group 0 full attention and group 1 a sliding window of ``W``
+tokens, with vLLM's default ``prefix_cache_retention_interval`` (0, from
+``CacheConfig``; the ``KVCacheConfig`` dataclass alone would default to
+None, dense caching). Then every hit, new-block list and block table is one
+list per group, each hashed block is reported with its group
+(``[hash, group]``: vLLM's key is the hash followed by the group id in 4
+bytes), the prefix-cache map as ``[hash, group, block]`` and an admission
+also reports the ``shared_prefix_boundary`` that ``get_computed_blocks``
+returned (the driver stores it in ``request.shared_prefix_boundary`` before
+``allocate_slots``, as vLLM's scheduler does).
 """
 
 from __future__ import annotations
@@ -28,17 +43,30 @@ import json
 import sys
 
 
-def _make_manager(num_blocks: int, block_size: int, enable_caching: bool):
+def _make_manager(num_blocks: int, block_size: int, enable_caching: bool, sliding_window: int | None = None):
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    config = KVCacheConfig(
-        num_blocks=num_blocks + 1,  # + vLLM's null block
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
-    )
+    if sliding_window is None:
+        config = KVCacheConfig(
+            num_blocks=num_blocks + 1,  # + vLLM's null block
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+        )
+    else:
+        sliding = SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=sliding_window
+        )
+        config = KVCacheConfig(
+            num_blocks=num_blocks + 1,  # + vLLM's null block
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec), KVCacheGroupSpec(["layer.1"], sliding)],
+            # The engine's default (CacheConfig.prefix_cache_retention_interval = 0): a
+            # sliding-window group caches only the blocks a later hit can resume from.
+            prefix_cache_retention_interval=0,
+        )
     return KVCacheManager(
         kv_cache_config=config,
         max_model_len=1 << 16,
@@ -49,28 +77,37 @@ def _make_manager(num_blocks: int, block_size: int, enable_caching: bool):
     )
 
 
-def _snapshot(manager, requests: dict, result: dict) -> dict:
-    from vllm.v1.core.kv_cache_utils import get_block_hash
+def _ids(blocks) -> list[int]:
+    """vLLM block ids in mini-vLLM's numbering (vLLM's null block 0 becomes -1, mini-vLLM's null block)."""
+    return [block.block_id - 1 for block in blocks]
+
+
+def _snapshot(manager, requests: dict, result: dict, hybrid: bool = False) -> dict:
+    from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id
+
+    def hashed(key):  # a map key / block hash: the hash, and in a hybrid model its group too
+        return [get_block_hash(key).hex(), get_group_id(key)] if hybrid else get_block_hash(key).hex()
 
     pool = manager.block_pool
     cached = []
     for key, entry in pool.cached_block_hash_to_block._cache.items():
         blocks = [entry] if not isinstance(entry, dict) else list(entry.values())
         for block in blocks:
-            cached.append([get_block_hash(key).hex(), block.block_id - 1])
+            cached.append([*hashed(key), block.block_id - 1] if hybrid else [hashed(key), block.block_id - 1])
     stats = manager.prefix_cache_stats
     tables = {}
     for rid in requests:
-        block_ids = manager.get_block_ids(rid)[0]
-        if block_ids:
-            tables[rid] = [block_id - 1 for block_id in block_ids]
+        by_group = manager.get_block_ids(rid)
+        if hybrid:
+            if any(by_group):
+                tables[rid] = [[block_id - 1 for block_id in ids] for ids in by_group]
+        elif by_group[0]:
+            tables[rid] = [block_id - 1 for block_id in by_group[0]]
     return {
         **result,
         "free_queue": [block.block_id - 1 for block in pool.free_block_queue.get_all_free_blocks()],
         "ref_cnt": [block.ref_cnt for block in pool.blocks[1:]],
-        "block_hashes": [
-            None if block.block_hash is None else get_block_hash(block.block_hash).hex() for block in pool.blocks[1:]
-        ],
+        "block_hashes": [None if block.block_hash is None else hashed(block.block_hash) for block in pool.blocks[1:]],
         "cached": sorted(cached),
         "tables": tables,
         "request_hashes": {rid: [h.hex() for h in request.block_hashes] for rid, request in requests.items()},
@@ -93,7 +130,13 @@ def run_workload(workload: dict) -> list[dict]:
     from vllm.v1.request import Request, RequestStatus
 
     block_size = workload["block_size"]
-    manager = _make_manager(workload["num_blocks"], block_size, workload["enable_caching"])
+    sliding_window = workload.get("sliding_window")
+    hybrid = sliding_window is not None
+    manager = _make_manager(workload["num_blocks"], block_size, workload["enable_caching"], sliding_window)
+    if hybrid and workload["enable_caching"]:  # what the comparison means to test, still there
+        coordinator = manager.coordinator
+        assert type(coordinator).__name__ == "HybridKVCacheCoordinator", type(coordinator)
+        assert coordinator.retention_interval == 0, coordinator.retention_interval
     hasher = get_request_block_hasher(block_size, sha256)
     requests: dict = {}
     snapshots = []
@@ -111,15 +154,21 @@ def run_workload(workload: dict) -> list[dict]:
             )
         elif kind == "admit":
             request = requests[op["rid"]]
-            hits, num_hit_tokens, _ = manager.get_computed_blocks(request)
+            hits, num_hit_tokens, shared_prefix_boundary = manager.get_computed_blocks(request)
+            # The scheduler keeps the junction on the request; cache_blocks reads it there.
+            request.shared_prefix_boundary = shared_prefix_boundary
             num_new_tokens = min(request.num_tokens - num_hit_tokens, op["max_new_tokens"])
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
             result["hit_tokens"] = num_hit_tokens
-            result["hit_ids"] = [block.block_id - 1 for block in hits.blocks[0]]
+            if hybrid:
+                result["hit_ids"] = [_ids(group) for group in hits.blocks]
+                result["shared_prefix_boundary"] = shared_prefix_boundary
+            else:
+                result["hit_ids"] = _ids(hits.blocks[0])
             if new_blocks is None:
                 result["new_ids"] = None
             else:
-                result["new_ids"] = [block_id - 1 for block_id in new_blocks.get_block_ids()[0]]
+                result["new_ids"] = _new_ids(new_blocks, hybrid)
                 manager.record_prefix_cache_stats(request, num_hit_tokens)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
@@ -131,7 +180,7 @@ def run_workload(workload: dict) -> list[dict]:
             if new_blocks is None:
                 result["new_ids"] = None
             else:
-                result["new_ids"] = [block_id - 1 for block_id in new_blocks.get_block_ids()[0]]
+                result["new_ids"] = _new_ids(new_blocks, hybrid)
                 request.num_computed_tokens += op["num_new_tokens"]
         elif kind == "append":
             requests[op["rid"]].append_output_token_ids(list(op["tokens"]))
@@ -147,8 +196,14 @@ def run_workload(workload: dict) -> list[dict]:
             result["reset"] = manager.reset_prefix_cache()
         else:
             raise ValueError(f"unknown op {kind!r}")
-        snapshots.append(_snapshot(manager, requests, result))
+        snapshots.append(_snapshot(manager, requests, result, hybrid))
     return snapshots
+
+
+def _new_ids(new_blocks, hybrid: bool):
+    """``allocate_slots``' new blocks: one list per group in a hybrid model, else group 0's."""
+    by_group = [[block_id - 1 for block_id in ids] for ids in new_blocks.get_block_ids()]
+    return by_group if hybrid else by_group[0]
 
 
 def main() -> None:
