@@ -9,6 +9,9 @@ tile they
 2. fold the tile into a running softmax (:func:`online_softmax_step`), so that
    the whole ``[queries, keys]`` score matrix never exists at once.
 
+With a sliding window, both kernels begin that walk at :func:`window_start`
+instead of position 0 (its docstring explains the window).
+
 A tile of ``BLOCK_N`` positions may span several cache blocks (64 positions are
 four 16-token blocks): every position looks its own block up in the block
 table. Reading a few block ids twice costs nothing next to reading the K/V
@@ -63,6 +66,30 @@ def load_kv_tile(
     ptrs = cache_ptr + row_start[:, None] + dims[None, :] * stride_dim
     tile = tl.load(ptrs, mask=position_mask[:, None] & dim_mask[None, :], other=0.0)
     return tile.to(tl.float32)
+
+
+@triton.jit
+def window_start(query_positions, SLIDING_WINDOW: tl.constexpr):
+    """The first key position that a query at ``query_positions`` may see.
+
+    Full attention (``SLIDING_WINDOW`` 0): position 0. A sliding window of
+    ``W`` tokens: the query at position ``p`` sees only the keys at
+    ``p - W + 1 .. p`` (``W`` keys, itself included), so its window starts at
+    ``max(p - W + 1, 0)``.
+
+    A kernel starts its walk over the keys at the window start of its
+    *earliest* query: the tiles before it are never loaded, and neither are
+    their entries of the block table (the null block's placeholder 0 stands
+    there once those blocks are freed, and they may hold anything). A decode
+    step then reads ``W`` keys however long the sequence. The later queries of
+    a prefill start their windows further right: inside a tile, a key before a
+    query's own window start is masked like a key after the query (causal).
+    """
+    if SLIDING_WINDOW > 0:
+        start = tl.maximum(query_positions - SLIDING_WINDOW + 1, 0)
+    else:
+        start = 0
+    return start
 
 
 @triton.jit

@@ -12,6 +12,8 @@ reading a value of a GPU tensor would make the CPU wait for the GPU.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -150,3 +152,11 @@ def check_attention(
             )
         tensors["cu_seqlens_q"] = cu_seqlens_q
     check_same_device(tensors, interpreted)
+
+
+def check_sliding_window(sliding_window: object) -> None:
+    """None (full attention) or a positive whole number of tokens (not a bool)."""
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
+        raise ValueError(f"sliding_window must be None (full attention) or a positive int, got {sliding_window!r}")

@@ -24,6 +24,10 @@ each; each writes its partial result with its log-sum-exp, and a second small
 kernel (:func:`_combine_splits_kernel`) merges them exactly:
 
     out = sum_i 2**(lse_i - lse_max) * out_i  /  sum_i 2**(lse_i - lse_max)
+
+**Sliding window.** With one, the context a program reads starts at the
+decode query's window start (:func:`kernels._attention_tiles.window_start`)
+instead of position 0, and the splits share out that shorter context.
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ from ._attention_tiles import (
     resolve_launch_settings,
     scores_of_tile,
     use_tf32,
+    window_start,
 )
-from ._validate import check_attention
+from ._validate import check_attention, check_sliding_window
 
 
 @triton.jit
@@ -82,19 +87,22 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
     USE_TF32: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
 
-    # This program's share of the context: positions [start, end).
+    # The context is positions [context_start, seq_len), context_start being 0
+    # without a sliding window. This program's share of it: positions [start, end).
     seq_len = tl.load(seq_lens_ptr + seq)
+    context_start = window_start(seq_len - 1, SLIDING_WINDOW)
     if SPLIT:
-        start = split * tokens_per_split
+        start = context_start + split * tokens_per_split
         end = tl.minimum(seq_len, start + tokens_per_split)
     else:
-        start = 0
+        start = context_start
         end = seq_len
 
     # The query heads of this KV head's group are the tile's rows.
@@ -254,13 +262,14 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float | None = None,
     *,
+    sliding_window: int | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention: one query token per sequence, over its whole context.
+    """Decode attention: one query token per sequence, over its whole context (or its window).
 
     Args:
         query: ``[num_seqs, num_q_heads, head_dim]``.
@@ -268,6 +277,9 @@ def paged_attention(
         block_tables: ``[num_seqs, max_num_blocks]`` int32, padded with 0.
         seq_lens: ``[num_seqs]`` int32, context length including the new token.
         scale: softmax scale, ``1/sqrt(head_dim)`` by default.
+        sliding_window: None for full attention; else ``W`` (a positive int):
+            the query sees only its sequence's last ``W`` keys, and only those
+            are read (table entries before them may hold the placeholder 0).
         max_seq_len: an upper bound on ``seq_lens``, if known (it sizes the
             splits); otherwise the block table's width times the block size,
             which needs no GPU sync.
@@ -278,6 +290,7 @@ def paged_attention(
     :func:`kernels.reference.paged_attention` up to float rounding.
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, TRITON_INTERPRETED)
+    check_sliding_window(sliding_window)
     num_seqs, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous
@@ -293,11 +306,13 @@ def paged_attention(
 
     if max_seq_len is None:
         max_seq_len = block_tables.shape[1] * block_size
+    # The longest context a program reads: a sliding window caps it.
+    max_context = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, query.device)
+        num_splits = choose_num_splits(num_seqs * num_kv_heads, max_context, query.device)
     # Every split but the last gets the same whole number of tiles.
-    tokens_per_split = triton.cdiv(triton.cdiv(max(max_seq_len, 1), num_splits), block_n) * block_n
-    num_splits = max(1, triton.cdiv(max_seq_len, tokens_per_split))
+    tokens_per_split = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), block_n) * block_n
+    num_splits = max(1, triton.cdiv(max_context, tokens_per_split))
     split = num_splits > 1
 
     if split:
@@ -335,6 +350,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         SPLIT=split,
+        SLIDING_WINDOW=int(sliding_window or 0),  # 0: full attention
         USE_TF32=use_tf32(query, k_cache, v_cache, TRITON_INTERPRETED),
         num_warps=num_warps,
         num_stages=num_stages,

@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from ._validate import check_sliding_window
+
 
 def store_kv(
     key: torch.Tensor,
@@ -55,11 +57,17 @@ def gather_kv(
 
 
 def _attend(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, causal_offset: int
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    causal_offset: int,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q_len`` queries over ``seq_len`` keys, in float32.
 
-    Query ``i`` sits at position ``causal_offset + i`` and sees keys ``0..that``.
+    Query ``i`` sits at position ``causal_offset + i`` and sees keys ``0..that``;
+    with a sliding window ``W``, only the last ``W`` of them (itself included).
     Grouped-query attention: each KV head serves ``num_q_heads // num_kv_heads``
     consecutive query heads.
     """
@@ -73,6 +81,8 @@ def _attend(
     query_pos = causal_offset + torch.arange(q_len, device=query.device)[:, None]
     key_pos = torch.arange(seq_len, device=query.device)[None, :]
     scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+    if sliding_window is not None:
+        scores = scores.masked_fill(key_pos <= query_pos - sliding_window, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v  # [Hq, q_len, D]
     return out.transpose(0, 1).to(query.dtype)
 
@@ -85,6 +95,8 @@ def unified_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float | None = None,
+    *,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Attention for a mixed batch of prefills, prefill chunks and decodes.
 
@@ -93,7 +105,13 @@ def unified_attention(
     ``q_len`` queries are the *last* ``q_len`` of its ``seq_lens[s]`` tokens, so
     a prefill over a cached prefix, a prefill chunk and a decode step (q_len 1)
     are the same computation. The new tokens' K/V must already be in the cache.
+
+    ``sliding_window``: None for full causal attention; else ``W``, and the
+    query at position ``p`` sees only the keys at ``p - W + 1 .. p``. The keys
+    before the first query's window are dropped before attention: their blocks
+    may be freed already (the table holds the placeholder 0 there).
     """
+    check_sliding_window(sliding_window)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     out = torch.empty_like(query)
     cu = cu_seqlens_q.tolist()
@@ -103,7 +121,12 @@ def unified_attention(
             continue
         keys, values = gather_kv(k_cache, v_cache, block_tables[s], seq_len)
         q_len = end - start
-        out[start:end] = _attend(query[start:end], keys, values, scale, seq_len - q_len)
+        context_len = seq_len - q_len
+        # Keys from first_key on: positions shift by first_key for keys and queries alike.
+        first_key = 0 if sliding_window is None else max(0, context_len - sliding_window + 1)
+        out[start:end] = _attend(
+            query[start:end], keys[first_key:], values[first_key:], scale, context_len - first_key, sliding_window
+        )
     return out
 
 
@@ -114,11 +137,16 @@ def paged_attention(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float | None = None,
+    *,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence (``[num_seqs, Hq, D]``).
 
-    The query is the sequence's last token, so it sees all ``seq_lens[s]`` keys.
+    The query is the sequence's last token, so it sees all ``seq_lens[s]`` keys
+    (with a sliding window ``W``: the last ``W`` of them).
     """
     num_seqs = query.shape[0]
     cu_seqlens_q = torch.arange(num_seqs + 1, device=query.device, dtype=torch.int32)
-    return unified_attention(query, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale)
+    return unified_attention(
+        query, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, sliding_window=sliding_window
+    )

@@ -28,7 +28,9 @@ program search for its sequence; simpler is better here.)
 
 A program walks the keys in tiles of ``BLOCK_N`` positions and stops after
 the last position its last query may see: keys to the right of the diagonal
-are never loaded.
+are never loaded. With a sliding window it also starts late, at the window
+start of its first query (:func:`kernels._attention_tiles.window_start`):
+keys too far to the left are never loaded either.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from ._attention_tiles import (
     resolve_launch_settings,
     scores_of_tile,
     use_tf32,
+    window_start,
 )
-from ._validate import check_attention
+from ._validate import check_attention, check_sliding_window
 
 
 @triton.jit
@@ -83,6 +86,7 @@ def _unified_attention_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr,
     USE_TF32: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
@@ -121,9 +125,11 @@ def _unified_attention_kernel(
     # a block with no queries at all (past this sequence's q_len) loops zero times.
     last_q_index = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
     num_keys = tl.where(q_block * BLOCK_Q < q_len, tl.minimum(seq_len, context_len + last_q_index + 1), 0)
+    # The block's first query sees nothing before first_key (0 without a sliding window).
+    first_key = window_start(context_len + q_block * BLOCK_Q, SLIDING_WINDOW)
 
     block_table_ptr = block_tables_ptr + seq * stride_table_seq
-    for tile_start in range(0, num_keys, BLOCK_N):
+    for tile_start in range(first_key, num_keys, BLOCK_N):
         positions = tile_start + tl.arange(0, BLOCK_N)
         position_mask = positions < seq_len
         k = load_kv_tile(
@@ -156,6 +162,8 @@ def _unified_attention_kernel(
         )
         causal = positions[None, :] <= q_positions[:, None]
         allowed = position_mask[None, :] & causal
+        if SLIDING_WINDOW > 0:
+            allowed = allowed & (positions[None, :] >= window_start(q_positions, SLIDING_WINDOW)[:, None])
         scores = scores_of_tile(q, k, scale_log2, allowed, USE_TF32)
         running_max, running_sum, acc = online_softmax_step(scores, v, running_max, running_sum, acc, USE_TF32)
 
@@ -189,6 +197,7 @@ def unified_attention(
     block_tables: torch.Tensor,
     scale: float | None = None,
     *,
+    sliding_window: int | None = None,
     max_query_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -206,6 +215,10 @@ def unified_attention(
         seq_lens: ``[num_seqs]`` int32 total tokens per sequence (cached + new).
         block_tables: ``[num_seqs, max_num_blocks]`` int32, padded with 0.
         scale: softmax scale, ``1/sqrt(head_dim)`` by default.
+        sliding_window: None for full causal attention; else ``W`` (a positive
+            int): the query at position ``p`` sees only the keys at
+            ``p - W + 1 .. p``. Table entries of blocks entirely before every
+            query's window are never read (they may hold the placeholder 0).
         max_query_len: the longest ``q_len`` if known; otherwise it is computed
             from ``cu_seqlens_q`` (one small GPU→CPU copy).
         block_m, block_n, num_warps, num_stages: override the launch
@@ -216,6 +229,7 @@ def unified_attention(
     :func:`kernels.reference.unified_attention` up to float rounding.
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, TRITON_INTERPRETED, cu_seqlens_q)
+    check_sliding_window(sliding_window)
     total_q, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -269,6 +283,7 @@ def unified_attention(
         HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
+        SLIDING_WINDOW=int(sliding_window or 0),  # 0: full attention
         USE_TF32=use_tf32(query, k_cache, v_cache, TRITON_INTERPRETED),
         num_warps=num_warps,
         num_stages=num_stages,

@@ -6,8 +6,8 @@ from kernels.testing import PagedBatch
 from mini_vllm.attention import AttentionMetadata
 
 
-def metadata_of(batch: PagedBatch) -> AttentionMetadata:
-    """The ``AttentionMetadata`` a model runner would build for ``batch``'s step."""
+def metadata_of(batch: PagedBatch, sliding_window: int | None = None) -> AttentionMetadata:
+    """The ``AttentionMetadata`` a model runner would build for ``batch``'s step (one KV-cache group's)."""
     return AttentionMetadata(
         slot_mapping=batch.slot_mapping,
         block_tables=batch.block_tables,
@@ -15,4 +15,5 @@ def metadata_of(batch: PagedBatch) -> AttentionMetadata:
         cu_seqlens_q=batch.cu_seqlens_q,
         max_query_len=batch.max_query_len,
         max_seq_len=batch.max_seq_len,
+        sliding_window=sliding_window,
     )

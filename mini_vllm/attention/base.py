@@ -47,7 +47,10 @@ class AttentionMetadata:
             included: transformers' and vLLM's convention). Where a request's
             table holds the null block (a block entirely before the window,
             already freed), ``block_tables`` holds the placeholder id 0: a
-            backend must not let those entries change the result.
+            backend must not let those entries change the result. The torch
+            and triton backends never read them: each starts reading at its
+            earliest query's window, so a decode reads ``W`` keys, not
+            ``seq_len``.
     """
 
     slot_mapping: torch.Tensor

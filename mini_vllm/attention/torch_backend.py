@@ -12,6 +12,12 @@ on a CPU:
   sequence, with the causal mask aligned to the *end* of the sequence (its
   queries are its last ``q_len`` tokens).
 
+With a sliding window ``W`` (``metadata.sliding_window``), a query at position
+``p`` sees only the keys at ``p - W + 1 .. p``: nothing before the first
+query's window is gathered (a decode reads its sequence's last ``W`` rows, a
+prefill the rows from its first query's window start), so the freed blocks that
+the table marks with the placeholder 0 are never read, and the band is masked.
+
 Grouped-query attention is left to ``enable_gqa`` (no ``repeat_interleave``
 copies of K/V). Blocks are gathered with ``index_select`` and new K/V stored
 with ``index_copy_``: the same copies as the reference's indexing, at a
@@ -22,6 +28,8 @@ compare this backend with it and with ``transformers``.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -51,21 +59,43 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
+        window = check_sliding_window(metadata.sliding_window)
         is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
         if is_all_decode:
             return decode_attention(
-                query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, metadata.max_seq_len, scale
+                query,
+                k_cache,
+                v_cache,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.max_seq_len,
+                scale,
+                sliding_window=window,
             )
         out = torch.empty_like(query)
         cu = metadata.cu_seqlens_q.tolist()
         for s, seq_len in enumerate(metadata.seq_lens.tolist()):
             start, end = cu[s], cu[s + 1]
-            if end > start:
-                keys, values = gather_kv(
-                    k_cache, v_cache, metadata.block_tables[s : s + 1], metadata.seq_lens[s : s + 1], seq_len
-                )
-                out[start:end] = prefill_attention(query[start:end], keys[0], values[0], scale)
+            if end == start:
+                continue
+            table, lengths = metadata.block_tables[s : s + 1], metadata.seq_lens[s : s + 1]
+            # The first query's window start: the keys before it are not gathered.
+            first_key = 0 if window is None else max(0, seq_len - (end - start) - window + 1)
+            if first_key == 0:
+                keys, values = gather_kv(k_cache, v_cache, table, lengths, seq_len)
+            else:
+                keys, values, _ = gather_last_kv(k_cache, v_cache, table, lengths, seq_len - first_key)
+            out[start:end] = prefill_attention(query[start:end], keys[0], values[0], scale, sliding_window=window)
         return out
+
+
+def check_sliding_window(sliding_window: object) -> int | None:
+    """``metadata.sliding_window`` as an int, or None; ValueError unless None or a positive int."""
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
+        raise ValueError(f"sliding_window must be None (full attention) or a positive int, got {sliding_window!r}")
+    return int(sliding_window)
 
 
 def gather_kv(
@@ -98,6 +128,32 @@ def gather_kv(
     return gather(k_cache), gather(v_cache)
 
 
+def gather_last_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K/V of each sequence's *last* ``num_rows`` positions: ``[num_seqs, num_rows, Hkv, D]`` copies.
+
+    Also returns those positions, ``[num_seqs, num_rows]``: a sequence shorter
+    than ``num_rows`` gets negative positions in front, whose rows repeat its
+    first token's K/V for the attention mask to hide. Only the table entries of
+    the blocks that hold these positions are read.
+    """
+    block_size = k_cache.shape[1]
+    positions = seq_lens[:, None].long() - num_rows + torch.arange(num_rows, device=k_cache.device)[None, :]
+    capped = positions.clamp(min=0)
+    blocks = block_tables.gather(1, capped // block_size).long()
+    slots = (blocks * block_size + capped % block_size).flatten()
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        return cache.flatten(0, 1).index_select(0, slots).view(*positions.shape, *cache.shape[2:])
+
+    return gather(k_cache), gather(v_cache), positions
+
+
 # Queries per attention call in a long prefill. PyTorch's CPU flash kernel takes up to 512 keys
 # at a time, so below that it computes every key for every query and masks the upper triangle
 # away; giving each chunk of queries only the keys it can see skips that half (~30% of a
@@ -105,12 +161,20 @@ def gather_kv(
 PREFILL_QUERY_CHUNK = 64
 
 
-def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+def prefill_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
     """One sequence: its last ``q_len`` tokens' queries ``[q_len, Hq, D]`` over ``seq_len`` keys, causal.
 
     Query ``i`` sits at position ``seq_len - q_len + i`` and sees keys ``0..`` that
-    position. On a CPU, long prefills go in chunks of ``PREFILL_QUERY_CHUNK`` queries, each
-    over only the keys its last query can see.
+    position; with a sliding window ``W``, only the last ``W`` of those. (``keys`` may
+    start anywhere before the first query's window: positions count from ``keys[0]``.)
+    On a CPU, long prefills go in chunks of ``PREFILL_QUERY_CHUNK`` queries, each
+    over only the keys its queries can see.
     """
     q_len, seq_len = query.shape[0], keys.shape[0]
     num_cached = seq_len - q_len
@@ -124,13 +188,21 @@ def prefill_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
         num_keys = num_cached + end  # what this chunk's last query can see
-        q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, :num_keys], v[:, :, :num_keys]
-        if num_cached == 0 and start == 0:  # the usual causal mask
+        # Does the window hide some key from some query of the chunk? Then keys start at its first query's window.
+        windowed = sliding_window is not None and sliding_window < num_keys
+        first_key = max(0, num_cached + start - sliding_window + 1) if windowed else 0
+        q_chunk, k_chunk, v_chunk = q[:, :, start:end], k[:, :, first_key:num_keys], v[:, :, first_key:num_keys]
+        if num_cached == 0 and start == 0 and not windowed:  # the usual causal mask
             out = F.scaled_dot_product_attention(
                 q_chunk, k_chunk, v_chunk, is_causal=True, scale=scale, enable_gqa=True
             )
         else:  # a lower triangle shifted by the keys before this chunk's first query
-            visible = torch.ones(end - start, num_keys, dtype=torch.bool, device=query.device).tril(num_cached + start)
+            diagonal = num_cached + start - first_key
+            visible = torch.ones(end - start, num_keys - first_key, dtype=torch.bool, device=query.device).tril(
+                diagonal
+            )
+            if windowed:  # ...and above it, the band's lower edge: key j visible while j > query position - W
+                visible = visible.triu(diagonal - sliding_window + 1)
             out = F.scaled_dot_product_attention(
                 q_chunk, k_chunk, v_chunk, attn_mask=visible, scale=scale, enable_gqa=True
             )
@@ -147,13 +219,21 @@ def decode_attention(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """One query per sequence (``[num_seqs, Hq, D]``) over its whole context, all sequences at once."""
-    keys, values = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_seq_len)  # [num_seqs, L, Hkv, D]
+    """One query per sequence (``[num_seqs, Hq, D]``) over its whole context, all sequences at once.
+
+    With a sliding window ``W`` shorter than ``max_seq_len``: over each sequence's last ``W`` keys only.
+    """
+    if sliding_window is not None and sliding_window < max_seq_len:
+        keys, values, positions = gather_last_kv(k_cache, v_cache, block_tables, seq_lens, sliding_window)
+        visible = (positions >= 0)[:, None, None, :]  # a sequence shorter than W: its front rows are padding
+    else:
+        keys, values = gather_kv(k_cache, v_cache, block_tables, seq_lens, max_seq_len)  # [num_seqs, L, Hkv, D]
+        visible = None  # one sequence: every gathered row is its own context, nothing to hide
+        if query.shape[0] > 1:  # rows past a sequence's length repeat its last token: masked out
+            visible = (torch.arange(max_seq_len, device=query.device)[None, :] < seq_lens[:, None])[:, None, None, :]
     keys, values = keys.float(), values.float()
-    visible = None  # one sequence: every gathered row is its own context, nothing to hide
-    if query.shape[0] > 1:  # rows past a sequence's length repeat its last token: masked out
-        visible = (torch.arange(max_seq_len, device=query.device)[None, :] < seq_lens[:, None])[:, None, None, :]
     q = query.float()[:, :, None, :]  # [num_seqs, Hq, 1, D]
     out = F.scaled_dot_product_attention(
         q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible, scale=scale, enable_gqa=True
@@ -167,8 +247,9 @@ class PartsAttentionBackend(TorchAttentionBackend):
     ``store_kv(key, value, k_cache, v_cache, slot_mapping)`` stores every
     layer's new K/V in every step; ``paged_decode(query, k_cache, v_cache,
     block_table, seq_len, scale)`` attends for one sequence's one query token
-    and serves all-decode steps, one sequence at a time. Prefill steps keep
-    the torch backend's attention. A part left None is the torch backend's.
+    and serves all-decode steps, one sequence at a time. Prefill steps, and
+    sliding-window layers (``paged_decode`` takes no window), keep the torch
+    backend's attention. A part left None is the torch backend's.
     The engine builds this backend only when a kernel part is given.
     """
 
@@ -184,7 +265,8 @@ class PartsAttentionBackend(TorchAttentionBackend):
         self.store_kv_fn(key, value, k_cache, v_cache, slot_mapping)
 
     def attention(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        if self.paged_decode_fn is None or metadata.max_query_len > 1:  # prefill: the torch backend's
+        # Prefill, or a sliding window (the paged_decode part knows none): the torch backend's.
+        if self.paged_decode_fn is None or metadata.max_query_len > 1 or metadata.sliding_window is not None:
             return super().attention(query, k_cache, v_cache, metadata, scale)
         outputs = [
             self.paged_decode_fn(query[s], k_cache, v_cache, metadata.block_tables[s], int(metadata.seq_lens[s]), scale)

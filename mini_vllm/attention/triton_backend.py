@@ -22,7 +22,7 @@ class TritonAttentionBackend(AttentionBackend):
     An all-decode batch (one query token per sequence) goes to
     :func:`kernels.paged_attention`, which can split long contexts across
     programs when the batch is small; everything else goes to
-    :func:`kernels.unified_attention`.
+    :func:`kernels.unified_attention`. Both take ``metadata.sliding_window``.
     """
 
     name = "triton"
@@ -54,6 +54,7 @@ class TritonAttentionBackend(AttentionBackend):
                 metadata.block_tables,
                 metadata.seq_lens,
                 scale,
+                sliding_window=metadata.sliding_window,
                 max_seq_len=metadata.max_seq_len,
             )
         return kernels.unified_attention(
@@ -64,5 +65,6 @@ class TritonAttentionBackend(AttentionBackend):
             metadata.seq_lens,
             metadata.block_tables,
             scale,
+            sliding_window=metadata.sliding_window,
             max_query_len=metadata.max_query_len,
         )
