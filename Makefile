@@ -17,7 +17,7 @@ PYTEST_ARGS   ?=
 TEST_ENV      := OMP_NUM_THREADS=1
 
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
-SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]_*.ipynb))
+SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
 .PHONY: help venv install-course install-test lab serve hub grade lint test test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 

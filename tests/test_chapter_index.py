@@ -40,7 +40,8 @@ def closing_next(path: Path) -> str | None:
 def test_the_glob_finds_the_split_chapters():
     numbers = [chapter_number(p) for p in CHAPTERS]
     assert numbers.index("09") + 1 == numbers.index("09b")  # sorted: "_" < "b"
-    assert {"00", "06b", "09", "09b", "10", "A"} <= set(numbers)
+    assert numbers.index("08") + 1 == numbers.index("08b")
+    assert {"00", "06b", "08b", "09", "09b", "10", "A"} <= set(numbers)
 
 
 @pytest.mark.parametrize("table", ["README.md", "notebooks/README.md", "00_welcome"])

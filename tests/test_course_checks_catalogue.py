@@ -32,6 +32,7 @@ from mini_vllm import hashing
 from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from mini_vllm.course import (
     check_find_longest_cache_hit,
+    check_find_sliding_window_cache_hit,
     check_free_blocks,
     check_free_queue,
     check_free_request_blocks,
@@ -50,6 +51,7 @@ from mini_vllm.course.prompt_checks import reference_build_messages
 from mini_vllm.model_runner import compute_slot_mapping
 from mini_vllm.request import RequestStatus
 from mini_vllm.scheduler import Scheduler
+from mini_vllm.single_type_kv_cache_manager import find_sliding_window_cache_hit
 
 
 # -- chapter 02: the free queue --------------------------------------------------------
@@ -693,6 +695,71 @@ def test_ch08_schedule_waiting_accepts_a_remove_based_loop(capsys):
     assert capsys.readouterr().out.count("✓ schedule_waiting") == 2
 
 
+# -- chapter 08b: the sliding-window lookup -------------------------------------------------
+def _sliding_window_hit(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, kv_cache_group_id):
+    """Correct, in another style: look every position up first, then find the run from the right."""
+    cached = [block_pool.get_cached_block(block_hashes[i], kv_cache_group_id) for i in range(max_num_blocks)]
+    end = max_num_blocks
+    while end > 0:
+        start = end
+        while start > 0 and cached[start - 1] is not None and end - start < num_contiguous_blocks:
+            start -= 1
+        if end - start == num_contiguous_blocks or (start == 0 and end > start):
+            return [block_pool.null_block] * start + cached[start:end]
+        end = start - 1 if start == end else start
+    return []
+
+
+def _pops_the_hashes_from_the_right(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    del block_hashes[max_num_blocks:]  # "only the first max_num_blocks count"
+    run = []
+    while block_hashes:
+        block = block_pool.get_cached_block(block_hashes.pop(), group)
+        run = [block] + run if block is not None else []
+        if len(run) == num_contiguous_blocks:
+            return [block_pool.null_block] * len(block_hashes) + run
+    return run
+
+
+def _remembers_hits_by_hashes(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group, seen={}):  # noqa: B006
+    key = (tuple(block_hashes), max_num_blocks, num_contiguous_blocks, group)
+    if key not in seen:  # "the same hashes give the same hit"
+        seen[key] = find_sliding_window_cache_hit(
+            block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group
+        )
+    return list(seen[key])
+
+
+def _yields_the_hit(*args):
+    yield from find_sliding_window_cache_hit(*args)
+
+
+def _assumes_the_last_block_is_cached(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    last = block_pool.get_cached_block(block_hashes[max_num_blocks - 1], group)
+    if last.ref_cnt >= 0:  # the hit's last block, "always cached"
+        return find_sliding_window_cache_hit(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (_pops_the_hashes_from_the_right, "changed the block_hashes list"),
+        (_remembers_hits_by_hashes, "it keeps state between calls"),
+        (_yields_the_hit, "returned a generator, not a list"),
+        (_assumes_the_last_block_is_cached, "get_cached_block(...) for a hash that is not cached"),
+    ],
+    ids=lambda value: getattr(value, "__name__", "")[:40],
+)
+def test_ch08b_find_sliding_window_cache_hit_catalogue(wrong, fragment):
+    rejects(check_find_sliding_window_cache_hit, wrong, fragment)
+
+
+def test_ch08b_find_sliding_window_cache_hit_accepts_another_style(capsys):
+    check_find_sliding_window_cache_hit(_sliding_window_hit)
+    check_find_sliding_window_cache_hit(find_sliding_window_cache_hit)
+    assert capsys.readouterr().out.count("✓ find_sliding_window_cache_hit") == 2
+
+
 # -- chapter 09: the prompt fix -------------------------------------------------------------
 def _sorts_the_tools_in_place(system_prompt, tools, user_request, now):
     tools.sort(key=lambda tool: tool["name"])
@@ -749,7 +816,13 @@ def test_every_chapter_stub_still_surfaces_as_not_implemented():
     def stub(*args, **kwargs):
         raise NotImplementedError("your code here: see the instructions above")
 
-    for check in (check_slot_mapping, check_find_longest_cache_hit, check_free_queue, check_schedule_waiting):
+    for check in (
+        check_slot_mapping,
+        check_find_longest_cache_hit,
+        check_free_queue,
+        check_schedule_waiting,
+        check_find_sliding_window_cache_hit,
+    ):
         with pytest.raises(NotImplementedError):
             check(stub)
 

@@ -162,7 +162,7 @@ def test_the_learners_engine_runs_their_parts_and_matches_the_reference(parts_fo
     # The learner's class itself, with the batch operations it lacks added by the pool (it has no popleft_n).
     assert type(queue).__mro__[1].__module__.startswith("mini_vllm_course_parts")
     table = show_parts(mine)
-    assert "3 of 11 parts are yours" in repr(table) and "<table>" in table._repr_html_()
+    assert "3 of 12 parts are yours" in repr(table) and "<table>" in table._repr_html_()
     result = compare_with_reference(mine, LLM(**_engine_args()), PROMPTS, GREEDY)
     assert result["all equal"] and sum(result["cached tokens (yours)"]) > 0
     # Nothing module-level is swapped: the parts are the learner's engine's own.
@@ -234,7 +234,7 @@ def test_make_serve_serves_the_learners_engine(parts_folder, tmp_path):
             for p in PROMPTS[:2]
         ]
         log = server.log_tail(lines=200)
-    assert "3 of 11 parts are yours" in log, log
+    assert "3 of 12 parts are yours" in log, log
     expected = LLM(**_engine_args()).generate(PROMPTS[:2], GREEDY)
     assert [r.choices[0].text for r in replies] == [o.outputs[0].text for o in expected]
     assert replies[1].usage.prompt_tokens_details.cached_tokens > 0  # the learner's lookup found the shared prefix

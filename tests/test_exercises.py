@@ -11,7 +11,7 @@ import pytest
 from mini_vllm.course import build
 
 ROOT = Path(__file__).resolve().parents[1]
-EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]*_*.ipynb"))  # 05_…, 08b_…
 
 
 def test_strip_solutions_keeps_indentation_and_everything_outside_the_markers():

@@ -26,7 +26,7 @@ import pytest
 import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)
 from kernels import reference as kernel_reference
 from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue
-from mini_vllm import kv_cache_manager
+from mini_vllm import kv_cache_manager, single_type_kv_cache_manager
 from mini_vllm.course.parts import PARTS
 from mini_vllm.course.prompt_checks import reference_build_messages
 from mini_vllm.hashing import hash_block_tokens, hash_new_full_blocks, hash_request_tokens
@@ -58,6 +58,7 @@ REFERENCES = {
     "store_kv": [sys.modules["kernels.store_kv"]._store_kv_kernel.fn],
     "paged_decode": [kernel_reference.paged_attention, kernel_reference.unified_attention],
     "schedule_waiting": [Scheduler.schedule_waiting],
+    "find_sliding_window_cache_hit": [single_type_kv_cache_manager.find_sliding_window_cache_hit],
     "build_messages": [reference_build_messages],
 }
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def default_notebooks() -> list[Path]:
     chapters = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb"))
-    solutions = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    solutions = sorted((ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))
     return chapters + solutions
 
 

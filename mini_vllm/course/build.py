@@ -68,7 +68,7 @@ def exercise_path(solution_path: Path) -> Path:
 
 
 def solution_notebooks() -> list[Path]:
-    return sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((ROOT / "solutions").glob("[0-9][0-9]*_*.ipynb"))  # 05_…, 08b_…
 
 
 def write_exercises() -> None:

@@ -58,6 +58,12 @@ PARTS: list[Part] = [
     Part("store_kv", "07", "store_kv", "the Triton kernel that writes K/V into the cache"),
     Part("paged_decode", "07", "paged_decode", "decode attention over the paged cache"),
     Part("schedule_waiting", "08", "schedule_waiting", "admission of waiting requests with prefix lookup"),
+    Part(
+        "find_sliding_window_cache_hit",
+        "08b",
+        "find_sliding_window_cache_hit",
+        "a sliding-window group's lookup (hybrid models)",
+    ),
     Part("build_messages", "09", "build_messages", "the cache-friendly prompt of the story app", in_engine=False),
 ]
 PARTS_BY_KEY = {part.key: part for part in PARTS}
