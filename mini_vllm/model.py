@@ -73,7 +73,7 @@ def hybrid_model_path() -> str:
 
     Its ``config.json`` says so with ``layer_types`` and ``sliding_window``;
     ``transformers`` honours them, and so does vLLM's Transformers backend
-    (``model_impl="transformers"``; vLLM's native Qwen3 ignores ``layer_types``).
+    (``model_impl="transformers"``; vLLM's native Qwen3 refuses the config).
     ``training/README.md`` says how it was fine-tuned from the default model.
     """
     return str(Path(__file__).resolve().parent / "hybrid_model")

@@ -43,3 +43,16 @@ def test_packages_import_and_transformers_ignores_our_kernels_package():
     # transformers has an optional integration with a PyPI package that is also
     # called "kernels"; our package of that name must not switch it on.
     assert not import_utils.is_kernels_available()
+
+
+def test_every_bundled_model_folder_ships_in_the_package():
+    """A model folder under mini_vllm/ (one with a config.json) is package data: an installed
+    (non-editable) mini-vLLM must find default_model_path() and hybrid_model_path() there."""
+    from mini_vllm.model import default_model_path, hybrid_model_path
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = package_data["mini_vllm"]
+    folders = {p.parent.name for p in (ROOT / "mini_vllm").glob("*/config.json")}
+    assert {Path(default_model_path()).name, Path(hybrid_model_path()).name} <= folders
+    for folder in folders:
+        assert f"{folder}/*" in patterns, f"mini_vllm/{folder}/ is not in pyproject's package-data"

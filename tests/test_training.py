@@ -9,6 +9,7 @@ import re
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import pytest
 import torch
 import transformers
 
@@ -72,12 +73,19 @@ def test_python_render_matches_the_jinja_chat_template_and_labels_cover_the_answ
     assert enc.prefix_len > 0 and all(t == -100 for t in enc.labels[: enc.prefix_len])
 
 
-def test_shared_prefix_loss_and_gradients_equal_the_full_forward():
-    """Computing the system turn once per batch is an optimisation, not an approximation."""
+@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]], ids=["full", "hybrid"])
+def test_shared_prefix_loss_and_gradients_equal_the_full_forward(layer_types):
+    """Computing the system turn once per batch is an optimisation, not an approximation --
+    with sliding-window layers too (the prefix's cache keeps only their last window - 1 tokens)."""
     torch.manual_seed(0)
     examples, tokenizer = _small_setup()
     encoded = [encode_example(tokenizer, ex) for ex in examples]
-    model = build_model(TrainConfig.quick(), tokenizer)
+    cfg = TrainConfig.quick()
+    if layer_types:
+        cfg.layer_types, cfg.sliding_window = layer_types, 16  # far shorter than the ~640-token prefix
+    model = build_model(cfg, tokenizer)
+    if layer_types:
+        assert model.model.layers[0].self_attn.sliding_window == 16
     batches = make_batches(encoded, 2048, 8, random.Random(0))
     batch = next(b for b in batches if encoded[b[0]].prefix_len > 0 and len(b) > 1)
     params = list(model.parameters())
@@ -126,3 +134,28 @@ def test_quick_training_run_writes_a_loadable_model(tmp_path):
         logits = ours.compute_logits(ours(torch.tensor(ids), torch.arange(n), caches, metadata))
         expected = theirs(torch.tensor([ids])).logits[0]
     assert (logits - expected).abs().max().item() < 1e-4
+
+
+def test_quick_fine_tune_of_a_trained_model_into_a_hybrid_one(tmp_path):
+    """--init-from + --layer-types/--sliding-window: the default model's way to the hybrid one."""
+    base, hybrid = tmp_path / "base", tmp_path / "hybrid"
+    assert main(["--quick", "--out", str(base)]) == 0
+    args = ["--layer-types", "sliding_attention,full_attention", "--sliding-window", "16"]
+    assert main(["--quick", "--out", str(hybrid), "--init-from", str(base), *args]) == 0
+    config = json.loads((hybrid / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention", "full_attention"]
+    assert config["sliding_window"] == 16 and config["use_sliding_window"] is True
+    for name in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "prompts.json"]:
+        assert (hybrid / name).read_bytes() == (base / name).read_bytes(), name
+    report = json.loads((hybrid / "training_report.json").read_text())
+    assert report["init_from"] == str(base) and report["before_training"]["val_loss"] > 0
+    assert report["attention"] == {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 16}
+    model = transformers.AutoModelForCausalLM.from_pretrained(hybrid, dtype=torch.float32)
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == [16, None]
+
+
+def test_layer_types_must_fit_the_model():
+    with pytest.raises(SystemExit):
+        main(["--quick", "--layer-types", "sliding_attention", "--sliding-window", "16"])  # 2 layers
+    with pytest.raises(SystemExit):
+        main(["--quick", "--layer-types", "sliding_attention,full_attention"])  # no window

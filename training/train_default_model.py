@@ -2,6 +2,10 @@
 
     python -m training.train_default_model --out mini_vllm/default_model
     python -m training.train_default_model --out /tmp/smoke --quick   # seconds
+    # the hybrid model: fine-tune the default weights with two sliding-window layers
+    python -m training.train_default_model --out mini_vllm/hybrid_model \
+        --init-from mini_vllm/default_model --max-steps 150 --lr 1e-3 --warmup-steps 10 \
+        --layer-types sliding_attention,full_attention,sliding_attention,full_attention --sliding-window 64
 
 Steps (each seeded, so a rerun on the same machine gives the same files):
 
@@ -22,6 +26,14 @@ fixed texts repeated thousands of times and the user turns are random draws
 noise. The model still reads them -- its answers depend on both -- and the
 reported loss measures what we care about: the stories.
 
+Hybrid models (``--layer-types`` / ``--sliding-window``): the layers named
+``sliding_attention`` attend to the last ``sliding_window`` tokens only (the
+query's own included), the others to everything. ``--init-from`` starts from a
+trained model folder (its weights and its tokenizer) instead of from scratch.
+Shared-prefix training stays exact with sliding layers: transformers' cache
+keeps a sliding layer's last ``sliding_window - 1`` prefix keys/values and masks
+by position, which is all a suffix token can see (the tests check it).
+
 Why batches are grouped by length: sequences range from ~30 tokens (a request
 without system prompt) to ~800 (a system prompt and two turns). Batching
 similar lengths keeps padding -- wasted compute on two CPU cores -- small.
@@ -33,6 +45,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -41,7 +54,10 @@ from pathlib import Path
 
 import torch
 
-from training.corpus import SYSTEM_PROMPTS, Example, make_corpus, sample_requests
+from training.corpus import SYSTEM_ENDINGS, SYSTEM_PROMPTS, Example, make_corpus, sample_requests
+
+# What ``tokenizer.save_pretrained`` writes (copied as they are with --init-from).
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -79,6 +95,10 @@ class TrainConfig:
     num_eval_requests: int = 24
     num_two_turn_evals: int = 6
     max_new_tokens: int = 160
+    # A hybrid model: per-layer "full_attention" / "sliding_attention" (None: all full).
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None  # tokens a sliding layer sees, the query's own included
+    init_from: str | None = None  # a trained model folder: start from its weights and tokenizer
 
     @classmethod
     def quick(cls) -> "TrainConfig":
@@ -266,6 +286,51 @@ def batch_loss(
 # --------------------------------------------------------------------------- #
 
 
+def attention_layout(cfg: TrainConfig) -> dict:
+    """The config keys that make layers sliding-window or full attention (empty: all full).
+
+    ``layer_types`` is given explicitly, so transformers takes it as is (it derives
+    it from ``max_window_layers`` only when it is missing); ``use_sliding_window``
+    must be true or ``Qwen3Config`` drops ``sliding_window``.
+    """
+    if cfg.layer_types is None:
+        if cfg.sliding_window is not None:
+            raise ValueError("--sliding-window needs --layer-types (which layers slide)")
+        return {}
+    if len(cfg.layer_types) != cfg.num_layers:
+        raise ValueError(f"{len(cfg.layer_types)} layer types for {cfg.num_layers} layers")
+    unknown = set(cfg.layer_types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"unknown layer types {sorted(unknown)}: use full_attention / sliding_attention")
+    sliding = "sliding_attention" in cfg.layer_types
+    if sliding and not cfg.sliding_window:
+        raise ValueError("sliding_attention layers need --sliding-window")
+    return {
+        "layer_types": list(cfg.layer_types),
+        "use_sliding_window": sliding,
+        "sliding_window": cfg.sliding_window if sliding else None,
+    }
+
+
+def load_init_model(cfg: TrainConfig):
+    """``cfg.init_from``'s model and tokenizer, with ``cfg``'s attention layout; ``cfg`` takes its sizes."""
+    from transformers import AutoConfig, AutoTokenizer, Qwen3ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.init_from)
+    config = AutoConfig.from_pretrained(cfg.init_from)
+    cfg.vocab_size = config.vocab_size
+    cfg.hidden_size = config.hidden_size
+    cfg.num_layers = config.num_hidden_layers
+    cfg.num_heads = config.num_attention_heads
+    cfg.num_kv_heads = config.num_key_value_heads
+    cfg.head_dim = config.head_dim
+    cfg.intermediate_size = config.intermediate_size
+    for key, value in attention_layout(cfg).items():
+        setattr(config, key, value)
+    model = Qwen3ForCausalLM.from_pretrained(cfg.init_from, config=config, dtype=torch.float32)
+    return model, tokenizer
+
+
 def build_model(cfg: TrainConfig, tokenizer):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -285,6 +350,7 @@ def build_model(cfg: TrainConfig, tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype=torch.float32,
+        **attention_layout(cfg),
     )
     return Qwen3ForCausalLM(config)
 
@@ -331,6 +397,17 @@ def greedy_story(model, tokenizer, messages, max_new_tokens: int) -> str:
     return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
 
 
+def ending_ok(story: str, system_index: int | None) -> bool:
+    """The story ends with the closing line its system prompt asks for, and with none otherwise.
+
+    Two system prompts ask for one ("The end." / "Good night, sleep tight."); the
+    model must read the system prompt -- hundreds of tokens back -- to get it right.
+    """
+    wanted = SYSTEM_ENDINGS[system_index] if system_index is not None else ""
+    found = [e for e in SYSTEM_ENDINGS if e and story.endswith(e)]
+    return found == [wanted] if wanted else not found
+
+
 def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
     """Greedy stories for held-out requests: how many use the requested name / animal?
 
@@ -355,6 +432,7 @@ def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
                 "animal_ok": req["animal"] in text,
                 "adjective_ok": req["adjective"] is None or req["adjective"] in text,
                 "place_ok": req["place"] is None or req["place"] in text,
+                "ending_ok": ending_ok(text, system_index),
             }
         )
     # Two-turn chats: the model's own first story stays in the context, and the
@@ -385,6 +463,7 @@ def evaluate_quality(model, tokenizer, cfg: TrainConfig) -> dict:
         "adjective_correct": sum(r["adjective_ok"] for r in results),
         "place_correct": sum(r["place_ok"] for r in results),
         "all_correct": sum(r["name_ok"] and r["animal_ok"] and r["adjective_ok"] and r["place_ok"] for r in results),
+        "ending_correct": sum(r["ending_ok"] for r in results),
         "samples": results,
     }
 
@@ -399,8 +478,12 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     train_set = make_corpus(cfg.num_train, seed=cfg.seed)
     val_set = make_corpus(cfg.num_val, seed=cfg.seed + 10_000)
 
-    # 2. Tokenizer, trained on the training conversations as the model will see them.
-    tokenizer = train_tokenizer([render(ex.messages) for ex in train_set], cfg.vocab_size)
+    # 2. Tokenizer, trained on the training conversations as the model will see them
+    #    (or the one of the model we start from).
+    if cfg.init_from:
+        model, tokenizer = load_init_model(cfg)
+    else:
+        tokenizer = train_tokenizer([render(ex.messages) for ex in train_set], cfg.vocab_size)
     encoded = [encode_example(tokenizer, ex) for ex in train_set]
     val_encoded = [encode_example(tokenizer, ex) for ex in val_set]
     num_tokens = sum(len(e.ids) for e in encoded)
@@ -411,7 +494,17 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     )
 
     # 3. Model and training loop.
-    model = build_model(cfg, tokenizer)
+    initial = None
+    if cfg.init_from:
+        # Where we start: the loaded weights, run with this attention layout.
+        initial_quality = evaluate_quality(model, tokenizer, cfg)
+        initial = {
+            "val_loss": round(evaluate_loss(model, val_encoded, tokenizer.pad_token_id, cfg.tokens_per_batch), 4),
+            "greedy_quality": {k: v for k, v in initial_quality.items() if not k.endswith("samples")},
+        }
+        log(f"before training: {initial} [{time.time() - t_start:.0f}s]")
+    else:
+        model = build_model(cfg, tokenizer)
     model.train()
     num_params = sum(p.numel() for p in model.parameters())
     log(f"model: {num_params / 1e6:.2f}M parameters")
@@ -464,7 +557,13 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = model.config.bos_token_id
     model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    if cfg.init_from:
+        # The same tokenizer: copy its files (saving a loaded one adds load-time keys).
+        for name in TOKENIZER_FILES:
+            if (Path(cfg.init_from) / name).exists():
+                shutil.copyfile(Path(cfg.init_from) / name, out_dir / name)
+    else:
+        tokenizer.save_pretrained(out_dir)
     weights = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
     report = {
         "command": "python -m training.train_default_model " + " ".join(sys.argv[1:]),
@@ -482,6 +581,12 @@ def train(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
         "num_parameters": num_params,
         "weights_dtype": "float32",
         "weights_mb": round(weights / 1e6, 2),
+        "attention": {
+            "layer_types": list(model.config.layer_types),
+            "sliding_window": model.config.sliding_window,
+        },
+        "init_from": cfg.init_from,
+        "before_training": initial,
         "steps": step,
         "epochs_started": epoch,
         "tokens_seen": seen_tokens,
@@ -512,11 +617,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a tiny smoke run (seconds)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 3e-3)")
+    parser.add_argument("--warmup-steps", type=int, default=None)
+    parser.add_argument("--init-from", default=None, help="start from this model folder's weights and tokenizer")
+    parser.add_argument(
+        "--layer-types",
+        default=None,
+        help="comma-separated full_attention / sliding_attention, one per layer (default: all full)",
+    )
+    parser.add_argument("--sliding-window", type=int, default=None, help="tokens a sliding layer sees")
     args = parser.parse_args(argv)
     cfg = TrainConfig.quick() if args.quick else TrainConfig()
     cfg.seed = args.seed
-    if args.max_steps is not None:
-        cfg.max_steps = args.max_steps
+    for name in ("max_steps", "lr", "warmup_steps", "init_from", "sliding_window"):
+        if getattr(args, name) is not None:
+            setattr(cfg, name, getattr(args, name))
+    if args.layer_types is not None:
+        cfg.layer_types = [t.strip() for t in args.layer_types.split(",")]
+    if cfg.init_from is None:
+        try:
+            attention_layout(cfg)
+        except ValueError as err:
+            parser.error(str(err))
     if args.out is None:
         if not args.quick:
             parser.error("--out is required (e.g. --out mini_vllm/default_model)")

@@ -1,8 +1,9 @@
 """Run workloads through real vLLM and print what it did, as JSON.
 
-Started by ``mini_vllm.compare_vllm`` as ``.venv-vllm/bin/python run_vllm.py
-IN.json OUT.json`` (``-`` for stdin / stdout). It imports only vLLM and the
-standard library: it runs in vLLM's own virtualenv, not in mini-vLLM's.
+Started by ``mini_vllm.compare_vllm`` (and ``training/check_hybrid_model.py``) as
+``.venv-vllm/bin/python run_vllm.py IN.json OUT.json`` (``-`` for stdin / stdout).
+It imports only vLLM and the standard library: it runs in vLLM's own
+virtualenv, not in mini-vLLM's.
 
 The input is ``{"threads": 1, "probes": false, "engines": [spec, ...]}``
 (``probes``: also drive vLLM's cache classes directly, see ``run_probes``); each
@@ -14,6 +15,20 @@ spec names one engine's settings and its workloads::
          {"prompts": [{"prompt_token_ids": [...], "cache_salt": "a"}],
           "sampling": {"temperature": 0, "max_tokens": 8, "n": 1}},
          {"prompts": [{"continue_chat": [...]}], "sampling": {...}}]}]}
+
+Optional keys of a spec: ``"model_impl"`` (``vllm.LLM(model_impl=...)``, e.g.
+``"transformers"``: vLLM's Transformers backend, which honours a config's
+``layer_types`` -- vLLM's native Qwen3 has no per-layer windows: it refuses a
+config that mixes layer types unless ``max_window_layers == num_hidden_layers``,
+and then runs every layer with full attention; default: vLLM's own choice,
+``"auto"``) and ``"async_scheduling"`` (default false).
+A call's ``"sampling"`` goes to ``SamplingParams`` as it is; with ``"logprobs"`` /
+``"prompt_logprobs"`` in it (0 is enough), each request's result also has
+``"logprobs"`` (per sample, each generated token's log-probability) /
+``"prompt_logprobs"`` (each prompt token's, None for the first).
+Each engine's result has ``"kv_cache"``: the KV-cache groups vLLM built (each
+group's layers and spec: ``FullAttentionSpec``, ``SlidingWindowSpec`` with its
+window) and the coordinator class serving them.
 
 One ``vllm.LLM`` per spec serves all its workloads (starting one costs tens of
 seconds), and the specs run one after another, never two engines at once:
@@ -70,6 +85,34 @@ def _counters(llm) -> dict:
     return values
 
 
+def _kv_cache_groups(llm) -> dict | None:
+    """The KV-cache groups vLLM built (a hybrid model has one per attention kind) and the
+    coordinator class that serves them; None where this vLLM keeps them out of reach."""
+    try:
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # the in-process engine core
+        groups = scheduler.kv_cache_config.kv_cache_groups
+        coordinator = type(scheduler.kv_cache_manager.coordinator).__name__
+    except AttributeError:
+        return None
+    return {
+        "coordinator": coordinator,
+        "groups": [
+            {
+                "layers": list(group.layer_names),
+                "spec": type(group.kv_cache_spec).__name__,
+                "block_size": group.kv_cache_spec.block_size,
+                "sliding_window": getattr(group.kv_cache_spec, "sliding_window", None),
+            }
+            for group in groups
+        ],
+    }
+
+
+def _chosen_logprobs(token_ids, logprobs) -> list[float]:
+    """The log-probability of each token in ``token_ids`` (vLLM gives a {token: Logprob} per position)."""
+    return [float(position[token].logprob) for token, position in zip(token_ids, logprobs)]
+
+
 def resolve_prompt(prompt: dict, previous) -> list[int]:
     """A prompt's token ids. ``{"continue_chat": [...]}`` means: the previous call's
     last prompt + the tokens the engine generated for it + these new tokens (the
@@ -109,16 +152,20 @@ def run_workload(llm, workload: dict) -> dict:
         for prompt_index, output in enumerate(outputs):
             metrics = output.metrics
             ttft = getattr(metrics, "first_token_latency", None) if metrics is not None else None
-            requests.append(
-                {
-                    "call": call_index,
-                    "index": prompt_index,
-                    "num_prompt_tokens": len(output.prompt_token_ids),
-                    "num_cached_tokens": int(output.num_cached_tokens or 0),
-                    "token_ids": [list(c.token_ids) for c in output.outputs],
-                    "ttft_s": ttft,
-                }
-            )
+            request = {
+                "call": call_index,
+                "index": prompt_index,
+                "num_prompt_tokens": len(output.prompt_token_ids),
+                "num_cached_tokens": int(output.num_cached_tokens or 0),
+                "token_ids": [list(c.token_ids) for c in output.outputs],
+                "ttft_s": ttft,
+            }
+            if params.logprobs is not None:  # each generated token's log-probability
+                request["logprobs"] = [_chosen_logprobs(c.token_ids, c.logprobs) for c in output.outputs]
+            if params.prompt_logprobs is not None:  # each prompt token's (None for the first)
+                prompt_ids = output.prompt_token_ids
+                request["prompt_logprobs"] = [None] + _chosen_logprobs(prompt_ids[1:], output.prompt_logprobs[1:])
+            requests.append(request)
     after = _counters(llm)
     delta = {name: after[name] - before[name] for name in after}
     return {
@@ -201,6 +248,9 @@ def run_engine(spec: dict) -> dict:
     from vllm import LLM
 
     start = time.perf_counter()
+    options = {}
+    if spec.get("model_impl") is not None:  # else vLLM's default ("auto")
+        options["model_impl"] = spec["model_impl"]
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
@@ -215,11 +265,13 @@ def run_engine(spec: dict) -> dict:
         gpu_memory_utilization=0.5,
         disable_log_stats=False,
         seed=0,
+        **options,
     )
     startup_s = time.perf_counter() - start
     try:
         workloads = [run_workload(llm, workload) for workload in spec["workloads"]]
         num_gpu_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+        kv_cache = _kv_cache_groups(llm)
     finally:
         # One vLLM at a time: stop this engine's processes before the next one starts.
         llm.llm_engine.engine_core.shutdown()
@@ -229,6 +281,7 @@ def run_engine(spec: dict) -> dict:
         "block_size": spec["block_size"],
         "num_blocks": spec["num_blocks"],
         "num_gpu_blocks": num_gpu_blocks,
+        "kv_cache": kv_cache,
         "startup_s": startup_s,
         "workloads": workloads,
     }
