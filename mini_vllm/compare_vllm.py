@@ -272,9 +272,11 @@ def run_hybrid_side_by_side(
     One run per pool size in ``pools``: the first runs every hybrid workload
     but the eviction one, the others only the eviction one (a pool small
     enough that requests are preempted and cached blocks evicted). vLLM runs
-    the model with ``model_impl="transformers"``: its native Qwen3 ignores
-    ``layer_types`` (every layer full attention), its Transformers backend
-    honours them and builds the same two KV-cache groups. ``max_model_len``
+    the model with ``model_impl="transformers"``: its native Qwen3 does not
+    implement per-layer windows (it refuses this config at start-up, and with
+    ``max_window_layers`` equal to the layer count runs every layer with full
+    attention); its Transformers backend honours ``layer_types`` and builds the
+    same two KV-cache groups. ``max_model_len``
     is 512 so that vLLM's start-up check (a request of that length must fit,
     every group's blocks counted) passes with these pools.
     """

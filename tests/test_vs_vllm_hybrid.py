@@ -5,7 +5,7 @@ through both engines, the bundled hybrid model (``mini_vllm/hybrid_model/``:
 sliding-window layers 0 and 2, window 64, full-attention layers 1 and 3),
 float32, block size 32, the same pool and scheduler limits, each workload
 from a cold cache. vLLM runs it with ``model_impl="transformers"`` (its native
-Qwen3 would treat every layer as full attention). Requests: prompts longer
+Qwen3 implements no per-layer window: it refuses this config). Requests: prompts longer
 than the window, shared prefixes that diverge (the junction), the same prompt
 again, a growing chat, and a pool so small that requests are preempted.
 
