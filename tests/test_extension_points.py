@@ -379,3 +379,29 @@ def test_two_engines_with_different_parts_do_not_affect_each_other(reference_out
     again = reference.generate(PROMPTS, GREEDY)
     assert calls == before
     assert sum(o.num_cached_tokens for o in again) > 0
+
+
+def test_a_hybrid_engine_calls_the_sliding_window_part_and_the_lookup_parts_of_both_groups():
+    """The sliding-window lookup is a hybrid model's part (chapter 08b): its engine calls it, beside full
+    attention's ``find_longest_cache_hit``, and gives the hits the reference gives."""
+    from mini_vllm.model import hybrid_model_path
+
+    calls: dict[str, int] = {}
+    reference = EngineParts()
+    parts = EngineParts(
+        find_sliding_window_cache_hit=_recording(
+            calls, "find_sliding_window_cache_hit", reference.find_sliding_window_cache_hit
+        ),
+        find_longest_cache_hit=_recording(calls, "find_longest_cache_hit", reference.find_longest_cache_hit),
+    )
+    args = dict(device="cpu", num_blocks=64, block_size=16)
+    long_prompts = [" ".join(PROMPTS) * 3, " ".join(PROMPTS) * 3 + " Once more."]
+    theirs = LLM(hybrid_model_path(), **args)
+    ours = LLM(hybrid_model_path(), **args, parts=parts)
+    expected = [theirs.generate([p], GREEDY)[0] for p in long_prompts]
+    got = [ours.generate([p], GREEDY)[0] for p in long_prompts]
+    assert calls.get("find_sliding_window_cache_hit", 0) >= 2 and calls.get("find_longest_cache_hit", 0) >= 2
+    assert [o.num_cached_tokens for o in got] == [o.num_cached_tokens for o in expected]
+    assert got[1].num_cached_tokens > 0  # the second prompt extends the first: a hit in both groups
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    ours.llm_engine.kv_cache_manager.check_invariants()
