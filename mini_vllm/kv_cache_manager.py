@@ -167,6 +167,8 @@ class KVCacheManager:
                 raise TypeError(f"unsupported KV-cache spec {spec!r}")
             managers.append(manager)
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)  # one per group, in group order
+        # Only a sliding-window group gives blocks back while a request runs.
+        self.sliding_window_managers = tuple(m for m in managers if isinstance(m, SlidingWindowManager))
         # A hybrid lookup's shared-prefix junction per request (see get_computed_blocks).
         self.shared_prefix_boundary: dict[str, int] = {}
         # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
@@ -262,7 +264,7 @@ class KVCacheManager:
     def _hits_by_group(self, new_computed_blocks) -> tuple[list[KVCacheBlock], ...]:
         """``new_computed_blocks`` as one list per group (a single-group engine takes a plain list)."""
         if not self.is_hybrid:
-            return (list(new_computed_blocks),)
+            return (new_computed_blocks,)
         if not new_computed_blocks:
             return tuple([] for _ in self.managers)
         if len(new_computed_blocks) != len(self.managers) or not all(
@@ -338,16 +340,17 @@ class KVCacheManager:
         self._check_block_size(request)
         hits = self._hits_by_group(new_computed_blocks)
         request_id = request.request_id
-        is_admission = not any(manager.req_to_blocks.get(request_id) for manager in self.managers)
+        is_admission = request_id not in self.managers[0].req_to_blocks  # every group's table starts together
 
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_tokens_need_slot = num_computed_tokens + num_new_tokens + num_lookahead_tokens
-        for manager in self.managers:
+        for manager in self.sliding_window_managers:
             manager.remove_skipped_blocks(request_id, num_computed_tokens)
-        num_blocks_to_allocate = sum(
-            manager.get_num_blocks_to_allocate(request_id, num_tokens_need_slot, blocks, num_computed_tokens)
-            for manager, blocks in zip(self.managers, hits)
-        )
+        num_blocks_to_allocate = 0
+        for manager, blocks in zip(self.managers, hits):
+            num_blocks_to_allocate += manager.get_num_blocks_to_allocate(
+                request_id, num_tokens_need_slot, blocks, num_computed_tokens
+            )
         if num_blocks_to_allocate > self.block_pool.get_num_free_blocks():
             return None
 
@@ -369,7 +372,7 @@ class KVCacheManager:
                     self.newly_cached_blocks[block.block_id] = block
         if is_admission:
             self.record_prefix_cache_stats(request, num_new_computed_tokens)
-        return tuple(new_blocks) if self.is_hybrid else new_blocks[0]
+        return tuple(new_blocks) if len(new_blocks) > 1 else new_blocks[0]
 
     def take_newly_cached_blocks(self) -> list[KVCacheBlock]:
         """The blocks cached since the last call (at schedule time: their K/V are not written yet)."""

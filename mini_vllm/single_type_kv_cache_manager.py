@@ -199,6 +199,8 @@ class SingleTypeKVCacheManager:
         """
         num_required_blocks = cdiv(num_tokens, self.block_size)
         num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
+        if not new_computed_blocks:  # a running request (no hit to take): just the blocks it lacks
+            return max(0, num_required_blocks - num_req_blocks)
         num_skipped_blocks = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
         num_new_blocks = max(
             0, num_required_blocks - max(num_skipped_blocks, num_req_blocks + len(new_computed_blocks))
