@@ -115,6 +115,17 @@ def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
     return min(positions) if positions else None
 
 
+def stop_string_window(stop_strings: list[str]) -> int:
+    """How many of the newest output tokens can hold a stop string the newest token completed.
+
+    A stop string of ``L`` characters spans at most ``4 * L`` byte-level
+    tokens (a character is at most 4 bytes); a few more cover special tokens
+    that decode to nothing. Decoding only this window each step keeps the
+    check O(1) per token, where decoding the whole output was O(length).
+    """
+    return 4 * max(len(stop) for stop in stop_strings) + 8
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner.
 
@@ -527,7 +538,9 @@ class LLMEngine:
         if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if params.stop_strings:
-            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+            # A new stop string ends in the newest token: decode only the last few tokens.
+            window = request.output_token_ids[-stop_string_window(params.stop_strings) :]
+            text = self.tokenizer.decode(window, skip_special_tokens=True)
             if find_stop_string(text, params.stop_strings) is not None:
                 return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= params.max_tokens or request.num_tokens > self.max_model_len:

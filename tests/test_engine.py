@@ -162,6 +162,24 @@ def test_stop_conditions(llm, prompts):
     assert text.startswith(stopped.outputs[0].text)
 
 
+def test_stop_strings_late_in_a_long_output_stop_where_a_whole_decode_would(llm, prompts):
+    """The stop check decodes only the newest tokens (``stop_string_window``): a stop string that
+    appears after many tokens, and one longer than a token, still stop the request at its first
+    occurrence, with the text a decode of the whole output cut there."""
+    from mini_vllm.llm_engine import find_stop_string, stop_string_window
+
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    full = llm.generate([prompts[1]], params)[0].outputs[0]
+    for stop in (full.text[-20:-12], full.text[-9:-6], full.text[len(full.text) // 3 :][:14]):
+        window = stop_string_window([stop])
+        stopped = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=120, ignore_eos=True, stop=stop))
+        out = stopped[0].outputs[0]
+        assert out.finish_reason == "stop", (stop, window)
+        assert out.text == full.text[: find_stop_string(full.text, [stop])]
+        assert out.token_ids == full.token_ids[: len(out.token_ids)]
+        assert len(out.token_ids) > window or stop == full.text[len(full.text) // 3 :][:14]
+
+
 def test_cache_salt_separates_tenants(prompts):
     llm = LLM(num_blocks=256, device="cpu")
     token_ids = prompts[0]["prompt_token_ids"]
