@@ -272,6 +272,21 @@ def _run_in_reverse(block_pool, block_hashes, max_num_blocks, num_contiguous_blo
     return run
 
 
+def _the_whole_table_without_a_run(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    hit = [block_pool.null_block] * max_num_blocks
+    run = 0
+    for i in range(max_num_blocks - 1, -1, -1):
+        block = block_pool.get_cached_block(block_hashes[i], group)
+        if block is None:
+            run = 0
+            continue
+        hit[i] = block
+        run += 1
+        if run == num_contiguous_blocks:
+            return hit[: i + run]
+    return hit  # meant hit[:run]
+
+
 MISTAKES = [
     (_left_to_right, "full attention's rule"),
     (_leftmost_run, "leftmost run"),
@@ -298,6 +313,7 @@ MISTAKES = [
     (_keeps_state, "very list object an earlier call returned"),
     (_reversed_copy_off_by_one, "an index off by one"),
     (_run_in_reverse, "the run's blocks are in reverse order"),
+    (_the_whole_table_without_a_run, "null blocks and no cached one"),
 ]
 
 

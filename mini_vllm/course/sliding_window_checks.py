@@ -480,6 +480,12 @@ class _SlidingWindowCheck:
         """What is wrong in an answer no known mistake explains, from its shape."""
         null = pool.null_block
         real = [i for i, block in enumerate(result) if block is not null]
+        if result and not real:
+            return (
+                f"your answer is {len(result)} null blocks and no cached one: it claims a hit of "
+                f"{len(result)} blocks with nothing cached. With no run found (and block 0 not cached) the hit is [] "
+                "(the list's length is the hit's length: return only up to the run's last block)"
+            )
         if real and any(result[i] is null for i in range(real[0], len(result))):
             return (
                 "a null block after a cached one: the list must end with the run's last block (trim what comes "
