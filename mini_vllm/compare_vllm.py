@@ -629,16 +629,26 @@ def _reference_model_path(model: str) -> str | None:
     return path
 
 
+HYBRID_REFERENCE_RUN = "chapter_08b"  # run_hybrid_side_by_side: the hybrid model, its own workloads
+
+
+def _run_reference(key: str) -> dict:
+    if key == HYBRID_REFERENCE_RUN:
+        return run_hybrid_side_by_side()
+    model, block_sizes, workloads = REFERENCE_RUNS[key]
+    return run_matrix(_reference_model_path(model), block_sizes, workloads, probes=key == PROBES_WITH)
+
+
 def side_by_side_or_reference(key: str) -> tuple[dict, str]:
-    """``REFERENCE_RUNS[key]`` run live when vLLM is installed, else the committed result.
+    """``REFERENCE_RUNS[key]`` (or chapter 08b's hybrid run) live when vLLM is installed, else the committed result.
 
     Returns ``(result, note)``; the note says which of the two it is (and why).
     """
-    if key not in REFERENCE_RUNS:
-        raise ValueError(f"unknown reference run {key!r}; choose from {', '.join(REFERENCE_RUNS)}")
-    model, block_sizes, workloads = REFERENCE_RUNS[key]
+    if key not in REFERENCE_RUNS and key != HYBRID_REFERENCE_RUN:
+        keys = [*REFERENCE_RUNS, HYBRID_REFERENCE_RUN]
+        raise ValueError(f"unknown reference run {key!r}; choose from {', '.join(keys)}")
     if vllm_python() is not None:
-        result = run_matrix(_reference_model_path(model), block_sizes, workloads, probes=key == PROBES_WITH)
+        result = _run_reference(key)
         return result, f"live run: vLLM {result['vllm_version']} from .venv-vllm/ vs this mini-vLLM"
     result = json.loads(reference_path(key).read_text())
     return result, (
@@ -654,9 +664,8 @@ def write_references(keys: Sequence[str] | None = None) -> list[Path]:
     if vllm_python() is None:
         raise RuntimeError(vllm_missing_reason())
     written = []
-    for key in keys or REFERENCE_RUNS:
-        model, block_sizes, workloads = REFERENCE_RUNS[key]
-        result = run_matrix(_reference_model_path(model), block_sizes, workloads, probes=key == PROBES_WITH)
+    for key in keys or [*REFERENCE_RUNS, HYBRID_REFERENCE_RUN]:
+        result = _run_reference(key)
         result["date"] = time.strftime("%Y-%m-%d")
         result["machine"] = f"{os.cpu_count()} {platform.machine()} cores, CPU only"
         path = reference_path(key)
