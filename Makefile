@@ -148,6 +148,7 @@ test-notebooks: $(VENV)/.test real-model
 
 exercises: $(VENV)/.test
 	$(PY) -m mini_vllm.course.build exercises
+	$(PY) -m mini_vllm.course.build chapter-tables
 
 notebooks: exercises
 	$(TEST_ENV) $(PY) -m mini_vllm.course.build execute $(NOTEBOOKS) $(SOLUTIONS)

@@ -1,6 +1,8 @@
 """Every chapter in notebooks/ is listed in the three chapter tables (README.md,
-notebooks/README.md, chapter 00), and a chapter's closing "Next: chapter NN" names the
-chapter that follows it. Adding or splitting a chapter (06b, 09b) must update all of them."""
+notebooks/README.md, chapter 00), the tables are the one written from
+``mini_vllm/course/chapters.py``, and a chapter's closing "Next: chapter NN" names the
+chapter that follows it. Adding or splitting a chapter (06b, 08b, 09b): add it to
+``chapters.py`` and run ``python -m mini_vllm.course.build chapter-tables``."""
 
 from __future__ import annotations
 
@@ -71,3 +73,32 @@ def test_a_wrong_next_is_caught(tmp_path):
     path = tmp_path / "09_x.ipynb"
     nbformat.write(nb, path)
     assert closing_next(path) == "10" != "09b"  # 09's Next must name 09b, so this one would fail
+
+
+def test_the_chapter_list_is_the_notebooks_folder():
+    from mini_vllm.course import chapters as manifest
+
+    assert [c.notebook for c in manifest.CHAPTERS] == [p.name for p in CHAPTERS]
+    assert all(c.notebook.split("_", 1)[0] == c.number for c in manifest.CHAPTERS)
+
+
+def test_every_table_is_the_one_written_from_the_chapter_list():
+    from mini_vllm.course.chapters import tables_out_of_date
+
+    stale = tables_out_of_date()
+    assert not stale, f"{stale}: run `python -m mini_vllm.course.build chapter-tables`"
+
+
+def test_a_table_edited_by_hand_is_caught(tmp_path):
+    import shutil
+
+    from mini_vllm.course.chapters import TABLE_FILES, tables_out_of_date, write_chapter_tables
+
+    for name in TABLE_FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    assert tables_out_of_date(tmp_path) == []
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("| 08b | hybrid models", "| 08b | Hybrid models", 1))
+    assert tables_out_of_date(tmp_path) == ["README.md"]
+    assert write_chapter_tables(tmp_path) == ["README.md"] and tables_out_of_date(tmp_path) == []

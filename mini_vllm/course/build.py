@@ -1,4 +1,4 @@
-"""Build the course notebooks: ``python -m mini_vllm.course.build {exercises,execute,check-drift}``.
+"""Build the course notebooks: ``python -m mini_vllm.course.build {exercises,execute,check-drift,chapter-tables}``.
 
 * ``exercises``: write ``exercises/NN_*.ipynb`` from ``solutions/NN_*.ipynb``.
   Solutions are the single source: every region between ``### BEGIN SOLUTION``
@@ -10,6 +10,8 @@
   committed notebook shows the static HTML snapshot every widget also carries
   (GitHub, nbviewer, and JupyterLab before the cell is re-run).
 * ``check-drift``: exit 1 if ``exercises/`` is not what ``exercises`` would write.
+* ``chapter-tables``: rewrite the chapter table of README.md, notebooks/README.md
+  and chapter 00 from ``mini_vllm/course/chapters.py`` (``make exercises`` runs it).
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("exercises")
     sub.add_parser("check-drift")
+    sub.add_parser("chapter-tables")
     run = sub.add_parser("execute")
     run.add_argument("paths", nargs="+", type=Path)
     args = parser.parse_args(argv)
@@ -161,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem)
         return 1 if problems else 0
+    elif args.command == "chapter-tables":
+        from .chapters import write_chapter_tables
+
+        for name in write_chapter_tables():
+            print(f"wrote the chapter table of {name}")
     else:
         execute(args.paths)
     return 0
