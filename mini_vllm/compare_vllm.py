@@ -790,6 +790,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="re-run the chapters' comparisons and save them in benchmarks/reference_results/",
     )
+    parser.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="the hybrid model (chapter 08b) and its workloads instead (block size 32; --model: another hybrid model)",
+    )
     args = parser.parse_args(argv)
     if vllm_python() is None:
         print(vllm_missing_reason())
@@ -798,14 +803,17 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_references():
             print("wrote", path.relative_to(REPO_ROOT))
         return 0
-    result = run_matrix(
-        args.model,
-        tuple(args.block_size or (32, 128)),
-        args.workload,
-        num_blocks=args.num_blocks,
-        threads=args.threads,
-        prompts=args.prompt,
-    )
+    if args.hybrid:
+        result = run_hybrid_side_by_side(args.model, threads=args.threads)
+    else:
+        result = run_matrix(
+            args.model,
+            tuple(args.block_size or (32, 128)),
+            args.workload,
+            num_blocks=args.num_blocks,
+            threads=args.threads,
+            prompts=args.prompt,
+        )
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
