@@ -161,10 +161,20 @@ class AppendCallsItself(Queue):
         self.append(block)  # meant super().append
 
 
+class ConsumesTheBlocks(Queue):
+    """__init__ pops the blocks off the caller's list (the pool's BlockPool.blocks)."""
+
+    def __init__(self, blocks):
+        super().__init__([])
+        while blocks:
+            self.append(blocks.pop(0))
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
         (SentinelsInTheClassBody, "two queues alive at once interfere"),
+        (ConsumesTheBlocks, "must never change the list of blocks __init__ is given"),
         (RemoveWalksTheList, "O(1)"),
         (CountsByWalking, "keep num_free_blocks as a counter"),
         (YieldsTheFreeBlocks, "returned a generator, not a list"),
@@ -383,10 +393,15 @@ def _assumes_every_hash_is_cached(block_pool, block_hashes, max_num_blocks):
     ]
 
 
+def _looks_every_hash_up(block_pool, block_hashes, max_num_blocks):
+    return [block_pool.get_cached_block(h) for h in block_hashes[:max_num_blocks]]  # a miss's None kept
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
         (_scans_every_block, "grows with the size of the pool"),
+        (_looks_every_hash_up, "A hit stops at the first miss"),
         (_pops_the_hashes, "changed the block_hashes list"),
         (_hits_in_a_default, "very list object an earlier call returned"),
         (_assumes_every_hash_is_cached, "get_cached_block(...) for a hash that is not cached"),
@@ -535,11 +550,12 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     if mistake == "zeroes the unused slots":
         k_cache[blocks[-1], seq_len - (num_blocks - 1) * block_size :] = 0.0
         v_cache[blocks[-1], seq_len - (num_blocks - 1) * block_size :] = 0.0
-    keys = k_cache[blocks].flatten(0, 1)[:seq_len].float()  # [seq_len, Hkv, D]
-    values = v_cache[blocks].flatten(0, 1)[:seq_len].float()
+    dtype = query.dtype if mistake == "in the query's dtype" else torch.float32  # float32 is asked
+    keys = k_cache[blocks].flatten(0, 1)[:seq_len].to(dtype)  # [seq_len, Hkv, D]
+    values = v_cache[blocks].flatten(0, 1)[:seq_len].to(dtype)
     group = num_q_heads // num_kv_heads
     keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    scores = torch.einsum("hd,nhd->hn", query.float(), keys) * scale
+    scores = torch.einsum("hd,nhd->hn", query.to(dtype), keys) * scale
     if mistake == "exp without the max":
         weights = torch.exp(scores)
         weights = weights / weights.sum(dim=1, keepdim=True)
@@ -555,10 +571,34 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
         ("float32 out", "it must have the query's dtype"),
         ("exp without the max", "subtracts the running max"),
         ("zeroes the unused slots", "changed its inputs"),
+        ("in the query's dtype", "accumulate in float32"),
     ],
 )
 def test_ch07_paged_decode_catalogue(mistake, fragment):
     rejects(check_paged_decode, lambda *a, **k: _paged_decode(*a, mistake=mistake, **k), fragment)
+
+
+def _online_softmax_without_the_rescale(query, k_cache, v_cache, block_table, seq_len, scale=None):
+    """Block by block with a running max, but the old terms are never brought to the new max."""
+    num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    group = num_q_heads // num_kv_heads
+    running_max = torch.full((num_q_heads,), float("-inf"))
+    total, acc = torch.zeros(num_q_heads), torch.zeros(num_q_heads, head_dim)
+    for i in range(math.ceil(seq_len / block_size)):
+        rows = slice(0, min(block_size, seq_len - i * block_size))
+        k = k_cache[int(block_table[i]), rows].float().repeat_interleave(group, dim=1)
+        v = v_cache[int(block_table[i]), rows].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", query.float(), k) * scale
+        running_max = torch.maximum(running_max, scores.max(dim=1).values)
+        weights = torch.exp(scores - running_max[:, None])
+        total, acc = total + weights.sum(dim=1), acc + torch.einsum("hn,nhd->hd", weights, v)
+    return (acc / total[:, None]).to(query.dtype)
+
+
+def test_ch07_paged_decode_catalogue_missing_rescale():
+    rejects(check_paged_decode, _online_softmax_without_the_rescale, "the online-softmax rescale is missing")
 
 
 def test_ch07_paged_decode_accepts_gather_then_softmax(capsys):
@@ -599,6 +639,9 @@ if kernels.TRITON_AVAILABLE:
         in_tile = (heads < num_kv_heads) & (dims < head_dim)
         if MISTAKE == 2:
             in_tile = in_tile.to(tl.int32)  # a mask made of integers
+        store_mask = in_tile
+        if MISTAKE == 4:
+            store_mask = heads < num_kv_heads  # "the loads are masked, the store needs only the heads"
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         if slot >= 0:
             row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
@@ -608,8 +651,8 @@ if kernels.TRITON_AVAILABLE:
             if MISTAKE == 1:  # "the model runs in float16 anyway"
                 key = key.to(tl.float16)
                 value = value.to(tl.float16)
-            tl.store(k_cache_ptr + row, key, mask=in_tile)
-            tl.store(v_cache_ptr + row, value, mask=in_tile)
+            tl.store(k_cache_ptr + row, key, mask=store_mask)
+            tl.store(v_cache_ptr + row, value, mask=store_mask)
 
     def _store_kv_with(mistake: int):
         def store_kv(key, value, k_cache, v_cache, slot_mapping):
@@ -641,7 +684,12 @@ if kernels.TRITON_AVAILABLE:
 @needs_triton
 @pytest.mark.parametrize(
     "mistake, fragment",
-    [(1, "went through torch.float16"), (2, "a Triton mask must be boolean"), (3, "load V with its own strides")],
+    [
+        (1, "went through torch.float16"),
+        (2, "a Triton mask must be boolean"),
+        (3, "load V with its own strides"),
+        (4, "where the tile's padding lanes fall"),
+    ],
 )
 def test_ch07_store_kv_catalogue(mistake, fragment):
     message = rejects(check_store_kv, _store_kv_with(mistake), fragment)
@@ -784,6 +832,13 @@ def _yields_the_messages(system_prompt, tools, user_request, now):
     yield from reference_build_messages(system_prompt, tools, user_request, now)
 
 
+def _the_minute_at_the_top(system_prompt, tools, user_request, now):
+    """The exact time moved to the user's turn, but "the minute" kept first: the request where it changes loses."""
+    messages = reference_build_messages(system_prompt, tools, user_request, now)
+    messages[0]["content"] = f"It is {now:%H:%M} now.\n" + messages[0]["content"]
+    return messages
+
+
 def _json_of_a_datetime(system_prompt, tools, user_request, now):
     return [{"role": "user", "content": json.dumps({"now": now, "request": user_request})}]
 
@@ -796,6 +851,7 @@ def _json_of_a_datetime(system_prompt, tools, user_request, now):
         (_caches_the_system_turn, "lost some of its definition"),
         (_yields_the_messages, "must return a list"),
         (_json_of_a_datetime, "raised TypeError"),
+        (_the_minute_at_the_top, "a part of the current time (the date, the hour or the minute)"),
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )

@@ -143,7 +143,56 @@ class KeepsStaleLinks(LearnerQueue):
         self.num_free_blocks -= 1
 
 
-@pytest.mark.parametrize("queue_cls", [FreeKVCacheBlockQueue, LearnerQueue], ids=["reference", "learner"])
+class SentinelsInTheGivenList(LearnerQueue):
+    """Links the blocks by putting its sentinels at both ends of the caller's list, then pairing neighbours."""
+
+    def __init__(self, blocks):
+        from mini_vllm.block_pool import KVCacheBlock
+
+        self.head, self.tail = KVCacheBlock(-1), KVCacheBlock(-1)
+        blocks.insert(0, self.head)  # the pool's own list: block i is no longer at index i
+        blocks.append(self.tail)
+        for left, right in zip(blocks, blocks[1:]):
+            left.next_free_block, right.prev_free_block = right, left
+        self.num_free_blocks = len(blocks) - 2
+
+
+class PopsTheGivenList(LearnerQueue):
+    def __init__(self, blocks):
+        super().__init__([])
+        while blocks:
+            self.append(blocks.pop(0))  # empties the pool's own list
+
+
+class RemovesFromTheGivenListLater(LearnerQueue):
+    """Keeps the caller's list as "the free blocks" and removes from it as blocks leave the queue."""
+
+    def __init__(self, blocks):
+        super().__init__(blocks)
+        self.free = blocks
+
+    def remove(self, block):
+        super().remove(block)
+        self.free.remove(block)
+
+
+class KeepsTheGivenListToReadIt(LearnerQueue):
+    """Correct: keeping the list is fine as long as it is only read."""
+
+    def __init__(self, blocks):
+        super().__init__(blocks)
+        self.all_blocks = blocks
+
+    def get_all_free_blocks(self):
+        assert len(self.all_blocks) >= self.num_free_blocks
+        return super().get_all_free_blocks()
+
+
+@pytest.mark.parametrize(
+    "queue_cls",
+    [FreeKVCacheBlockQueue, LearnerQueue, KeepsTheGivenListToReadIt],
+    ids=["reference", "learner", "keeps the list to read it"],
+)
 def test_ch02_free_queue_accepts_correct_queues(queue_cls, capsys):
     check_free_queue(queue_cls)
     assert "✓ FreeKVCacheBlockQueue" in capsys.readouterr().out
@@ -162,6 +211,27 @@ def test_ch02_free_queue_accepts_correct_queues(queue_cls, capsys):
 )
 def test_ch02_free_queue_rejects_typical_mistakes(wrong, expected_message):
     rejects(check_free_queue, wrong, expected_message, regex=True)
+
+
+@pytest.mark.parametrize(
+    "wrong, named",
+    [
+        (SentinelsInTheGivenList, "popleft order: after init: your queue changed the list of blocks"),
+        (PopsTheGivenList, "popleft order: after init: your queue changed the list of blocks"),
+        (RemovesFromTheGivenListLater, "popleft order: after init -> popleft(): your queue changed the list"),
+    ],
+    ids=["sentinels inserted", "popped in __init__", "removed from later"],
+)
+def test_ch02_free_queue_a_changed_list_of_blocks_is_named(wrong, named):
+    """The caller's list must stay as given, after __init__ and after every operation.
+
+    Without that test these ended in an AttributeError deep in remove (the sentinel handed back as block 0)
+    or in an IndexError inside the check itself.
+    """
+    message = rejects(check_free_queue, wrong, "must never change the list of blocks __init__ is given")
+    assert named in message
+    assert "before: [0, 1, 2, 3, 4]" in message  # what the list held, and what it holds now
+    assert "AttributeError" not in message and "IndexError" not in message
 
 
 # --------------------------------------------------------------------------- #

@@ -47,6 +47,29 @@ def _skips_a_miss(block_pool, block_hashes, max_num_blocks):
     return hits
 
 
+def _keeps_every_lookup(block_pool, block_hashes, max_num_blocks):
+    """Walks past the misses: one get_cached_block per hash, the misses' None kept in the list."""
+    return [block_pool.get_cached_block(block_hash) for block_hash in block_hashes[:max_num_blocks]]
+
+
+def _drops_only_the_trailing_misses(block_pool, block_hashes, max_num_blocks):
+    """Walks past a miss in the middle: only the misses at the end are cut off."""
+    hits = [block_pool.get_cached_block(block_hash) for block_hash in block_hashes[:max_num_blocks]]
+    while hits and hits[-1] is None:
+        hits.pop()
+    return hits
+
+
+def _appends_the_miss_then_stops(block_pool, block_hashes, max_num_blocks):
+    hits = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash)
+        hits.append(block)  # before the test: the miss's None goes in too
+        if block is None:
+            break
+    return hits
+
+
 def _ignores_max_num_blocks(block_pool, block_hashes, max_num_blocks):
     return reference_lookup(block_pool, block_hashes, len(block_hashes))
 
@@ -108,6 +131,28 @@ def test_ch05_find_longest_cache_hit_rejects_typical_mistakes(wrong, expected_me
 def test_ch05_find_longest_cache_hit_reports_the_blocks_returned():
     with pytest.raises(AssertionError, match=r"returned blocks \[0, 1, 3\]"):
         check_find_longest_cache_hit(_skips_a_miss)
+
+
+@pytest.mark.parametrize(
+    "wrong, named",
+    [
+        (_keeps_every_lookup, "an empty cache: returned [None, None, None]"),
+        (_drops_only_the_trailing_misses, "a miss at block 2: returned [0, 1, None, 3]"),
+        (_appends_the_miss_then_stops, "an empty cache: returned [None]"),
+    ],
+    ids=lambda value: getattr(value, "__name__", "")[:40],
+)
+def test_ch05_find_longest_cache_hit_a_kept_miss_is_told_to_stop_at_the_first_miss(wrong, named):
+    """A None in the hit is a miss walked past, not a wrong item type (the old message said 'NoneType items')."""
+    message = rejects(check_find_longest_cache_hit, wrong, "A hit stops at the first miss")
+    assert named in message  # the case, and what came back, by block id
+    assert "block i+1 can only be reused if block i is" in message
+    assert "NoneType" not in message and "not block ids or hashes" not in message
+
+
+def test_ch05_find_longest_cache_hit_skipping_a_miss_says_why_the_prefix_rule_holds():
+    message = rejects(check_find_longest_cache_hit, _skips_a_miss, "break, not continue")
+    assert "a miss at block 2" in message and "block i+1 can only be reused if block i is" in message
 
 
 def test_ch05_find_longest_cache_hit_lets_the_stub_error_through():

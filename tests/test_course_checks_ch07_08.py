@@ -25,11 +25,11 @@ if kernels.TRITON_AVAILABLE:
     import triton
     import triton.language as tl
 
-    def _launch(kernel, key, value, k_cache, v_cache, slot_mapping, **constexprs):
-        """The launcher the exercise gives the learner."""
+    def _launch(kernel, key, value, k_cache, v_cache, slot_mapping, grid=None, **constexprs):
+        """The launcher the exercise gives the learner (``grid``: a learner's own grid instead of one program a token)."""
         num_tokens = key.shape[0]
         _, block_size, num_kv_heads, head_dim = k_cache.shape
-        kernel[(num_tokens,)](
+        kernel[grid or (num_tokens,)](
             key,
             value,
             k_cache,
@@ -59,6 +59,9 @@ if kernels.TRITON_AVAILABLE:
         "slot used as an element offset": 4,
         "slot treated as a block id": 5,
         "key/value strides ignored": 6,
+        "no mask on the loads and stores": 7,
+        "head_dim left out of the mask": 8,
+        "heads left out of the mask": 9,
     }
 
     @triton.jit
@@ -87,6 +90,10 @@ if kernels.TRITON_AVAILABLE:
         heads = tl.arange(0, HEADS_PAD)[:, None]
         dims = tl.arange(0, HEAD_DIM_PAD)[None, :]
         in_tile = (heads < num_kv_heads) & (dims < head_dim)
+        if MISTAKE == 8:
+            in_tile = (heads < num_kv_heads) & (dims < HEAD_DIM_PAD)  # "the padded width is the row"
+        if MISTAKE == 9:
+            in_tile = (heads < HEADS_PAD) & (dims < head_dim)
         if MISTAKE == 2:
             slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
         else:
@@ -105,6 +112,12 @@ if kernels.TRITON_AVAILABLE:
             source = token * num_kv_heads * head_dim + heads * head_dim + dims  # ignores the strides
             key = tl.load(key_ptr + source, mask=in_tile)
             value = tl.load(value_ptr + source, mask=in_tile)
+        elif MISTAKE == 7:  # no mask anywhere: every lane of the padded tile is loaded and stored
+            key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims)
+            value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims)
+            tl.store(k_cache_ptr + row, key)
+            tl.store(v_cache_ptr + row, value)
+            return
         else:
             key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
             value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
@@ -145,6 +158,12 @@ def _store_kv_with(mistake: str):
     return store_kv
 
 
+def _store_kv_with_a_power_of_two_grid(key, value, k_cache, v_cache, slot_mapping):
+    """A correct kernel launched on a grid rounded up to a power of two ("Triton likes powers of two")."""
+    grid = (triton.next_power_of_2(key.shape[0]),)
+    _launch(_store_kv_kernel, key, value, k_cache, v_cache, slot_mapping, grid=grid, MISTAKE=0)
+
+
 def _stub_store_kv(key, value, k_cache, v_cache, slot_mapping):
     _launch(_stub_kernel, key, value, k_cache, v_cache, slot_mapping)
 
@@ -178,6 +197,31 @@ def test_ch07_store_kv_rejects_typical_mistakes(mistake, expected_message):
 
 
 @needs_triton
+@pytest.mark.parametrize(
+    "mistake, case, lanes",
+    [
+        ("no mask on the loads and stores", "one KV head, head_dim 12", "dims 12..15 of every head"),
+        ("head_dim left out of the mask", "one KV head, head_dim 12", "dims 12..15 of every head"),
+        ("heads left out of the mask", "three KV heads", "head 3: 3 KV heads are padded to 4"),
+    ],
+)
+def test_ch07_store_kv_a_missing_mask_is_named(mistake, case, lanes):
+    """The old message blamed the slot arithmetic ("a slot is block_id * block_size + offset") or said
+    only that other slots changed; the stores past each head's row are the padding lanes of the tile."""
+    message = rejects(check_store_kv, _store_kv_with(mistake), "where the tile's padding lanes fall")
+    assert case in message and lanes in message and "mask=in_tile" in message
+    assert "slot // BLOCK_SIZE" not in message
+
+
+@needs_triton
+def test_ch07_store_kv_a_store_past_num_tokens_is_named():
+    """Without the bait slot after slot_mapping, the extra programs read garbage slots (the process could crash)."""
+    message = rejects(check_store_kv, _store_kv_with_a_power_of_two_grid, "stored a token past num_tokens")
+    assert "five tokens in scattered slots" in message and "slot 15 changed" in message
+    assert "grid = (num_tokens,)" in message
+
+
+@needs_triton
 def test_ch07_store_kv_reports_the_stub_as_not_implemented():
     with pytest.raises(NotImplementedError):
         check_store_kv(_stub_store_kv)
@@ -197,9 +241,11 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
         kv_head_of = torch.arange(num_q_heads) % num_kv_heads
     else:
         kv_head_of = torch.arange(num_q_heads) // group
-    running_max = torch.full((num_q_heads,), float("-inf"))
-    running_sum = torch.zeros(num_q_heads)
-    acc = torch.zeros(num_q_heads, head_dim)
+    # "computes in the query's dtype": float16/bfloat16 arithmetic throughout, where float32 is asked.
+    dtype = query.dtype if mistake == "computes in the query's dtype" else torch.float32
+    running_max = torch.full((num_q_heads,), float("-inf"), dtype=dtype)
+    running_sum = torch.zeros(num_q_heads, dtype=dtype)
+    acc = torch.zeros(num_q_heads, head_dim, dtype=dtype)
     num_blocks = math.ceil(seq_len / block_size)
     for i in range(num_blocks):
         block = i if mistake == "logical ids" else int(block_table[i])
@@ -208,16 +254,22 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
             valid_rows = block_size
         else:
             valid_rows = valid
-        k = k_cache[block, :valid_rows, kv_head_of].float()  # [n, Hq, D]
-        v = v_cache[block, :valid_rows, kv_head_of].float()
-        scores = torch.einsum("hd,nhd->hn", query.float(), k) * scale
+        k = k_cache[block, :valid_rows, kv_head_of].to(dtype)  # [n, Hq, D]
+        v = v_cache[block, :valid_rows, kv_head_of].to(dtype)
+        scores = torch.einsum("hd,nhd->hn", query.to(dtype), k) * scale
         if mistake == "masks scores only":
             scores[:, valid:] = float("-inf")
         new_max = torch.maximum(running_max, scores.max(dim=1).values)
         weights = torch.exp(scores - new_max[:, None])
         rescale = torch.exp(running_max - new_max)
-        running_sum = running_sum * rescale + weights.sum(dim=1)
-        acc = acc * rescale[:, None] + torch.einsum("hn,nhd->hd", weights, v)
+        if mistake in ("no rescale of the sum", "no rescale"):
+            running_sum = running_sum + weights.sum(dim=1)  # the old terms keep their old max
+        else:
+            running_sum = running_sum * rescale + weights.sum(dim=1)
+        if mistake in ("no rescale of acc", "no rescale"):
+            acc = acc + torch.einsum("hn,nhd->hd", weights, v)
+        else:
+            acc = acc * rescale[:, None] + torch.einsum("hn,nhd->hd", weights, v)
         running_max = new_max
     return (acc / running_sum[:, None]).to(query.dtype)
 
@@ -261,6 +313,60 @@ def test_ch07_paged_decode_rejects_typical_mistakes(mistake, expected_message):
         return _paged_decode(*args, mistake=mistake, **kwargs)
 
     rejects(check_paged_decode, wrong, expected_message, regex=True)
+
+
+@pytest.mark.parametrize(
+    "mistake, left_out",
+    [
+        ("no rescale of acc", "never rescales the accumulator acc"),
+        ("no rescale of the sum", "never rescales the running sum"),
+        ("no rescale", "never rescales the accumulator and the running sum"),
+    ],
+)
+def test_ch07_paged_decode_a_missing_rescale_is_named(mistake, left_out):
+    """The old message was only "compare your loop with kernels.reference.paged_attention on this case"."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    message = rejects(check_paged_decode, wrong, "the online-softmax rescale is missing")
+    assert left_out in message
+    assert "three full blocks in shuffled physical blocks (seq_len=12" in message  # the input it failed on
+    # the separating inputs: right when the max never changes, wrong where it grows
+    assert "(the running max never changes) your output is right" in message
+    assert "max grows in the sequence's block" in message and "exp(old_max - new_max)" in message
+
+
+def test_ch07_paged_decode_half_precision_arithmetic_is_told_to_accumulate_in_float32():
+    """float16/bfloat16 arithmetic passed the old 2e-2 tolerance; it is several ulps off the float32 result."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake="computes in the query's dtype", **kwargs)
+
+    message = rejects(check_paged_decode, wrong, "accumulate in float32")
+    assert "float16 query and caches" in message and "dtype=torch.float16" in message  # the case
+    assert "ulps of float16 away from the float32 result" in message
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ch07_paged_decode_ulp_tolerance_separates_float32_from_half_accumulation(dtype):
+    """On the check's long half-precision case: float32 accumulation is within 1 ulp, half arithmetic is not."""
+    from mini_vllm.course.kernel_checks import _DecodeCase, _ulps
+
+    case = _DecodeCase(
+        seq_len=64,
+        block_size=16,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        table=[3, 0, 2, 1],
+        num_blocks=4,
+        dtype=dtype,
+    )
+    exact = case.dense(32**-0.5)
+    args = (case.query, case.k_cache, case.v_cache, case.block_table, case.seq_len)
+    assert _ulps(_paged_decode(*args), exact, case.values, dtype) <= 0.55
+    assert _ulps(_paged_decode(*args, mistake="computes in the query's dtype"), exact, case.values, dtype) > 2
 
 
 # -- chapter 08: schedule_waiting ------------------------------------------------------

@@ -84,6 +84,12 @@ def _drops_a_tool(system_prompt, tools, user_request, now):
     return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
 
 
+def _keeps_the_minute_at_the_top(system_prompt, tools, user_request, now):
+    """Sorted tools, the exact time in the user's turn, but "today, to the minute" stays at the top."""
+    lines = [f"Today: {now:%Y-%m-%d %H:%M}", system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
 def _returns_a_string(system_prompt, tools, user_request, now):
     return f"{system_prompt}\n{user_request}\n{now}"
 
@@ -104,6 +110,20 @@ def _returns_a_string(system_prompt, tools, user_request, now):
 )
 def test_ch09_prompt_fix_rejects_typical_mistakes(wrong, expected_message):
     rejects(check_prompt_fix, wrong, expected_message, regex=True)
+
+
+def test_ch09_prompt_fix_names_the_pair_where_reuse_is_lost():
+    """Requests 0 and 1 fall in the same minute: request 1 reuses all it can. The minute changes before
+    request 2, which reuses one block. The old diagnosis named the first pair whose prompts differ at all
+    (always requests 0 and 1), and blamed "the timestamp" for a difference in the user's turn."""
+    requests = make_requests(8)
+    minutes = [f"{r['now']:%H:%M}" for r in requests]
+    assert minutes[0] == minutes[1] != minutes[2]  # the scenario this test relies on
+    message = rejects(check_prompt_fix, _keeps_the_minute_at_the_top, "request 2 is the first that reuses less")
+    assert "It and request 1 (the request before it) first differ" in message
+    assert f"Today: 2026-11-30 {minutes[2]}" in message  # where they part: the minute at the top
+    assert "a part of the current time (the date, the hour or the minute) still comes before" in message
+    assert "requests 0 and 1" not in message
 
 
 def test_ch09_prompt_fix_stub_raises_not_implemented():

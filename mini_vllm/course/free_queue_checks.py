@@ -8,8 +8,11 @@ neighbouring blocks agree with each other. Two queues alive at once must not
 interfere (state on the class, or in a mutable default, is shared), and every
 operation on a queue of 20,000 blocks must read only a handful of links: the
 blocks count their link reads and comparisons, so an O(n) walk or a search of
-a Python list shows up (and is stopped early). Then it drives the learner's
-queue and the reference with the same random operations and compares them.
+a Python list shows up (and is stopped early). The list of blocks given to
+the constructor must stay as it was, after ``__init__`` and after every
+operation (the pool keeps using it as ``BlockPool.blocks``). Then it drives
+the learner's queue and the reference with the same random operations and
+compares them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,31 @@ from ._harness import CheckFailure, Checker, guarded_check, learner_error
 from .fixtures import CountingBlock, TooManySteps, block_ids
 
 
+GIVEN_LIST_HINT = (
+    "the queue must never change the list of blocks __init__ is given, in __init__ or later: the pool keeps "
+    "using it (BlockPool.blocks is that very list, block i at index i, for the pool's whole life). Read it "
+    "(a for loop over it), link the blocks through prev_free_block/next_free_block and keep your sentinels "
+    "(or head and tail) on self; never pop from it, insert sentinels into it, sort it, or remove blocks from it"
+)
+
+
+def _expect_given_list_unchanged(check: Checker, given: list, blocks: list, case: str) -> None:
+    """``given`` (the list passed to the constructor) must still hold exactly ``blocks``, in order."""
+    if len(given) == len(blocks) and all(a is b for a, b in zip(given, blocks)):
+        return
+    ids = [getattr(b, "block_id", b) for b in given]
+    expected = [b.block_id for b in blocks]
+    if len(expected) <= 12:
+        change = f"\n    before: {expected}\n    after:  {ids}"
+    else:
+        first = next((i for i, (a, b) in enumerate(zip(given, blocks)) if a is not b), min(len(given), len(blocks)))
+        change = (
+            f" (it held {len(expected):,} blocks, now {len(ids):,}; first change at index {first}: "
+            f"{ids[first : first + 3] if first < len(ids) else 'the end'} instead of {expected[first : first + 3]})"
+        )
+    check.fail(f"{case}: your queue changed the list of blocks the caller passed to __init__{change}", GIVEN_LIST_HINT)
+
+
 class _Scenario:
     """A learner's queue over fresh blocks, plus what it should contain."""
 
@@ -30,9 +58,10 @@ class _Scenario:
         self.check = check
         self.name = name
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        self.given = list(self.blocks)  # the caller's list (the pool's blocks): it must stay as it is
         self.queue = check.call(
             queue_cls,
-            list(self.blocks),
+            self.given,
             what=f"{name}: FreeKVCacheBlockQueue(blocks of ids 0..{num_blocks - 1})",
             expected="a queue holding every block given, head first",
         )
@@ -45,6 +74,7 @@ class _Scenario:
 
     def verify(self, hint: str) -> None:
         check = self.check
+        _expect_given_list_unchanged(check, self.given, self.blocks, self.where())
         got = block_ids(self.free_list())
         check.expect_equal(got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", hint)
         check.expect_equal(
@@ -93,6 +123,7 @@ class _Scenario:
         except (NotImplementedError, CheckFailure):
             raise
         except Exception as error:  # noqa: BLE001 - reported with the operations that led to it
+            _expect_given_list_unchanged(self.check, self.given, self.blocks, f"{self.where()}: {operation}()")
             hint = ""
             if isinstance(error, AttributeError) and "NoneType" in str(error):
                 hint = (
@@ -187,10 +218,11 @@ _MAX_STEPS_PER_OPERATION = 40
 def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
     """On a queue of 20,000 blocks, each operation may touch only a few blocks (O(1))."""
     blocks = [CountingBlock(i) for i in range(_LARGE)]
+    given = list(blocks)
     budget = 50 * _LARGE
     CountingBlock.reads, CountingBlock.budget = 0, budget
     try:
-        queue = check.call(queue_cls, blocks, what=f"FreeKVCacheBlockQueue of {_LARGE:,} blocks")
+        queue = check.call(queue_cls, given, what=f"FreeKVCacheBlockQueue of {_LARGE:,} blocks")
     except TooManySteps:
         check.fail(
             f"building a queue of {_LARGE:,} blocks read more than {budget:,} block links or comparisons "
@@ -200,6 +232,7 @@ def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
         )
     finally:
         CountingBlock.budget = None
+    _expect_given_list_unchanged(check, given, blocks, f"a queue of {_LARGE:,} blocks, just built")
     middle = blocks[_LARGE // 2]
     operations = [
         ("remove(a block in the middle)", lambda: queue.remove(middle)),
@@ -227,14 +260,17 @@ def _check_constant_time(check: Checker, queue_cls: Callable) -> None:
             "pop(0) on a list of blocks): relink the block's neighbours through prev_free_block/next_free_block, "
             "and keep num_free_blocks as a counter you update in every operation",
         )
+    _expect_given_list_unchanged(check, given, blocks, f"a queue of {_LARGE:,} blocks, after its operations")
 
 
 def _check_independent_queues(check: Checker, queue_cls: Callable) -> None:
     """Two live queues must not share state (class attributes, mutable defaults)."""
     first_blocks = [KVCacheBlock(i) for i in range(3)]
     second_blocks = [KVCacheBlock(10 + i) for i in range(2)]
-    first = check.call(queue_cls, first_blocks, what="a first queue of blocks 0, 1, 2")
-    second = check.call(queue_cls, second_blocks, what="a second queue of blocks 10, 11, while the first is alive")
+    first = check.call(queue_cls, list(first_blocks), what="a first queue of blocks 0, 1, 2")
+    second = check.call(
+        queue_cls, list(second_blocks), what="a second queue of blocks 10, 11, while the first is alive"
+    )
     check.call(second.popleft, what="popleft() on the second queue")
     got_first = block_ids(check.call(first.get_all_free_blocks, what="get_all_free_blocks() on the first queue"))
     got_second = block_ids(check.call(second.get_all_free_blocks, what="get_all_free_blocks() on the second queue"))
@@ -299,7 +335,8 @@ def check_free_queue(queue_cls: Callable) -> None:
         num_blocks = check.rng.randint(1, 12)
         mine_blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         ref_blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        mine = check.call(queue_cls, mine_blocks, what=f"random trial {trial}: a queue of {num_blocks} blocks")
+        mine_given = list(mine_blocks)
+        mine = check.call(queue_cls, mine_given, what=f"random trial {trial}: a queue of {num_blocks} blocks")
         ref = ReferenceQueue(ref_blocks)
         in_queue = set(range(num_blocks))
         history: list[str] = []
@@ -338,4 +375,5 @@ def check_free_queue(queue_cls: Callable) -> None:
                 f"random trial {trial}: after {' -> '.join(history[-6:])}: (queue head to tail, num_free_blocks)",
                 random_case=True,
             )
+        _expect_given_list_unchanged(check, mine_given, mine_blocks, f"random trial {trial}: after 30 operations")
     check.passed()

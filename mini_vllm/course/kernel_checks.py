@@ -7,18 +7,27 @@
   cache that only *reserves* 8 GiB of address space (only the pages written
   are ever backed by memory), to catch offsets computed in 32 bits, and
   float16 rows, values of magnitude 1e30 (a float16 detour turns them into
-  inf) and block sizes that are not powers of two.
+  inf) and block sizes that are not powers of two. A store outside the
+  tokens' rows that falls exactly on the padding lanes of the
+  ``[HEADS_PAD, HEAD_DIM_PAD]`` tile is named as a missing mask; ``slot_mapping``
+  is followed in memory by a slot no token has, so a program that runs past
+  ``num_tokens`` writes there (and is named) instead of at a garbage address.
 * :func:`check_paged_decode` compares your PyTorch
   ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
   with :func:`kernels.reference.paged_attention` for one sequence, float16
-  and bfloat16 included (the output keeps the query's dtype), with scores all
-  far below 0, and checks that the inputs (the shared caches) are unchanged.
+  and bfloat16 included (the output keeps the query's dtype, within 1 ulp of
+  the float32 result: arithmetic in float16/bfloat16 is several ulps off),
+  with scores all far below 0, and checks that the inputs (the shared caches)
+  are unchanged. An output that an online softmax without the rescale by
+  ``exp(old_max - new_max)`` gives, or one that is right only when the
+  running max never changes (the same keys reordered), is named as such.
 * :func:`use_attention_backend` puts an attention backend of your own into a
   running ``LLM`` (every layer), so your code can serve a real ``generate``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import mmap
 import sys
@@ -33,6 +42,8 @@ GUARD_ROWS = 2
 """Rows of sentinel values before and after each cache in the store_kv check."""
 SENTINEL = -7.0
 """What every slot nobody writes holds: a store that lands anywhere else shows up."""
+PAST_THE_END = 8
+"""Entries after slot_mapping (the bait slot) and rows after key and value (zeros) in the store_kv check."""
 
 
 # -- shared helpers ----------------------------------------------------------------
@@ -119,6 +130,11 @@ class _GuardedCache:
         changed = (rows != SENTINEL).any(dim=1).nonzero().flatten().tolist()
         return [slot for slot in changed if slot not in valid_slots]
 
+    def changed_offsets(self) -> set[int]:
+        """Element offsets (relative to the cache's start; guard rows included) that no longer hold the sentinel."""
+        changed = (self.buffer != SENTINEL).nonzero().flatten() - GUARD_ROWS * self.row
+        return set(changed.tolist())
+
     def find_row(self, row: torch.Tensor) -> int | None:
         """Element offset (relative to the cache's start) where ``row`` was written, if anywhere."""
         flat = self.buffer
@@ -169,7 +185,18 @@ def _store_case(
         value = wider[:, 1:, head_dim:]
     k = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
     v = _GuardedCache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
-    slot_mapping = torch.tensor(slots, dtype=slot_dtype, device=device)
+    # slot_mapping (and key, value when they are plain tensors) are views of longer buffers: what follows
+    # their last token is a slot no token has (the bait) and rows of zeros, so a program that runs past
+    # num_tokens stores into the bait slot, where the check sees it, instead of wherever garbage points.
+    unused = sorted(set(range(num_blocks * block_size)) - set(slots))
+    bait = unused[-1] if unused else -1
+    backing = torch.full((num_tokens + PAST_THE_END,), bait, dtype=slot_dtype, device=device)
+    backing[:num_tokens] = torch.tensor(slots, dtype=slot_dtype)
+    slot_mapping = backing[:num_tokens]
+    if not fused_qkv:
+        key = _followed_by_zeros(key)
+    if not (fused_qkv or value_from_wider):
+        value = _followed_by_zeros(value)
 
     _call_kernel_launcher(
         store_kv,
@@ -190,6 +217,35 @@ def _store_case(
     def fail(problem: str, hint: str) -> None:
         check.expect(False, f"{where}: {problem}", hint, random_case=random_case)
 
+    # The lanes of the [HEADS_PAD, HEAD_DIM_PAD] tile that are not part of a row: with the mask
+    # missing from the store, each token writes them past its heads' last elements.
+    heads_pad, dims_pad = _next_power_of_2(num_kv_heads), _next_power_of_2(head_dim)
+    row = k.row
+    padding_lanes: set[int] = set()
+    for slot in slots:
+        if slot >= 0:
+            padding_lanes.update(
+                slot * row + head * head_dim + dim
+                for head in range(heads_pad)
+                for dim in range(dims_pad)
+                if head >= num_kv_heads or dim >= head_dim
+            )
+    extra = []
+    if dims_pad > head_dim:
+        extra.append(f"dims {head_dim}..{dims_pad - 1} of every head: head_dim {head_dim} is padded to {dims_pad}")
+    if heads_pad > num_kv_heads:
+        extra.append(
+            f"head{'s' if heads_pad - num_kv_heads > 1 else ''} {', '.join(map(str, range(num_kv_heads, heads_pad)))}: "
+            f"{num_kv_heads} KV heads are padded to {heads_pad}"
+        )
+    mask_hint = (
+        f"the tile has HEADS_PAD x HEAD_DIM_PAD = {heads_pad} x {dims_pad} lanes, but a token's row is only "
+        f"num_kv_heads x head_dim = {num_kv_heads} x {head_dim} elements. The extra lanes ({'; '.join(extra)}) "
+        "must be masked off, or they are stored too: past the end of each head's row, into the next slot's row "
+        "(or past the cache). Pass mask=in_tile, which bounds both (heads < num_kv_heads) & (dims < head_dim), "
+        "to both tl.store calls, and to the tl.loads (those lanes read past the token's row of key and value)"
+    )
+
     # Properties first: each names one mistake. Where did each token's row go?
     for token, slot in enumerate(slots):
         if slot < 0:
@@ -201,6 +257,17 @@ def _store_case(
         want_v = value[token].to(cache_dtype)
         if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
             continue
+        wrong_elements = {
+            slot * row + j
+            for got, want in ((got_k, want_k), (got_v, want_v))
+            for j in (got.reshape(-1) != want.reshape(-1)).nonzero().flatten().tolist()
+        }
+        if padding_lanes and wrong_elements <= padding_lanes:
+            fail(
+                f"token {token} (slot {slot}) is not in its slot: elements of its row were overwritten by another "
+                "token's padding lanes",
+                mask_hint,
+            )
         narrowed = [
             narrow
             for narrow in (torch.float16, torch.bfloat16)
@@ -254,6 +321,23 @@ def _store_case(
     valid = {slot for slot in slots if slot >= 0}
     stray_k, stray_v = k.stray_rows(valid), v.stray_rows(valid)
     in_bounds = k.guards_untouched() and v.guards_untouched()
+    if stray_k or stray_v or not in_bounds:
+        rows = {slot * row + j for slot in valid for j in range(row)}
+        outside = (k.changed_offsets() | v.changed_offsets()) - rows
+        if bait >= 0 and bait in stray_k + stray_v and bait not in valid:
+            fail(
+                f"slot {bait} changed, but no token has it: it is the slot that follows slot_mapping's "
+                f"{num_tokens} entries in memory, so your kernel stored a token past num_tokens",
+                "launch one program per token (grid = (num_tokens,)) and let program i store token i only; a "
+                "program that handles several tokens must mask its loads and stores with tokens < num_tokens",
+            )
+        if padding_lanes and outside and outside <= padding_lanes:
+            fail(
+                f"your kernel wrote {len(outside)} element(s) outside the tokens' rows, all of them right after "
+                "a head's row, where the tile's padding lanes fall: your store's mask lets them through (or "
+                "there is none)",
+                mask_hint,
+            )
     if -1 in slots and not (in_bounds and not stray_k and not stray_v):
         fail(
             "a token with slot -1 was written somewhere",
@@ -277,6 +361,18 @@ def _store_case(
         "only the slots in slot_mapping may change, each to its token's K (V) row",
         random_case=random_case,
     )
+
+
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2``: the launcher's HEADS_PAD and HEAD_DIM_PAD."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _followed_by_zeros(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (contiguous, tokens first) as a view of a buffer with PAST_THE_END rows of zeros after it."""
+    buffer = torch.zeros((tensor.shape[0] + PAST_THE_END, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    buffer[: tensor.shape[0]] = tensor
+    return buffer[: tensor.shape[0]]
 
 
 def _reserve(num_elements: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
@@ -497,6 +593,24 @@ class _DecodeCase:
             self.query, self.k_cache, self.v_cache = (t.to(dtype) for t in (self.query, self.k_cache, self.v_cache))
             self.keys, self.values = self.keys.to(dtype).float(), self.values.to(dtype).float()
 
+    def with_positions(self, order: list[int]) -> _DecodeCase:
+        """The same keys and values in another order along the sequence (the same blocks, the same garbage)."""
+        other = copy.copy(self)
+        other.keys, other.values = self.keys[order], self.values[order]
+        other.k_cache, other.v_cache = self.k_cache.clone(), self.v_cache.clone()
+        table = self.block_table.tolist()
+        for position in range(self.seq_len):
+            block, offset = table[position // self.block_size], position % self.block_size
+            other.k_cache[block, offset] = other.keys[position].to(self.k_cache.dtype)
+            other.v_cache[block, offset] = other.values[position].to(self.v_cache.dtype)
+        return other
+
+    def scores(self, scale) -> torch.Tensor:
+        """[num_q_heads, seq_len] float32 scores q . k * scale (query head h reads KV head h // group)."""
+        group = self.num_q_heads // self.num_kv_heads
+        keys = self.keys.float().repeat_interleave(group, dim=1)
+        return torch.einsum("hd,nhd->hn", self.query.float(), keys) * scale
+
     def describe(self) -> str:
         return (
             f"seq_len={self.seq_len}, block_size={self.block_size}, block_table={self.block_table.tolist()}, "
@@ -578,10 +692,24 @@ def _decode_case(
         "expects the model's dtype",
         random_case=random_case,
     )
+    used_scale = case.head_dim**-0.5 if scale is None else scale
     if _close(got, want):
+        if case.dtype != torch.float32:
+            exact = case.dense(used_scale)  # float32, from the same half-precision inputs
+            ulps = _ulps(got, exact, case.values, case.dtype)
+            dtype = str(case.dtype).removeprefix("torch.")
+            check.expect(
+                ulps <= 1.0,
+                f"{where}: your output is {ulps:.1f} ulps of {dtype} away from the float32 result (a float32 "
+                f"computation rounded once to {dtype} is within 1 ulp)",
+                f"accumulate in float32: convert the query and each block's K and V with .float() before the dot "
+                f"products, keep running_max, running_sum and acc in float32, and round once, at the end: "
+                f"return (acc / running_sum[:, None]).to(query.dtype). Arithmetic in {dtype} rounds every "
+                f"product, exp and sum to {_MANTISSA_BITS[case.dtype] + 1} significant bits",
+                random_case=random_case,
+            )
         check.expect(True, where, random_case=random_case)
         return
-    used_scale = case.head_dim**-0.5 if scale is None else scale
     hint = "compare your loop with kernels.reference.paged_attention on this case"
     extreme = case.very_negative or (scale is not None and scale >= 10)
     if extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
@@ -614,6 +742,8 @@ def _decode_case(
             f"the last block holds only {valid} of the sequence's tokens (seq_len % block_size); you also "
             f"attended to its {case.block_size - valid} unused slots: mask them (or slice them off)"
         )
+    elif (rescale := _missing_rescale(paged_decode, case, used_scale, kwargs, got)) is not None:
+        hint = rescale
     else:
         logical = _logical_block_output(case, used_scale)
         if logical is not None and _close(got, logical):
@@ -627,6 +757,111 @@ def _decode_case(
         f"{(got.float() - want.float()).abs().max().item():.3g}",
         hint,
         random_case=random_case,
+    )
+
+
+_MANTISSA_BITS = {torch.float16: 10, torch.bfloat16: 7}
+
+
+def _ulps(got: torch.Tensor, exact: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> float:
+    """The largest error of ``got`` against the float32 ``exact``, in ulps of ``dtype`` at each element.
+
+    An element near 0 (the weighted values cancel) is measured with the ulp at 1/64 of the largest
+    |V|: float32's own rounding there is far below it, and a ulp at 1e-6 would be meaningless.
+    """
+    floor = max(values.abs().max().item() / 64, torch.finfo(dtype).tiny)
+    magnitude = exact.abs().clamp_min(floor)
+    ulp = torch.exp2(torch.floor(torch.log2(magnitude)) - _MANTISSA_BITS[dtype])
+    return ((got.float() - exact).abs() / ulp).max().item()
+
+
+def _online_softmax(case: _DecodeCase, scale, *, rescale_acc: bool, rescale_sum: bool) -> torch.Tensor:
+    """The online softmax over the case's blocks in float32, with the rescale of acc and/or the sum left out."""
+    scores, values = case.scores(scale), case.values.float()
+    group = case.num_q_heads // case.num_kv_heads
+    values = values.repeat_interleave(group, dim=1)  # [seq_len, num_q_heads, head_dim]
+    running_max = torch.full((case.num_q_heads,), float("-inf"))
+    running_sum = torch.zeros(case.num_q_heads)
+    acc = torch.zeros(case.num_q_heads, case.head_dim)
+    for start in range(0, case.seq_len, case.block_size):
+        block_scores = scores[:, start : start + case.block_size]
+        new_max = torch.maximum(running_max, block_scores.max(dim=1).values)
+        rescale = torch.exp(running_max - new_max)
+        weights = torch.exp(block_scores - new_max[:, None])
+        running_sum = (running_sum * rescale if rescale_sum else running_sum) + weights.sum(dim=1)
+        block_values = values[start : start + case.block_size]
+        acc = (acc * rescale[:, None] if rescale_acc else acc) + torch.einsum("hn,nhd->hd", weights, block_values)
+        running_max = new_max
+    return acc / running_sum[:, None]
+
+
+def _missing_rescale(paged_decode: Callable, case: _DecodeCase, scale, kwargs: dict, got: torch.Tensor) -> str | None:
+    """A hint when ``got`` is what an online softmax without the rescale by exp(old_max - new_max) gives.
+
+    Two signs, either is enough: ``got`` equals the online softmax with the rescale of the accumulator
+    and/or the running sum left out; or the learner's function is right on the same keys and values
+    reordered so that every head's largest score sits in the first block (the running max then never
+    changes, so a missing rescale costs nothing) while it is wrong here, where the max grows.
+    """
+    if case.seq_len <= case.block_size:
+        return None
+    scores = case.scores(scale)
+    grows = None  # (query head, block of the sequence) where a running max first grows after block 0
+    for start in range(case.block_size, case.seq_len, case.block_size):
+        before = scores[:, :start].max(dim=1).values
+        block_max = scores[:, start : start + case.block_size].max(dim=1).values
+        heads = (block_max > before).nonzero().flatten().tolist()
+        if heads:
+            grows = (heads[0], start // case.block_size)
+            break
+    if grows is None:
+        return None
+    left_out = None
+    for rescale_acc, rescale_sum, what in (
+        (False, True, "the accumulator acc"),
+        (True, False, "the running sum"),
+        (False, False, "the accumulator and the running sum"),
+    ):
+        if _close(got, _online_softmax(case, scale, rescale_acc=rescale_acc, rescale_sum=rescale_sum)):
+            left_out = what
+            break
+    right_when_the_max_stays = False
+    first = list(dict.fromkeys(scores.argmax(dim=1).tolist()))  # every head's best position, once each
+    if len(first) <= case.block_size:
+        order = first + [p for p in range(case.seq_len) if p not in first]
+        steady = case.with_positions(order)
+        try:
+            again = paged_decode(
+                steady.query.clone(),
+                steady.k_cache.clone(),
+                steady.v_cache.clone(),
+                steady.block_table.clone(),
+                steady.seq_len,
+                **kwargs,
+            )
+            right_when_the_max_stays = isinstance(again, torch.Tensor) and _close(
+                again, steady.expected(kwargs.get("scale"))
+            )
+        except Exception:  # noqa: BLE001 - no second sign, the first may still tell
+            pass
+    if left_out is None and not right_when_the_max_stays:
+        return None
+    head, block = grows
+    return (
+        "the online-softmax rescale is missing"
+        + (f": your output is what the loop gives when it never rescales {left_out}" if left_out else "")
+        + ". "
+        + (
+            "On the same keys and values reordered so that every head's largest score is in the first block "
+            "(the running max never changes) your output is right; "
+            if right_when_the_max_stays
+            else ""
+        )
+        + f"here query head {head}'s max grows in the sequence's block {block} (of "
+        f"{math.ceil(case.seq_len / case.block_size)}). The terms summed before were weighted by "
+        "exp(score - old_max): when a block raises the max, multiply acc AND running_sum by "
+        "exp(old_max - new_max) before adding the block's terms (rescale = torch.exp(running_max - new_max); "
+        "acc = acc * rescale[:, None] + ...; running_sum = running_sum * rescale + ...)"
     )
 
 
@@ -787,6 +1022,35 @@ def check_paged_decode(paged_decode: Callable) -> None:
         (
             "block_size 3 (not a power of two)",
             dict(seq_len=8, block_size=3, num_q_heads=2, num_kv_heads=2, head_dim=4, table=[2, 0, 3], num_blocks=4),
+            None,
+        ),
+        # Long enough that arithmetic in float16/bfloat16 (not float32) is several ulps off, whatever the step.
+        (
+            "float16, 64 tokens in 4 blocks of 16 (accumulate in float32)",
+            dict(
+                seq_len=64,
+                block_size=16,
+                num_q_heads=4,
+                num_kv_heads=2,
+                head_dim=32,
+                table=[3, 0, 2, 1],
+                num_blocks=4,
+                dtype=torch.float16,
+            ),
+            None,
+        ),
+        (
+            "bfloat16, 64 tokens in 4 blocks of 16 (accumulate in float32)",
+            dict(
+                seq_len=64,
+                block_size=16,
+                num_q_heads=4,
+                num_kv_heads=2,
+                head_dim=32,
+                table=[3, 0, 2, 1],
+                num_blocks=4,
+                dtype=torch.bfloat16,
+            ),
             None,
         ),
     ]

@@ -6,7 +6,8 @@ and returns the cached blocks of the longest prefix, at most
 holds which hash, which blocks are in use), runs the learner's function and
 the reference on them, and names the mistake when they disagree. It also
 checks that the request's ``block_hashes`` list is left as it was, that each
-call returns a new list (a mutable default returns the same one), and that a
+call returns a new list (a mutable default returns the same one), that it
+holds no None (a miss walked past, not stopped at), and that a
 lookup in a pool of 20,000 blocks reads only the blocks it returns (O(hit
 length), not O(pool size)).
 """
@@ -94,6 +95,8 @@ def _run(
         "block_hashes is the request's own list (request.block_hashes): loop over it or slice it, never pop "
         "from it, reverse it or cut it in place",
     )
+    if any(item is None for item in result):
+        _fail_on_a_kept_miss(check, pool, hashes, result, case, random_case)
     wrong = [item for item in result if not isinstance(item, KVCacheBlock)]
     check.expect(
         not wrong,
@@ -110,6 +113,32 @@ def _run(
         random_case=random_case,
     )
     return result
+
+
+PREFIX_RULE = (
+    "block i+1 can only be reused if block i is: its hash chains over block i's, and its K/V were computed "
+    "attending to block i's tokens, so from the first missing block on the model computes every token anyway"
+)
+
+
+def _fail_on_a_kept_miss(
+    check: Checker, pool: BlockPool, hashes: list, result: list, case: str, random_case: bool
+) -> None:
+    """The result holds None: get_cached_block's answer for a miss, kept instead of stopping there."""
+    first = result.index(None)
+    shown = [None if item is None else getattr(item, "block_id", item) for item in result]
+    misses = [i for i, block_hash in enumerate(hashes) if pool.get_cached_block(block_hash) is None]
+    first_miss = misses[0] if misses else first
+    after = len(result) > first + 1
+    check.expect(
+        False,
+        f"{case}: returned {shown} (block ids; None where get_cached_block found nothing): position {first} "
+        f"holds None, so block {first_miss}'s hash is a miss (not cached)"
+        + (f", and your list goes on past it ({len(result) - first - 1} more item(s))" if after else ""),
+        "get_cached_block(block_hash) returns None for a hash that is not cached. A hit stops at the first "
+        "miss: test `if block is None: break` before appending, and return only the blocks before it; " + PREFIX_RULE,
+        random_case=random_case,
+    )
 
 
 @guarded_check(part="find_longest_cache_hit")
@@ -147,8 +176,8 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     check.expect(
         len(result) <= 2,
         f"a miss at block 2: block 2 is not cached, but your function returned {_describe(result)}",
-        "stop at the first miss (break, not continue): a hit must be a prefix. The model computes every token "
-        "from the first missing block on, so a cached block after the hole cannot be used",
+        "stop at the first miss (break, not continue): a hit must be a prefix of the request. Block 3 is cached, "
+        "but " + PREFIX_RULE,
     )
     check.expect_equal(
         _describe(result), "blocks [0, 1]", "a miss at block 2", "blocks 0 and 1 are cached and come before the miss"
