@@ -53,7 +53,11 @@ REFERENCES = {
         longest_cache_hit,
     ],
     "free_blocks": [BlockPool.free_blocks],
-    "free_request_blocks": [KVCacheManager.free, kv_cache_manager.free_request_blocks],
+    # KVCacheManager.free only asks each KV-cache group to free; a group's free hands the table to the part.
+    "free_request_blocks": [
+        single_type_kv_cache_manager.SingleTypeKVCacheManager.free,
+        kv_cache_manager.free_request_blocks,
+    ],
     "get_new_blocks": [BlockPool.get_new_blocks, BlockPool._maybe_evict_cached_block],
     "store_kv": [sys.modules["kernels.store_kv"]._store_kv_kernel.fn],
     "paged_decode": [kernel_reference.paged_attention, kernel_reference.unified_attention],

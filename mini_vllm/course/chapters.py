@@ -58,7 +58,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(
         "05",
         "05_prefix_hits.ipynb",
-        "prefix hits: the hash map, `find_longest_cache_hit`, the last-block rule, same-step hits, n>1 sharing",
+        "prefix hits: the hash map, `find_longest_cache_hit`, the last-block rule, same-step hits, "
+        "speculative decoding's lookahead, n>1 sharing, counting hits",
         "`find_longest_cache_hit`",
     ),
     Chapter(
