@@ -51,8 +51,8 @@ STEPS = {
 }
 # Windows smaller than a block (8), across blocks, equal to a sequence (40, 37), larger than every one.
 WINDOWS = {
-    "mixed": [1, 5, 13, 40, 1000],
-    "decode": [1, 5, 13, 40, 1000],
+    "mixed": [1, 13, 40, 1000],
+    "decode": [1, 13, 40, 1000],
     "one prefill": [36, 37, 38],
 }
 
@@ -263,7 +263,7 @@ def test_equals_dense_masked_attention_with_freed_blocks(step, window, impl):
 GQA_WINDOWS = {"mixed": [6], "decode": [11]}
 
 
-@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (6, 2), (8, 1)], ids=lambda h: f"{h[0]}q-{h[1]}kv")
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)], ids=lambda h: f"{h[0]}q-{h[1]}kv")
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("step, window, impl", cases(GQA_WINDOWS))
 def test_grouped_query_attention_and_block_sizes(step, window, impl, heads, block_size):

@@ -41,8 +41,8 @@ import torch
 from mini_vllm.compare_vllm import DRIVER, vllm_missing_reason, vllm_python
 from mini_vllm.model import hybrid_model_path
 
-NUM_PROMPTS = 6
-MAX_TOKENS = 48
+NUM_PROMPTS = 4
+MAX_TOKENS = 32
 SHARED_PREFIX = 250  # tokens the cache scenarios' prompts share
 BLOCK_SIZE = 32  # vLLM's CPU attention needs multiples of 32
 NUM_BLOCKS = 128
