@@ -442,9 +442,6 @@ def run_vllm(
 ) -> dict:
     """vLLM's side: one subprocess of ``.venv-vllm/bin/python`` runs every engine spec, one after
     another (and, with ``probes``, drives vLLM's cache classes directly: ``run_vllm.run_probes``)."""
-    python = vllm_python()
-    if python is None:
-        raise RuntimeError(vllm_missing_reason())
     job = {
         "threads": threads,
         "probes": probes,
@@ -464,6 +461,14 @@ def run_vllm(
             for spec in engines
         ],
     }
+    return run_vllm_job(job, timeout_s)
+
+
+def run_vllm_job(job: dict, timeout_s: int = 900) -> dict:
+    """One job for ``mini_vllm/vllm_side/run_vllm.py`` (its docstring says the format), run in vLLM's virtualenv."""
+    python = vllm_python()
+    if python is None:
+        raise RuntimeError(vllm_missing_reason())
     with tempfile.TemporaryDirectory(prefix="compare-vllm-") as folder:
         job_path, result_path = Path(folder) / "job.json", Path(folder) / "result.json"
         job_path.write_text(json.dumps(job))

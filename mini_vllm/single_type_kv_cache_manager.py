@@ -120,8 +120,10 @@ def find_sliding_window_cache_hit(
     ``block_pool.null_block`` (outside the window: nothing needed there).
     The search runs right to left, so the longest hit is found first, and
     stops at the first run of ``num_contiguous_blocks`` cached blocks. With no
-    such run, a run that starts at block 0 is still a hit (the window of its
-    next token reaches back to the start), and shorter than that nothing is.
+    such run, the cached blocks from block 0 up to the first miss are still a
+    hit, however few (the window of the next token reaches back to the start;
+    all ``max_num_blocks`` of them when none is missing); a shorter run
+    anywhere else is not, and with block 0 missing the hit is ``[]``.
 
     Unlike full attention, a miss at block ``i`` says nothing about block
     ``i + 1``: a later run can be cached although an earlier block was

@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from mini_vllm.compare_vllm import DRIVER, vllm_missing_reason, vllm_python
+from mini_vllm.compare_vllm import run_vllm_job
 from mini_vllm.model import hybrid_model_path
 
 NUM_PROMPTS = 4
@@ -146,26 +143,7 @@ def vllm_job(tokenizer, path: str | None = None) -> dict:
 
 def run_vllm(job: dict, timeout_s: int = 900) -> dict:
     """``job`` through ``mini_vllm/vllm_side/run_vllm.py`` in vLLM's virtualenv."""
-    python = vllm_python()
-    if python is None:
-        raise RuntimeError(vllm_missing_reason())
-    with tempfile.TemporaryDirectory(prefix="hybrid-vllm-") as folder:
-        job_path, result_path = Path(folder) / "job.json", Path(folder) / "result.json"
-        job_path.write_text(json.dumps(job))
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)  # vLLM's virtualenv must not see this one's packages
-        completed = subprocess.run(
-            [python, str(DRIVER), str(job_path), str(result_path)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            cwd=folder,
-        )
-        if completed.returncode != 0 or not result_path.exists():
-            tail = "\n".join((completed.stdout + completed.stderr).strip().splitlines()[-25:])
-            raise RuntimeError(f"vLLM exited with status {completed.returncode}:\n{tail}")
-        return json.loads(result_path.read_text())
+    return run_vllm_job(job, timeout_s)
 
 
 def _max_gap(a: list, b: list, start: int = 0) -> float:
