@@ -8,13 +8,12 @@ engine is left untouched.
 
 vLLM equivalent: ``vllm/v1/engine/input_processor.py`` (``InputProcessor``,
 which also checks token ids against the vocabulary and the prompt against
-``max_model_len``) and ``vllm/v1/engine/parallel_sampling.py`` (the children
-of an ``n > 1`` request).
+``max_model_len``). The ids and settings of an ``n > 1`` prompt's children
+come from ``ParentRequest`` (``parallel_sampling.py``), not from here.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
 from collections.abc import Callable
@@ -46,25 +45,6 @@ def type_name(value: Any) -> str:
     cls = type(value)
     module = cls.__module__.split(".")[0]
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
-
-
-def child_request_ids(request_id: str, n: int) -> list[str]:
-    """The ids of a prompt's completions: itself when ``n == 1``, else ``"{id}-{k}"``."""
-    return [request_id] if n == 1 else [f"{request_id}-{k}" for k in range(n)]
-
-
-def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
-    """The settings of completion ``index`` of a prompt: ``n=1`` and, if seeded, ``seed + index``.
-
-    vLLM: ``ParentRequest._get_child_sampling_params`` (``vllm/v1/engine/parallel_sampling.py``).
-    """
-    if params.n == 1:
-        return params
-    child = copy.copy(params)
-    child.n = 1
-    if params.seed is not None:
-        child.seed = params.seed + index
-    return child
 
 
 def validated_sampling_params(params: Any) -> SamplingParams:

@@ -71,10 +71,12 @@ class LLM:
         """Generate completions for every prompt; outputs come back in prompt order.
 
         A prompt is a string or ``{"prompt_token_ids": [...], "cache_salt": "..."}``.
-        Every prompt is validated before any is queued (``LLMEngine.add_requests``):
+        Every prompt is validated before any is queued (``LLMEngine.add_parent_requests``):
         a bad one raises ValueError (TypeError for a wrong type) and nothing is
         allocated. With ``n > 1`` each completion runs as its own request; they
-        share the prompt's blocks through the prefix cache.
+        share the prompt's blocks through the prefix cache, and each prompt's
+        ``ParentRequest`` (``parallel_sampling.py``) merges them into its one
+        ``RequestOutput``.
 
         A completion whose step failed has ``finish_reason="error"`` (the
         error is logged); the others are unaffected. On Ctrl-C every request
@@ -85,15 +87,17 @@ class LLM:
         queued_before = set(engine.requests)
         results: dict[str, RequestOutput] = {}
         try:
-            child_ids = engine.add_requests(prompts, sampling_params)
-            self._run_engine(sum(child_ids.values(), []), use_tqdm, results)
+            parents = engine.add_parent_requests(prompts, sampling_params)
+            self._run_engine(
+                [child_id for parent in parents for child_id in parent.child_request_ids], use_tqdm, results
+            )
         finally:
             # On an exception (or Ctrl-C) nothing of this call may stay queued or allocated.
             # (Found by difference, so that even requests queued just before a Ctrl-C are caught.)
             with keyboard_interrupts_deferred():
                 for request_id in set(engine.requests) - queued_before:
                     engine.abort_request(request_id)
-        return [self._merge(request_id, ids, results) for request_id, ids in child_ids.items()]
+        return [parent.merge(results) for parent in parents]
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool, results: dict[str, RequestOutput]) -> None:
         """Step the engine until every one of ``request_ids`` is in ``results``."""
@@ -110,25 +114,6 @@ class LLM:
                         progress.update(1)
         finally:
             progress.close()
-
-    @staticmethod
-    def _merge(request_id: str, child_ids: list[str], results: dict[str, RequestOutput]) -> RequestOutput:
-        children = [results[child_id] for child_id in child_ids]
-        first = children[0]
-        outputs = []
-        for index, child in enumerate(children):
-            completion = child.outputs[0]
-            completion.index = index
-            outputs.append(completion)
-        return RequestOutput(
-            request_id=request_id,
-            prompt=first.prompt,
-            prompt_token_ids=first.prompt_token_ids,
-            outputs=outputs,
-            num_cached_tokens=first.num_cached_tokens,
-            metrics=first.metrics,
-            per_completion_metrics=[child.metrics for child in children],
-        )
 
     # -- chat -------------------------------------------------------------------
     def chat(

@@ -30,8 +30,6 @@ from .engine_parts import EngineParts
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
 from .input_processor import (
     InputProcessor,
-    child_request_ids,
-    child_sampling_params,
     load_tokenizer,
     sampling_params_per_prompt,
     validated_sampling_params,
@@ -43,6 +41,7 @@ from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelConfig, default_model_path, load_model
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .parallel_sampling import ParentRequest
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample
 from .sampling_params import SamplingParams
@@ -314,13 +313,31 @@ class LLMEngine:
     ) -> dict[str, list[str]]:
         """Validate a whole batch, then queue all of it; returns ``{prompt's id: its completions' ids}``.
 
+        ``add_parent_requests`` does the work (its docstring says what is
+        accepted and checked); this returns each ``ParentRequest``'s
+        ``child_request_ids`` by prompt id, in prompt order.
+        """
+        parents = self.add_parent_requests(prompts, sampling_params, request_ids)
+        return {parent.request_id: parent.child_request_ids for parent in parents}
+
+    def add_parent_requests(
+        self,
+        prompts: Any,
+        sampling_params: Any = None,
+        request_ids: Sequence[str] | None = None,
+    ) -> list[ParentRequest]:
+        """Validate a whole batch, then queue all of it; returns one ``ParentRequest`` per prompt, in order.
+
         ``prompts``: one prompt or a list (see ``InputProcessor.process_prompt``);
         ``sampling_params``: None, one ``SamplingParams`` or one per prompt;
         ``request_ids``: one id per prompt, or None for ids ``"{batch}-{index}"``
-        that are not in use. A prompt with ``n > 1`` becomes ``n`` requests
-        ``"{id}-{k}"``, which share its blocks through the prefix cache; with a
-        seed, completion ``k`` samples with ``seed + k`` (as vLLM's
-        ``ParentRequest`` does), so the completions differ and are reproducible.
+        that are not in use. Each prompt's ``ParentRequest``
+        (``parallel_sampling.py``) names its requests: with ``n > 1``, ``n``
+        requests ``"{id}-{k}"``, which share its blocks through the prefix
+        cache; with a seed, completion ``k`` samples with ``seed + k`` (as
+        vLLM's ``ParentRequest`` does), so the completions differ and are
+        reproducible. The engine owns those requests; the ``ParentRequest``
+        only names them and merges their outputs (``ParentRequest.merge``).
 
         Nothing is queued unless everything is valid: an error names the prompt
         by its index. The requests keep the engine's own checked copies of
@@ -350,16 +367,15 @@ class LLMEngine:
         if request_ids is None:
             while True:  # skip batch numbers whose ids someone already uses
                 batch = next(self._batch_counter)
-                request_ids = [f"{batch}-{index}" for index in range(len(prompts))]
-                child_ids = [child_request_ids(base, p.n) for base, p in zip(request_ids, params_list)]
-                if not any(request_id in self.requests for ids in child_ids for request_id in ids):
+                parents = [ParentRequest(f"{batch}-{index}", params) for index, params in enumerate(params_list)]
+                if not any(child_id in self.requests for parent in parents for child_id in parent.child_request_ids):
                     break
         else:
             request_ids = list(request_ids)
             if len(request_ids) != len(prompts):
                 raise ValueError(f"got {len(request_ids)} request_ids for {len(prompts)} prompts")
-            child_ids = [child_request_ids(base, p.n) for base, p in zip(request_ids, params_list)]
-            all_ids = [request_id for ids in child_ids for request_id in ids]
+            parents = [ParentRequest(request_id, params) for request_id, params in zip(request_ids, params_list)]
+            all_ids = [child_id for parent in parents for child_id in parent.child_request_ids]
             for request_id in all_ids:
                 self.check_request_id(request_id)
             if len(set(all_ids)) != len(all_ids):
@@ -368,16 +384,16 @@ class LLMEngine:
         queued: list[str] = []
         try:
             with keyboard_interrupts_deferred():  # all of the batch or none of it
-                for ids, (token_ids, cache_salt, shown), params in zip(child_ids, inputs, params_list):
-                    for index, request_id in enumerate(ids):
-                        child_params = child_sampling_params(params, index)
+                for parent, (token_ids, cache_salt, shown) in zip(parents, inputs):
+                    for index in range(parent.n):
+                        request_id, child_params = parent.get_child_info(index)
                         self.add_validated_request(request_id, list(token_ids), child_params, cache_salt, shown)
                         queued.append(request_id)
         except BaseException:
             for request_id in queued:
                 self.abort_request(request_id)
             raise
-        return dict(zip(request_ids, child_ids))
+        return parents
 
     def check_request_id(self, request_id: str) -> None:
         if not isinstance(request_id, str):

@@ -30,6 +30,7 @@ LIGHT_MODULES = [
     "mini_vllm.scheduler",
     "mini_vllm.events",
     "mini_vllm.outputs",
+    "mini_vllm.parallel_sampling",
     "mini_vllm.registry",
     "mini_vllm.attention",
 ]

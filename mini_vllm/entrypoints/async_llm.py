@@ -12,8 +12,8 @@ request, a stream of ``StreamDelta`` objects on an ``asyncio.Queue``:
 
     caller (event loop)                        engine thread
     ───────────────────                        ─────────────
-    stream = await add_request(prompt) ─add─▶  add_requests (validates: a bad prompt
-                                               raises here, in the caller)
+    stream = await add_request(prompt) ─add─▶  add_parent_requests (validates: a bad
+                                               prompt raises here, in the caller)
     async for delta in stream: ...   ◀─delta─  step(); after every step, for each of its
                                                requests: new tokens, new text, finished?
     stream.aclose() (caller gone)    ─abort─▶  abort_request (frees its blocks)
@@ -233,12 +233,15 @@ class AsyncLLM:
         # (the stats are refreshed after commands too, so /metrics sees an aborted request leave)
 
     def _add(self, request_id: str, prompt: Any, params: SamplingParams, push: Callable) -> list[str]:
-        child_ids = self.engine.add_requests([prompt], params, request_ids=[request_id])[request_id]
-        hold_back = max((len(stop) for stop in params.stop_strings), default=1) - 1
-        for index, child_id in enumerate(child_ids):
+        """Queue the prompt's children (``ParentRequest``, ``parallel_sampling.py``); each streams on its own."""
+        [parent] = self.engine.add_parent_requests([prompt], params, request_ids=[request_id])
+        # The engine's checked copy of params: the stop strings its requests actually stop on.
+        stop_strings = parent.sampling_params.stop_strings
+        hold_back = max((len(stop) for stop in stop_strings), default=1) - 1
+        for index, child_id in enumerate(parent.child_request_ids):
             self._streams[child_id] = _Stream(index, push, hold_back)
         self._refresh_stats()
-        return child_ids
+        return parent.child_request_ids
 
     def _abort(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
