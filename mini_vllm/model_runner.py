@@ -120,18 +120,6 @@ class ModelRunner:
     def attn_backend(self) -> AttentionBackend:
         return self.model.model.layers[0].self_attn.attn_backend
 
-    def set_attn_backend(self, backend: AttentionBackend) -> AttentionBackend:
-        """Make every attention layer use ``backend`` (they share one); returns the backend it replaces.
-
-        For a backend built after the engine (chapter 07 plugs one into a
-        running ``LLM``); ``EngineParts.store_kv`` / ``paged_decode`` choose
-        the backend when the engine is built.
-        """
-        previous = self.attn_backend
-        for layer in self.model.model.layers:
-            layer.self_attn.attn_backend = backend
-        return previous
-
     def prepare_inputs(self, scheduler_output: SchedulerOutput):
         """Flatten the batch: token ids, positions, attention metadata and logits rows.
 

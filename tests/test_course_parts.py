@@ -266,3 +266,66 @@ def test_the_comparison_with_the_reference_checks_evictions_events_and_the_free_
     assert "evictions, the reference" in first and first.startswith("eviction_and_preemption: 0 evictions")
     assert any("KV-cache events, step" in d for d in wrong["observables"]["differences"])
     assert "DIFFERENT from the reference" in capsys.readouterr().out
+
+
+def test_mine_goes_in_on_top_of_the_kept_parts(parts_folder, tmp_path):
+    """An exercise runs the part it just wrote (``mine``) with every part kept before it."""
+    _play_notebook(tmp_path)
+    calls = []
+
+    def recording_slot_mapping(block_ids, start, end, block_size):
+        calls.append((start, end))
+        return model_runner.compute_slot_mapping(block_ids, start, end, block_size)
+
+    mine = learner_engine(mine={"slot_mapping": recording_slot_mapping}, **_engine_args())
+    assert mine.course_parts["free_queue"] == "yours"  # kept by the notebook
+    mine.generate(PROMPTS[:1], GREEDY)
+    assert calls, "the part given as mine was not used"
+    assert learner_engine(parts={}, mine={}, **_engine_args()).course_parts["free_queue"] == "reference"
+
+
+def test_a_part_that_raises_in_the_forward_pass_is_raised_as_itself(parts_folder):
+    """The engine ends the step's requests with an error and goes on; the learner's engine raises the part's error."""
+
+    def broken_slot_mapping(block_ids, start, end, block_size):
+        raise IndexError("my off-by-one")
+
+    mine = learner_engine(parts={"slot_mapping": broken_slot_mapping}, **_engine_args())
+    with pytest.raises(IndexError, match="my off-by-one") as caught:
+        mine.generate(PROMPTS[:2], GREEDY)
+    assert any("your part 'slot_mapping'" in note for note in caught.value.__notes__)
+    assert mine.llm_engine.kv_cache_manager.block_pool.get_num_free_blocks() == _engine_args()["num_blocks"]
+    assert not mine.llm_engine.has_unfinished_requests()
+    # A reference engine built the same way raises nothing: the part, not the workload, was wrong.
+    assert len(learner_engine(parts={}, **_engine_args()).generate(PROMPTS[:2], GREEDY)) == 2
+
+
+def test_the_dashboard_marks_the_learners_parts(parts_folder, tmp_path):
+    from mini_vllm.viz import EngineDashboard
+
+    _play_notebook(tmp_path)
+    mine = EngineDashboard(learner_engine(**_engine_args()))
+    line = "your parts (3 of 12): free_queue, slot_mapping, find_longest_cache_hit; the other 9 are the reference's"
+    assert line in mine.to_text() and "mv-parts" in mine.to_html()
+    reference = EngineDashboard(LLM(**_engine_args()))
+    assert "your parts" not in reference.to_text() and "mv-parts" not in reference.to_html()
+
+
+def test_side_by_side_shows_the_engines_code_only_after_the_check_passed(parts_folder, tmp_path):
+    import inspect
+
+    from mini_vllm.course import side_by_side
+    from mini_vllm.course.parts import reference_objects
+
+    reference_line = "return [block_ids[p // block_size] * block_size + p % block_size"  # the engine's answer
+    assert any(reference_line in inspect.getsource(obj) for obj in reference_objects("slot_mapping"))
+    before = side_by_side("slot_mapping")
+    assert "Not yet" in repr(before) and reference_line not in repr(before)
+    _play_notebook(tmp_path)  # the learner's checks pass: their parts are kept
+    after = side_by_side("slot_mapping", "find_longest_cache_hit")
+    text = repr(after)
+    assert "def physical_block" in text  # the learner's kept code, helper included
+    assert reference_line in text  # and the engine's, next to it
+    assert "mv-side-by-side" in after._repr_html_()
+    with pytest.raises(ValueError, match="unknown"):
+        side_by_side("slot_mappings")

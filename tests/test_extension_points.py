@@ -8,6 +8,9 @@
   cannot be called a part of the engine), and the engine's tokens stay the
   reference's.
 * Two ``LLM`` s in one process with different parts do not affect each other.
+* The exercises build their engines with the learner's part through
+  ``learner_engine(mine=...)``, never by assigning it onto an engine object;
+  the chapters patch only to watch the engine, at the places listed here.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import json
 import types
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from mini_vllm.engine_parts import ENGINE_PART_NAMES, EngineParts
 from mini_vllm.hashing import hash_block_tokens, hash_request_tokens
 
 COURSE = Path(mini_vllm.__file__).parent / "course"
+ROOT = COURSE.parents[1]
 ENGINE_MODULES = [
     "mini_vllm.block_pool",
     "mini_vllm.kv_cache_manager",
@@ -405,3 +410,66 @@ def test_a_hybrid_engine_calls_the_sliding_window_part_and_the_lookup_parts_of_b
     assert got[1].num_cached_tokens > 0  # the second prompt extends the first: a hit in both groups
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     ours.llm_engine.kv_cache_manager.check_invariants()
+
+
+# -- the notebooks: every exercise plugs its part in through EngineParts ------------------------------------
+NOTEBOOK_DIR = ROOT / "notebooks"
+EXERCISE_NOTEBOOKS = sorted((ROOT / "solutions").glob("[0-9]*.ipynb")) + sorted(
+    (ROOT / "exercises").glob("[0-9]*.ipynb")
+)
+# What chapters still patch to *watch* the engine (never to replace a part); nothing may be added here.
+CHAPTER_INSTRUMENTATION = {
+    "03_block_tables.ipynb": {"runner.prepare_inputs"},  # records the model runner's inputs for a table
+    "08_engine.ipynb": {"runner.prepare_inputs"},
+    "06b_radix_tree_vs_hash_map.ipynb": {"pool.get_cached_block"},  # counts dictionary probes
+}
+
+
+def notebook_patches(path: Path, names: set[str]) -> set[str]:
+    """What ``path``'s code cells patch, outside the cells that define the exercise's own parts.
+
+    A part's own body may change the state it is given (``pool.num_evictions += 1`` is
+    ``get_new_blocks``' contract); the cells between it and the engine may not.
+    """
+    notebook = json.loads(path.read_text())
+    cells = [
+        "".join(cell["source"])
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "code"
+        and "### BEGIN SOLUTION" not in "".join(cell["source"])
+        and "your code here" not in "".join(cell["source"])
+    ]
+    code = "\n".join(line for line in "\n".join(cells).split("\n") if not line.lstrip().startswith(("%", "!")))
+    return {patch.split(": ", 1)[1].split(" ")[0] for patch in engine_patches(code, names)}
+
+
+@pytest.mark.parametrize("path", EXERCISE_NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_exercise_plugs_its_part_in_through_engine_parts(path, names):
+    assert notebook_patches(path, names) == set(), "build the engine with learner_engine(mine={...}) instead"
+
+
+def test_chapters_patch_the_engine_only_to_watch_it(names):
+    found = {
+        path.name: patches
+        for path in sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+        if (patches := notebook_patches(path, names))
+    }
+    assert found == CHAPTER_INSTRUMENTATION
+
+
+def test_the_notebook_checker_flags_a_part_plugged_in_by_hand(names, tmp_path):
+    notebook = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "source": ["def f(pool):\n", "    ### BEGIN SOLUTION\n", "    pool.num_evictions += 1\n"],
+            },
+            {
+                "cell_type": "code",
+                "source": ["%time x = 1\n", "pool.free_block_queue = FreeKVCacheBlockQueue(blocks)\n"],
+            },
+        ]
+    }
+    path = tmp_path / "02_x.ipynb"
+    path.write_text(json.dumps(notebook))
+    assert notebook_patches(path, names) == {"pool.free_block_queue"}

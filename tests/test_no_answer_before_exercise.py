@@ -16,7 +16,6 @@ import ast
 import html
 import inspect
 import re
-import sys
 import textwrap
 from pathlib import Path
 
@@ -24,13 +23,8 @@ import nbformat
 import pytest
 
 import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)
-from kernels import reference as kernel_reference
-from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue
-from mini_vllm import kv_cache_manager, single_type_kv_cache_manager
-from mini_vllm.course.parts import PARTS
-from mini_vllm.course.prompt_checks import reference_build_messages
-from mini_vllm.hashing import hash_block_tokens, hash_new_full_blocks, hash_request_tokens
-from mini_vllm.kv_cache_manager import KVCacheManager, longest_cache_hit
+from mini_vllm.block_pool import FreeKVCacheBlockQueue
+from mini_vllm.course.parts import PARTS, reference_objects
 from mini_vllm.model_runner import compute_slot_mapping
 from mini_vllm.scheduler import Scheduler
 
@@ -41,30 +35,9 @@ MIN_LINE = 25  # shorter body lines (`return blocks`, `else:`) say nothing about
 MAX_RUN = 2  # consecutive body lines a chapter may show (a run of 3 is a piece of the answer)
 MAX_FRACTION = 0.25  # of the body's telling lines, in one chapter, in total
 
-# Each part's reference implementation: what its check compares with, and what that delegates the work to.
-REFERENCES = {
-    "free_queue": [FreeKVCacheBlockQueue],
-    "slot_mapping": [compute_slot_mapping],
-    "hash_block_tokens": [hash_block_tokens],
-    "hash_request_tokens": [hash_request_tokens, hash_new_full_blocks],
-    "find_longest_cache_hit": [
-        KVCacheManager.find_longest_cache_hit,
-        kv_cache_manager.find_longest_cache_hit,
-        longest_cache_hit,
-    ],
-    "free_blocks": [BlockPool.free_blocks],
-    # KVCacheManager.free only asks each KV-cache group to free; a group's free hands the table to the part.
-    "free_request_blocks": [
-        single_type_kv_cache_manager.SingleTypeKVCacheManager.free,
-        kv_cache_manager.free_request_blocks,
-    ],
-    "get_new_blocks": [BlockPool.get_new_blocks, BlockPool._maybe_evict_cached_block],
-    "store_kv": [sys.modules["kernels.store_kv"]._store_kv_kernel.fn],
-    "paged_decode": [kernel_reference.paged_attention, kernel_reference.unified_attention],
-    "schedule_waiting": [Scheduler.schedule_waiting],
-    "find_sliding_window_cache_hit": [single_type_kv_cache_manager.find_sliding_window_cache_hit],
-    "build_messages": [reference_build_messages],
-}
+# Each part's reference implementation: what its check compares with, and what that delegates the work to
+# (``Part.reference``, the same objects ``side_by_side`` shows once the learner's check passed).
+REFERENCES = {part.key: reference_objects(part.key) for part in PARTS}
 
 
 def _normalized(line: str) -> str:

@@ -16,18 +16,18 @@ import importlib
 import pkgutil
 
 from ._harness import CHECKS
-from .display import show_interface, show_source
-from .kernel_checks import use_attention_backend
+from .display import show_interface, show_source, side_by_side
 from .learner_engine import (
     against_vllm,
     compare_with_reference,
     course_parts,
     learner_engine,
     run_against_reference,
+    scattered_free_queue,
     show_parts,
     use_parts,
 )
-from .parts import kept_parts, parts_dir, reset_parts
+from .parts import kept_parts, learner_parts, parts_dir, reset_parts
 
 # Every ``<topic>_checks`` module registers its checks (``@guarded_check``) when imported;
 # each registered ``check_*`` is then exported from here by its name.
@@ -38,8 +38,11 @@ globals().update(CHECKS)
 
 __all__ = [
     "show_source",
+    "side_by_side",
     "show_interface",
     "learner_engine",
+    "learner_parts",
+    "scattered_free_queue",
     "use_parts",
     "course_parts",
     "show_parts",
@@ -49,6 +52,5 @@ __all__ = [
     "kept_parts",
     "parts_dir",
     "reset_parts",
-    "use_attention_backend",
     *CHECKS,
 ]

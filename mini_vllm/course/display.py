@@ -166,3 +166,55 @@ def _function_interface(node, lines: list[str]) -> list[str]:
     header = _header_and_docstring(node, lines)
     indent = " " * node.body[0].col_offset
     return header + [indent + "..."]
+
+
+class SideBySide:
+    """The learner's kept code next to the engine's implementation: HTML in two columns, text one after the other."""
+
+    def __init__(self, panes: list[tuple[str, str, str, str]]) -> None:
+        self.panes = panes  # (part key, the learner's source, the engine's source, the engine's modules)
+
+    def __repr__(self) -> str:
+        blocks = []
+        for key, yours, reference, where in self.panes:
+            blocks.append(f"== {key}: yours ==\n{yours}\n== {key}: {where} ==\n{reference}")
+        return "\n\n".join(blocks)
+
+    def _repr_html_(self) -> str:
+        column = "flex:1 1 0;min-width:0"
+        rows = []
+        for key, yours, reference, where in self.panes:
+            rows.append(
+                f'<div style="display:flex;gap:12px;align-items:flex-start">'
+                f'<div style="{column}">{source_html(f"your kept part {key!r}", yours)}</div>'
+                f'<div style="{column}">{source_html(where, reference)}</div></div>'
+            )
+        return f'<div class="mv-side-by-side">{"".join(rows)}</div>'
+
+
+def side_by_side(*keys: str) -> SideBySide | _Markdown:
+    """Your passing code for the parts ``keys`` next to the engine's own, once your check has passed.
+
+    Each exercise ends with this. The engine's implementation is shown only for
+    a part that is kept (its check passed, ``mini_vllm.course.parts.keep``);
+    for one that is not, it says so and shows nothing of the answer.
+    """
+    from .parts import PARTS_BY_KEY, parts_dir, reference_objects
+
+    unknown = [key for key in keys if key not in PARTS_BY_KEY]
+    if not keys or unknown:
+        raise ValueError(f"side_by_side needs part names, got unknown {unknown}; the parts are {list(PARTS_BY_KEY)}")
+    missing = [key for key in keys if not (parts_dir() / f"{key}.py").exists()]
+    if missing:
+        return _Markdown(
+            f"Not yet: your check for {', '.join(repr(k) for k in missing)} has not passed here, so it is not "
+            "kept, and the engine's implementation stays hidden. Run the check cell until it passes, then this one."
+        )
+    panes = []
+    for key in keys:
+        yours = (parts_dir() / f"{key}.py").read_text().rstrip()
+        objects = reference_objects(key)
+        reference = "\n\n".join(textwrap.dedent(inspect.getsource(obj)).rstrip() for obj in objects)
+        where = ", ".join(dict.fromkeys(inspect.getmodule(obj).__name__ for obj in objects))
+        panes.append((key, yours, reference, where))
+    return SideBySide(panes)

@@ -21,8 +21,10 @@
   are unchanged. An output that an online softmax without the rescale by
   ``exp(old_max - new_max)`` gives, or one that is right only when the
   running max never changes (the same keys reordered), is named as such.
-* :func:`use_attention_backend` puts an attention backend of your own into a
-  running ``LLM`` (every layer), so your code can serve a real ``generate``.
+
+Both functions are extension points of the engine (``EngineParts.store_kv``,
+``EngineParts.paged_decode``): ``learner_engine(mine={"store_kv": ...,
+"paged_decode": ...})`` serves a real ``generate`` with them.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import math
 import mmap
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -84,18 +85,6 @@ def _call_kernel_launcher(fn: Callable, *args, what: str = "store_kv(...)") -> N
             error,
             expected="each token's K/V row stored in its slot, nothing else changed",
         ) from None
-
-
-def use_attention_backend(llm: Any, backend: Any) -> Any:
-    """Make every attention layer of ``llm`` use ``backend``; returns the backend it replaces.
-
-    The model's layers share one backend object (``LLM(attention_backend=...)``
-    chooses it by name); this swaps it for yours, e.g. a subclass of
-    ``TorchAttentionBackend`` whose ``store_kv`` calls your kernel, through
-    the engine's ``ModelRunner.set_attn_backend``. (To build an engine with your
-    ``store_kv`` and ``paged_decode`` from the start: ``LLM(parts=EngineParts(...))``.)
-    """
-    return llm.llm_engine.model_runner.set_attn_backend(backend)
 
 
 # -- store_kv -------------------------------------------------------------------
@@ -1080,6 +1069,3 @@ def check_paged_decode(paged_decode: Callable) -> None:
             paged_decode, check, case, f"random case {index}", rng.choice([None, None, 0.25]), random_case=True
         )
     check.passed()
-
-
-__all__ = ["use_attention_backend"]

@@ -17,6 +17,7 @@ builds them, for this ``LLM`` only: nothing here patches the engine.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..engine_parts import EngineParts
@@ -31,33 +32,110 @@ HASHING_PARTS = ("hash_block_tokens", "hash_request_tokens")
 
 
 class LearnerLLM(LLM):
-    """An ``LLM`` built by :func:`learner_engine`: the same engine, plus ``course_parts`` to read."""
+    """An ``LLM`` built by :func:`learner_engine`: the same engine, plus ``course_parts`` to read.
+
+    The engine finishes a request whose forward pass raised with
+    ``finish_reason="error"`` and goes on serving (a learner's ``store_kv``,
+    ``paged_decode`` or ``slot_mapping`` runs inside the forward pass). So that
+    a learner sees *their* error, as itself, ``generate`` (and ``chat``) raise
+    the first exception one of the learner's parts raised during the call,
+    after the engine has finished the call's requests and freed their blocks.
+    """
+
+    part_errors: list[tuple[str, BaseException]]  # (part key, exception), filled by the wrapped parts
 
     @property
     def course_parts(self) -> dict[str, str]:
         """Every part: ``"yours"`` or ``"reference"`` (:func:`course_parts`)."""
         return course_parts(self)
 
+    def generate(self, *args: Any, **kwargs: Any) -> list:
+        self.part_errors.clear()
+        outputs = super().generate(*args, **kwargs)
+        if self.part_errors:
+            key, error = self.part_errors[0]
+            self.part_errors.clear()
+            note = (
+                f"your part {key!r} raised during this call (its requests finished with finish_reason='error'; "
+                f"the engine freed their blocks). reset_parts({key!r}) or learner_engine(parts={{}}) runs the "
+                "reference instead."
+            )
+            if hasattr(error, "add_note"):
+                error.add_note(note)
+            raise error
+        return outputs
 
-def learner_engine(model: str | None = None, *, parts: dict[str, Any] | None = None, **llm_kwargs) -> LearnerLLM:
+
+def learner_engine(
+    model: str | None = None,
+    *,
+    parts: dict[str, Any] | None = None,
+    mine: dict[str, Any] | None = None,
+    **llm_kwargs,
+) -> LearnerLLM:
     """An ``LLM(model, parts=..., **llm_kwargs)`` running the learner's parts.
 
     ``parts``: part key -> implementation (default: every part kept in the
     parts folder, :func:`mini_vllm.course.parts.learner_parts`). ``{}`` gives
-    the reference engine.
+    the reference engine. ``mine``: parts from the notebook at hand that go in
+    on top of ``parts`` — an exercise passes the part it just wrote, so that
+    its run uses the learner's code even before the check kept it.
     """
-    parts = learner_parts() if parts is None else parts
+    chosen = dict(learner_parts() if parts is None else parts)
+    chosen.update(mine or {})
     hash_algo = llm_kwargs.get("hash_algo") or getattr(llm_kwargs.get("config"), "hash_algo", "sha256")
-    return LearnerLLM(model, parts=use_parts(parts, hash_algo=hash_algo), **llm_kwargs)
+    errors: list[tuple[str, BaseException]] = []
+    llm = LearnerLLM(model, parts=use_parts(chosen, hash_algo=hash_algo, errors=errors), **llm_kwargs)
+    llm.part_errors = errors
+    return llm
 
 
-def use_parts(parts: dict[str, Any], *, hash_algo: str = "sha256") -> EngineParts:
+def _raising_into(errors: list, key: str, fn: Any) -> Any:
+    """``fn``, recording into ``errors`` any exception it raises before raising it on (classes pass as they are)."""
+    if isinstance(fn, type) or not callable(fn):
+        return fn  # the free queue: its errors reach the caller directly (scheduling is not a forward pass)
+
+    @functools.wraps(fn)
+    def part(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as error:
+            errors.append((key, error))
+            raise
+
+    return part
+
+
+def scattered_free_queue(queue_class: type, seed: int = 0) -> type:
+    """A subclass of ``queue_class`` whose queue starts with the pool's blocks shuffled (``random.Random(seed)``).
+
+    A fresh pool hands out blocks 0, 1, 2, ... in order, which makes slots look
+    like positions; chapters 03 and exercise 03 build their engine with this
+    free queue (``mine={"free_queue": scattered_free_queue(FreeKVCacheBlockQueue)}``)
+    so that block tables point all over the pool. ``queue_class`` is the
+    reference's queue or the learner's.
+    """
+    import random
+
+    class Scattered(queue_class):
+        def __init__(self, blocks: list) -> None:
+            blocks = list(blocks)
+            random.Random(seed).shuffle(blocks)
+            super().__init__(blocks)
+
+    Scattered.__name__ = Scattered.__qualname__ = f"Scattered{queue_class.__name__}"
+    return Scattered
+
+
+def use_parts(parts: dict[str, Any], *, hash_algo: str = "sha256", errors: list | None = None) -> EngineParts:
     """The ``EngineParts`` of the learner's ``parts`` (part key -> implementation), for ``LLM(parts=...)``.
 
     Every key of :data:`ENGINE_PARTS` is a field of ``EngineParts`` of the same
     name and signature; a part that is not given stays the engine's own. The
     hashing parts are left out when ``hash_algo`` is not ``"sha256"`` (they
-    hash with SHA-256, as chapter 04's exercise does).
+    hash with SHA-256, as chapter 04's exercise does). With ``errors`` (a
+    list), every function part appends ``(key, exception)`` to it when it
+    raises (:class:`LearnerLLM` raises the first after the call).
     """
     if isinstance(parts, LLM):
         raise TypeError(
@@ -70,6 +148,9 @@ def use_parts(parts: dict[str, Any], *, hash_algo: str = "sha256") -> EnginePart
     given = {key: fn for key, fn in parts.items() if key in ENGINE_PARTS}
     if hash_algo != "sha256":
         given = {key: fn for key, fn in given.items() if key not in HASHING_PARTS}
+    if errors is not None:  # the engine's own implementations stay as they are (and count as the reference)
+        own = EngineParts()
+        given = {key: fn if fn is getattr(own, key) else _raising_into(errors, key, fn) for key, fn in given.items()}
     return EngineParts(**given)
 
 
@@ -188,14 +269,15 @@ def run_against_reference(
         max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
         max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
-    print(
-        f"running {len(specs)} workload(s) on your engine, then on the reference (about 10 s each on a laptop CPU) ..."
-    )
+    print(f"running {len(specs)} workload(s) on your engine and on the reference (about 20 s each on a laptop CPU):")
     mine_llm = learner_engine(model, parts=parts, **engine_args)
     reference_llm = LLM(model, **engine_args)
     mine_events, reference_events = _record_cache_events(mine_llm), _record_cache_events(reference_llm)
-    mine = compare_vllm.run_mini_workloads(mine_llm, specs)
-    reference = compare_vllm.run_mini_workloads(reference_llm, specs)
+    mine, reference = [], []
+    for index, spec in enumerate(specs, start=1):  # one workload at a time on both, so progress shows as it goes
+        mine += compare_vllm.run_mini_workloads(mine_llm, [spec])
+        reference += compare_vllm.run_mini_workloads(reference_llm, [spec])
+        print(f"  [{index}/{len(specs)}] {spec['name']}: done on both", flush=True)
     result: dict[str, Any] = {
         "parts": course_parts(mine_llm),
         "vllm": None,
@@ -354,6 +436,7 @@ def _print_comparison(compared: list[dict]) -> None:
 
 __all__ = [
     "learner_engine",
+    "scattered_free_queue",
     "use_parts",
     "course_parts",
     "show_parts",

@@ -43,29 +43,121 @@ class Part:
     chapter: str
     name: str  # the function's or class's name in the exercise
     role: str  # what it does in the engine
+    # The engine's implementation, as "module:qualified.name" (what the check compares with, and what
+    # that delegates the work to): shown next to the learner's once their check passed (side_by_side).
+    reference: tuple[str, ...] = ()
     in_engine: bool = True  # False: the learner's code, but not engine code (the engine of their parts never runs it)
 
 
 PARTS: list[Part] = [
-    Part("free_queue", "02", "FreeKVCacheBlockQueue", "the free-block queue (LRU order, O(1) remove)"),
-    Part("slot_mapping", "03", "compute_slot_mapping", "token positions -> cache slots"),
-    Part("hash_block_tokens", "04", "hash_block_tokens", "one block's hash"),
-    Part("hash_request_tokens", "04", "hash_request_tokens", "a request's chain of block hashes"),
-    Part("find_longest_cache_hit", "05", "find_longest_cache_hit", "the prefix lookup"),
-    Part("free_blocks", "06", "free_blocks", "freeing blocks (tail or head of the queue)"),
-    Part("free_request_blocks", "06", "free_request_blocks", "freeing a request's table, last block first"),
-    Part("get_new_blocks", "06", "get_new_blocks", "popping blocks, with lazy eviction"),
-    Part("store_kv", "07", "store_kv", "the Triton kernel that writes K/V into the cache"),
-    Part("paged_decode", "07", "paged_decode", "decode attention over the paged cache"),
-    Part("schedule_waiting", "08", "schedule_waiting", "admission of waiting requests with prefix lookup"),
+    Part(
+        "free_queue",
+        "02",
+        "FreeKVCacheBlockQueue",
+        "the free-block queue (LRU order, O(1) remove)",
+        ("mini_vllm.block_pool:FreeKVCacheBlockQueue",),
+    ),
+    Part(
+        "slot_mapping",
+        "03",
+        "compute_slot_mapping",
+        "token positions -> cache slots",
+        ("mini_vllm.model_runner:compute_slot_mapping",),
+    ),
+    Part("hash_block_tokens", "04", "hash_block_tokens", "one block's hash", ("mini_vllm.hashing:hash_block_tokens",)),
+    Part(
+        "hash_request_tokens",
+        "04",
+        "hash_request_tokens",
+        "a request's chain of block hashes",
+        ("mini_vllm.hashing:hash_request_tokens", "mini_vllm.hashing:hash_new_full_blocks"),
+    ),
+    Part(
+        "find_longest_cache_hit",
+        "05",
+        "find_longest_cache_hit",
+        "the prefix lookup",
+        (
+            "mini_vllm.kv_cache_manager:KVCacheManager.find_longest_cache_hit",
+            "mini_vllm.kv_cache_manager:find_longest_cache_hit",
+            "mini_vllm.kv_cache_manager:longest_cache_hit",
+        ),
+    ),
+    Part(
+        "free_blocks",
+        "06",
+        "free_blocks",
+        "freeing blocks (tail or head of the queue)",
+        ("mini_vllm.block_pool:BlockPool.free_blocks",),
+    ),
+    Part(
+        "free_request_blocks",
+        "06",
+        "free_request_blocks",
+        "freeing a request's table, last block first",
+        (
+            "mini_vllm.single_type_kv_cache_manager:SingleTypeKVCacheManager.free",
+            "mini_vllm.kv_cache_manager:free_request_blocks",
+        ),
+    ),
+    Part(
+        "get_new_blocks",
+        "06",
+        "get_new_blocks",
+        "popping blocks, with lazy eviction",
+        ("mini_vllm.block_pool:BlockPool.get_new_blocks", "mini_vllm.block_pool:BlockPool._maybe_evict_cached_block"),
+    ),
+    Part(
+        "store_kv",
+        "07",
+        "store_kv",
+        "the Triton kernel that writes K/V into the cache",
+        ("kernels.store_kv:_store_kv_kernel",),
+    ),
+    Part(
+        "paged_decode",
+        "07",
+        "paged_decode",
+        "decode attention over the paged cache",
+        ("kernels.reference:paged_attention", "kernels.reference:unified_attention"),
+    ),
+    Part(
+        "schedule_waiting",
+        "08",
+        "schedule_waiting",
+        "admission of waiting requests with prefix lookup",
+        ("mini_vllm.scheduler:Scheduler.schedule_waiting",),
+    ),
     Part(
         "find_sliding_window_cache_hit",
         "08b",
         "find_sliding_window_cache_hit",
         "a sliding-window group's lookup (hybrid models)",
+        ("mini_vllm.single_type_kv_cache_manager:find_sliding_window_cache_hit",),
     ),
-    Part("build_messages", "09", "build_messages", "the cache-friendly prompt of the story app", in_engine=False),
+    Part(
+        "build_messages",
+        "09",
+        "build_messages",
+        "the cache-friendly prompt of the story app",
+        ("mini_vllm.course.prompt_checks:reference_build_messages",),
+        in_engine=False,
+    ),
 ]
+
+
+def reference_objects(key: str) -> list[Any]:
+    """The engine's implementation of part ``key``: the objects ``Part.reference`` names, imported."""
+    objects = []
+    for dotted in PARTS_BY_KEY[key].reference:
+        module_name, _, qualified = dotted.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for attribute in qualified.split("."):
+            obj = getattr(obj, attribute)
+        objects.append(getattr(obj, "fn", obj))  # a @triton.jit kernel wraps its function
+    return objects
+
+
 PARTS_BY_KEY = {part.key: part for part in PARTS}
 
 

@@ -32,6 +32,7 @@ import weakref
 from collections import deque
 from typing import Any, Sequence
 
+from ..engine_parts import ENGINE_PART_NAMES
 from ..events import ComputedBlocksFound, RequestAdded, RequestFinished, StepFinished
 from .html import BLUE, GREEN, MUTED, container, esc, legend, sparkline, style
 from .live import LiveBinding
@@ -49,6 +50,24 @@ def _groups_text(snap: CacheSnapshot) -> str:
     return "; ".join(
         f"group {group.group_id} {group.description}" + (f" ({group.layers_text})" if group.layers_text else "")
         for group in snap.kv_cache_groups
+    )
+
+
+def parts_text(engine: Any) -> str | None:
+    """``your parts (2 of 12): free_queue, slot_mapping; the other 10 are the reference's``, or None.
+
+    Read from the engine's ``EngineParts`` (``mini_vllm/engine_parts.py``): a part is
+    "yours" when the engine was built with a replacement for it (the course's
+    ``learner_engine``). None for an engine with every part its own.
+    """
+    parts = getattr(engine, "parts", None)
+    replaced = parts.replaced() if parts is not None else []
+    if not replaced:
+        return None
+    others = len(ENGINE_PART_NAMES) - len(replaced)
+    return (
+        f"your parts ({len(replaced)} of {len(ENGINE_PART_NAMES)}): {', '.join(replaced)}; "
+        f"the other {others} are the reference's"
     )
 
 
@@ -394,6 +413,10 @@ class EngineDashboard:
         )
         message = f'<div class="mv-message" style="{message_style}">{esc(self.message)}</div>'
         metrics_html = f'<div class="mv-metrics">{line}</div>'
+        yours = parts_text(self.engine)
+        if yours is not None:  # the learner's engine: which parts run their code
+            yours_style = style(margin_top="2px", font_size="12px", color=GREEN, font_weight="600")
+            metrics_html += f'<div class="mv-parts" style="{yours_style}">{esc(yours)}</div>'
         k_norm_layer = self.layer if self.k_norm else None
         return (
             title
@@ -460,6 +483,9 @@ class EngineDashboard:
         ]
         if snap.is_hybrid:
             lines.append(f"KV-cache groups ({snap.num_groups}, one pool): {_groups_text(snap)}")
+        yours = parts_text(self.engine)
+        if yours is not None:
+            lines.append(yours)
         lines += [
             self.table_view.render_text(snap),
             self.pool_view.render_text(snap),

@@ -13,7 +13,12 @@ localhost port, without a token), on a temporary copy of the course:
 4. save and reload: the widget comes back (live or static), never an error;
    with the kernel shut down, the saved notebook shows the static snapshot;
 5. an exercise opened from the file browser runs to its first check, which
-   fails with the stub's NotImplementedError and nothing else.
+   fails with the stub's NotImplementedError and nothing else;
+6. the learner pastes their answers into exercises 02 and 03 (the solutions'
+   code, typed into the stubs' cells) and runs them: both checks pass, each
+   part is kept (the exercise says how many parts are theirs and shows the
+   engine's code next to theirs); then chapter 08's dashboard, in a new
+   kernel, names the two parts as theirs.
 
 The committed notebooks are never touched (checked). Screenshots:
 ``build/screenshots/learner_*.png``. Needs Debian's Chromium at
@@ -58,6 +63,7 @@ CHROMIUM_ARGS = [
 # What must never show on the page (the exercise's own NotImplementedError is checked apart).
 BAD_OUTPUT = ("Loading widget", "Error displaying widget", "model not found", "Traceback", "Error:")
 EXERCISE = "02_paged_pool.ipynb"
+VISIBLE = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 WIDGET_HTML = ".mv-dashboard-widget .widget-html-content"
 
 pytestmark = pytest.mark.slow
@@ -131,6 +137,19 @@ def _menu(page, menu: str, item: str) -> None:
     page.click(f".lm-Menu-itemLabel:text-is('{item}')")
 
 
+def _clear_outputs(page) -> None:
+    """Edit > Clear Outputs of All Cells: no prompt has a number (a shipped chapter's have)."""
+    accept_kernel_dialog(page)
+    page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
+    page.click(".lm-MenuBar-item:has-text('Edit')")
+    page.click(".lm-Menu-itemLabel:text-matches('^Clear (Outputs of All Cells|All Outputs)$')")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]"
+        ".every(e => !/\\d/.test(e.textContent))",
+        timeout=10_000,
+    )
+
+
 def _run_all(page, attempts: int = 4) -> None:
     """Edit > Clear Outputs of All Cells, then Run > Run All Cells, until the first cell really runs.
 
@@ -143,15 +162,7 @@ def _run_all(page, attempts: int = 4) -> None:
         " return !!p && /\\[(\\*|\\d+)\\]/.test(p.textContent); }"
     )
     for _ in range(attempts):
-        accept_kernel_dialog(page)
-        page.click(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
-        page.click(".lm-MenuBar-item:has-text('Edit')")
-        page.click(".lm-Menu-itemLabel:text-matches('^Clear (Outputs of All Cells|All Outputs)$')")
-        page.wait_for_function(
-            "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt')]"
-            ".every(e => !/\\d/.test(e.textContent))",
-            timeout=10_000,
-        )
+        _clear_outputs(page)
         _menu(page, "Run", "Run All Cells")
         try:
             page.wait_for_function(started, timeout=15_000)
@@ -194,8 +205,15 @@ def _listing_item(page, name: str):
 
 def _open_from_file_browser(page, *names: str) -> None:
     """Double-click through the file browser from its root: folder, folder, ..., file."""
-    page.click(".jp-BreadCrumbs-home")
-    _listing_item(page, "my-course").wait_for(timeout=30_000)  # at the root
+    for _ in range(4):  # a click while the listing refreshes can be lost: click again
+        page.click(".jp-BreadCrumbs-home")
+        try:
+            _listing_item(page, "my-course").wait_for(timeout=8_000)  # at the root
+            break
+        except Exception:  # playwright's TimeoutError
+            continue
+    else:
+        raise AssertionError("the file browser did not go back to the course's root")
     for name, following in zip(names, names[1:] + (None,)):
         _listing_item(page, name).wait_for(timeout=30_000)
         _listing_item(page, name).dblclick()
@@ -300,6 +318,68 @@ def _learner_path(page, base: str, root: Path) -> None:
     assert "Error displaying widget" not in page.inner_text(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
     _shot(page, "exercise_first_check")
 
+    # 6. The learner passes exercises 02 and 03; a later chapter's engine runs their parts and says so.
+    _pass_exercise(page, EXERCISE, "class FreeKVCacheBlockQueue", parts_yours=1)
+    _pass_exercise(page, "03_block_tables.ipynb", "def compute_slot_mapping", parts_yours=2)
+    _open_from_file_browser(page, "my-course", "notebooks", "08_engine.ipynb")
+    wait_kernel_idle(page, timeout=90.0)
+    chapter = json.loads((root / "my-course" / "notebooks" / "08_engine.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in chapter["cells"] if c["cell_type"] == "code"]
+    dashboard_cell = next(i for i, source in enumerate(sources) if "EngineDashboard(dash_llm" in source)
+    _clear_outputs(page)  # the shipped chapter's prompts have numbers: a new one shows the cell ran
+    _run_cell(page, 0)  # the chapter's set-up
+    page.locator(f"{VISIBLE} .jp-CodeCell").nth(dashboard_cell).scroll_into_view_if_needed()
+    _run_cell(page, dashboard_cell)
+    parts_line = f"{VISIBLE} {WIDGET_HTML} .mv-parts"
+    page.wait_for_selector(parts_line, timeout=60_000)
+    assert page.inner_text(parts_line).startswith("your parts (2 of 12): free_queue, slot_mapping"), page.inner_text(
+        parts_line
+    )
+    _check_page(page, "in chapter 08 with the learner's parts")
+    page.locator(f"{VISIBLE} .mv-dashboard-widget").screenshot(path=str(SCREENSHOTS / "learner_08_your_parts.png"))
+
+
+def _solution_code(name: str) -> str:
+    """What a learner who got exercise ``name`` right writes: the solution's cell that the exercise stubs."""
+    notebook = json.loads((ROOT / "solutions" / name).read_text())
+    [source] = ["".join(c["source"]) for c in notebook["cells"] if "### BEGIN SOLUTION" in "".join(c["source"])]
+    return source
+
+
+def _paste_into_cell(page, marker: str, text: str) -> None:
+    """Replace the text of the code cell whose source contains ``marker`` with ``text`` (select all, paste)."""
+    page.wait_for_function(  # a notebook just opened draws its editors a moment after its cells
+        "([sel, marker]) => [...document.querySelectorAll(sel)].some(e => e.textContent.includes(marker))",
+        arg=[f"{VISIBLE} .jp-CodeCell .cm-content", marker],
+        timeout=30_000,
+    )
+    cells = page.locator(f"{VISIBLE} .jp-CodeCell")
+    for index in range(cells.count()):
+        editor = cells.nth(index).locator(".cm-content")
+        if marker in editor.inner_text():
+            editor.click()
+            page.keyboard.press("Control+a")
+            page.keyboard.insert_text(text)
+            typed = cells.nth(index).locator(".cm-content").inner_text()
+            assert "### END SOLUTION" in typed and "NotImplementedError" not in typed, typed[:2000]
+            return
+    raise AssertionError(f"no code cell with {marker!r} in the exercise")
+
+
+def _pass_exercise(page, name: str, marker: str, parts_yours: int) -> None:
+    """Open exercise ``name``, paste the right answer over its stub, Run All: its check passes, the part is kept."""
+    _open_from_file_browser(page, "my-course", "exercises", name)
+    wait_kernel_idle(page, timeout=90.0)
+    _paste_into_cell(page, marker, _solution_code(name))
+    _run_all(page)
+    _wait_all_run(page)
+    _check_page(page, f"after passing {name}")
+    text = page.inner_text(f"{VISIBLE} .jp-Notebook")  # the end of the notebook (cells far above are not drawn)
+    assert f"{parts_yours} of 12 parts are yours" in text, text[-4000:]
+    # The engine's own code shows next to the learner's only once the part is kept (the check passed).
+    assert page.locator(f"{VISIBLE} .mv-side-by-side").count() == 1, text[-4000:]
+    _shot(page, f"exercise_{name.split('_')[0]}_passed")
+
 
 def _static_after_the_kernel_is_gone(page, base: str) -> None:
     """Shut every kernel down, reopen chapter 00: the saved dashboard shows as its static snapshot."""
@@ -336,6 +416,7 @@ def test_a_learner_goes_through_chapter_00_and_an_exercise():
     assert root / lab.START_NOTEBOOK in created
     port = _free_port()
     command, env = lab_test_server(root, workdir, port)
+    env["MINI_VLLM_PARTS"] = str(workdir / "parts")  # the parts this learner keeps, and only theirs
     server_log = open(workdir / "server.log", "w")
     server = subprocess.Popen(command, cwd=root, env=env, stdout=server_log, stderr=subprocess.STDOUT)
     try:
