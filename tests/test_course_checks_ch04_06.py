@@ -396,3 +396,50 @@ def test_ch06_eviction_checks_let_the_stub_error_through():
 def test_ch06_get_new_blocks_reference_returns_kv_cache_blocks():
     pool = BlockPool(4)
     assert all(isinstance(block, KVCacheBlock) for block in reference_get_new_blocks(pool, 2))
+
+
+WRONG_FREE_BLOCKS = """
+def free_blocks(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            pool.free_block_queue.append(block)  # every block to the tail: the hashless ones belong at the head
+"""
+RIGHT_FREE_BLOCKS = """
+def free_blocks(pool, ordered_blocks):
+    to_the_head = []
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            if block.block_hash is None:
+                to_the_head.append(block)
+            else:
+                pool.free_block_queue.append(block)
+    for block in reversed(to_the_head):
+        pool.free_block_queue.appendleft(block)
+"""
+
+
+def _learners_freeing(free_blocks_source: str, order: str) -> dict:
+    """A learner's notebook (module ``__main__``) with both functions, free_request_blocks calling free_blocks."""
+    namespace = {"__name__": "__main__"}
+    exec(
+        free_blocks_source + f"\ndef free_request_blocks(pool, req_blocks):\n    free_blocks(pool, {order})\n",
+        namespace,
+    )
+    return namespace
+
+
+def test_ch06_free_request_blocks_blames_the_learners_failing_free_blocks():
+    from mini_vllm.course import check_free_blocks, check_free_request_blocks
+    from mini_vllm.course._harness import CheckFailure
+
+    learner = _learners_freeing(WRONG_FREE_BLOCKS, "reversed(req_blocks)")  # free_request_blocks itself is right
+    with pytest.raises(CheckFailure, match="calls your free_blocks, which fails its own check"):
+        check_free_request_blocks(learner["free_request_blocks"])
+    # A right free_blocks with free_request_blocks in table order: the mistake is free_request_blocks' own.
+    learner = _learners_freeing(RIGHT_FREE_BLOCKS, "req_blocks")
+    check_free_blocks.__wrapped__(learner["free_blocks"])  # passes its own check
+    with pytest.raises(CheckFailure) as failure:
+        check_free_request_blocks(learner["free_request_blocks"])
+    assert "fails its own check" not in str(failure.value) and "LAST block first" in str(failure.value)

@@ -329,3 +329,37 @@ def test_side_by_side_shows_the_engines_code_only_after_the_check_passed(parts_f
     assert "mv-side-by-side" in after._repr_html_()
     with pytest.raises(ValueError, match="unknown"):
         side_by_side("slot_mappings")
+
+
+def test_a_part_checked_under_another_name_is_kept_under_the_parts_name(parts_folder, tmp_path):
+    """``check_find_longest_cache_hit(my_lookup)``: the file defines my_lookup and the part's own name."""
+    _play_notebook(
+        tmp_path,
+        LEARNER_NOTEBOOK.replace("def find_longest_cache_hit(", "def my_lookup(").replace(
+            "check_find_longest_cache_hit(find_longest_cache_hit)", "check_find_longest_cache_hit(my_lookup)"
+        ),
+    )
+    source = (parts_folder / "find_longest_cache_hit.py").read_text()
+    assert "def my_lookup(" in source and "find_longest_cache_hit = my_lookup" in source
+    mine = learner_engine(**_engine_args())
+    assert mine.course_parts["find_longest_cache_hit"] == "yours"
+
+
+def test_a_kept_file_without_the_parts_name_falls_back_to_the_reference(parts_folder, capsys):
+    parts_folder.mkdir(parents=True)
+    (parts_folder / "find_longest_cache_hit.py").write_text(
+        "def my_lookup(block_pool, block_hashes, n):\n    return []\n"
+    )
+    mine = learner_engine(**_engine_args())  # does not raise: the part is skipped, with a line
+    assert mine.course_parts["find_longest_cache_hit"] == "reference"
+    assert "defines no 'find_longest_cache_hit'" in capsys.readouterr().out
+
+
+def test_a_part_given_as_mine_before_its_check_passed_is_named_as_unchecked(parts_folder, capsys):
+    namespace = {"__name__": "__main__"}  # the learner's notebook
+    exec("def compute_slot_mapping(block_ids, start, end, block_size):\n    return []\n", namespace)
+    learner_engine(mine={"slot_mapping": namespace["compute_slot_mapping"]}, **_engine_args())
+    assert "your compute_slot_mapping runs in this engine, but its check has not passed yet" in capsys.readouterr().out
+    # The engine's own function given as mine (exercise 04 hashes with the engine's): no note.
+    learner_engine(mine={"slot_mapping": model_runner.compute_slot_mapping}, **_engine_args())
+    assert "note" not in capsys.readouterr().out

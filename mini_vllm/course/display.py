@@ -171,50 +171,65 @@ def _function_interface(node, lines: list[str]) -> list[str]:
 class SideBySide:
     """The learner's kept code next to the engine's implementation: HTML in two columns, text one after the other."""
 
-    def __init__(self, panes: list[tuple[str, str, str, str]]) -> None:
-        self.panes = panes  # (part key, the learner's source, the engine's source, the engine's modules)
+    def __init__(self, panes: list[tuple[str, str, str, str]], not_yet: list[str]) -> None:
+        # (part key, the learner's source, whose the other is, its sources, each headed by its name)
+        self.panes = panes
+        self.not_yet = not_yet  # the parts whose check has not passed: nothing of the answer is shown for them
+
+    def _not_yet_text(self) -> str:
+        if not self.not_yet:
+            return ""
+        return (
+            f"Not yet: your check for {', '.join(repr(key) for key in self.not_yet)} has not passed here, so it "
+            "is not kept, and the engine's implementation stays hidden. Run its check cell until it passes, "
+            "then this one."
+        )
 
     def __repr__(self) -> str:
-        blocks = []
-        for key, yours, reference, where in self.panes:
-            blocks.append(f"== {key}: yours ==\n{yours}\n== {key}: {where} ==\n{reference}")
-        return "\n\n".join(blocks)
+        blocks = [
+            f"== {key}: yours ==\n{yours}\n== {key}: {whose} ==\n{reference}"
+            for key, yours, whose, reference in self.panes
+        ]
+        return "\n\n".join(blocks + ([self._not_yet_text()] if self.not_yet else []))
 
     def _repr_html_(self) -> str:
         column = "flex:1 1 0;min-width:0"
-        rows = []
-        for key, yours, reference, where in self.panes:
-            rows.append(
-                f'<div style="display:flex;gap:12px;align-items:flex-start">'
-                f'<div style="{column}">{source_html(f"your kept part {key!r}", yours)}</div>'
-                f'<div style="{column}">{source_html(where, reference)}</div></div>'
-            )
+        rows = [
+            f'<div style="display:flex;gap:12px;align-items:flex-start">'
+            f'<div style="{column}">{source_html(f"your kept part {key!r}", yours)}</div>'
+            f'<div style="{column}">{source_html(whose, reference)}</div></div>'
+            for key, yours, whose, reference in self.panes
+        ]
+        if self.not_yet:
+            rows.append(f"<p>{html.escape(self._not_yet_text())}</p>")
         return f'<div class="mv-side-by-side">{"".join(rows)}</div>'
 
 
-def side_by_side(*keys: str) -> SideBySide | _Markdown:
+def side_by_side(*keys: str) -> SideBySide:
     """Your passing code for the parts ``keys`` next to the engine's own, once your check has passed.
 
     Each exercise ends with this. The engine's implementation is shown only for
     a part that is kept (its check passed, ``mini_vllm.course.parts.keep``);
-    for one that is not, it says so and shows nothing of the answer.
+    for one that is not, it says so and shows nothing of that answer. Each of
+    the engine's functions is headed by its module and name, the one with the
+    exercise's signature first.
     """
     from .parts import PARTS_BY_KEY, parts_dir, reference_objects
 
     unknown = [key for key in keys if key not in PARTS_BY_KEY]
     if not keys or unknown:
         raise ValueError(f"side_by_side needs part names, got unknown {unknown}; the parts are {list(PARTS_BY_KEY)}")
-    missing = [key for key in keys if not (parts_dir() / f"{key}.py").exists()]
-    if missing:
-        return _Markdown(
-            f"Not yet: your check for {', '.join(repr(k) for k in missing)} has not passed here, so it is not "
-            "kept, and the engine's implementation stays hidden. Run the check cell until it passes, then this one."
-        )
-    panes = []
+    panes, not_yet = [], []
     for key in keys:
-        yours = (parts_dir() / f"{key}.py").read_text().rstrip()
-        objects = reference_objects(key)
-        reference = "\n\n".join(textwrap.dedent(inspect.getsource(obj)).rstrip() for obj in objects)
-        where = ", ".join(dict.fromkeys(inspect.getmodule(obj).__name__ for obj in objects))
-        panes.append((key, yours, reference, where))
-    return SideBySide(panes)
+        path = parts_dir() / f"{key}.py"
+        if not path.exists():
+            not_yet.append(key)
+            continue
+        reference = "\n\n".join(
+            f"# {inspect.getmodule(obj).__name__}: {obj.__qualname__}\n"
+            + textwrap.dedent(inspect.getsource(obj)).rstrip()
+            for obj in reference_objects(key)
+        )
+        whose = "the engine" if PARTS_BY_KEY[key].in_engine else "the course's answer"
+        panes.append((key, path.read_text().rstrip(), whose, reference))
+    return SideBySide(panes, not_yet)

@@ -312,7 +312,43 @@ def check_free_blocks(free_blocks: Callable) -> None:
 # -- free_request_blocks ------------------------------------------------------------
 @guarded_check(part="free_request_blocks")
 def check_free_request_blocks(free_request_blocks: Callable) -> None:
-    """The learner's ``free_request_blocks(pool, req_blocks)`` (it calls their ``free_blocks``)."""
+    """The learner's ``free_request_blocks(pool, req_blocks)`` (it calls their ``free_blocks``).
+
+    When it fails and the ``free_blocks`` it calls is the learner's own and fails
+    its own check, the message says so: the mistake is there, not here.
+    """
+    try:
+        _check_free_request_blocks(free_request_blocks)
+    except CheckFailure as failure:  # (a stub's NotImplementedError names its own function: it goes through)
+        helper = _failing_free_blocks(free_request_blocks)
+        if helper is None:
+            raise
+        raise CheckFailure(
+            f"free_request_blocks: it calls your {helper}, which fails its own check "
+            "(check_free_blocks, above): fix free_blocks first, then run this check again.\n"
+            f"    what this check saw: {failure.message}"
+        ) from None
+
+
+def _failing_free_blocks(free_request_blocks: Callable) -> str | None:
+    """``"free_blocks"`` when ``free_request_blocks`` calls the learner's own ``free_blocks`` and that fails its check."""
+    import contextlib
+    import io
+
+    helper = getattr(free_request_blocks, "__globals__", {}).get("free_blocks")
+    if not callable(helper) or getattr(helper, "__module__", None) != "__main__":
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            check_free_blocks.__wrapped__(helper)  # the check alone: a pass keeps nothing here
+        except (CheckFailure, NotImplementedError):
+            return "free_blocks"
+        except Exception:  # noqa: BLE001 - the check itself could not run it: it fails too
+            return "free_blocks"
+    return None
+
+
+def _check_free_request_blocks(free_request_blocks: Callable) -> None:
     check = Checker("free_request_blocks")
     free_request_blocks = check.wrap(free_request_blocks, "free_request_blocks", "every block of the table freed once")
 

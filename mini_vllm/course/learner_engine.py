@@ -18,11 +18,12 @@ builds them, for this ``LLM`` only: nothing here patches the engine.
 from __future__ import annotations
 
 import functools
+import random
 from typing import Any
 
 from ..engine_parts import EngineParts
 from ..llm import LLM
-from .parts import PARTS, learner_parts
+from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts, parts_dir
 
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
 """The parts that go into the engine (``build_messages`` shapes the prompts a client sends instead)."""
@@ -55,15 +56,24 @@ class LearnerLLM(LLM):
         if self.part_errors:
             key, error = self.part_errors[0]
             self.part_errors.clear()
-            note = (
-                f"your part {key!r} raised during this call (its requests finished with finish_reason='error'; "
-                f"the engine freed their blocks). reset_parts({key!r}) or learner_engine(parts={{}}) runs the "
-                "reference instead."
-            )
+            note = part_error_note(key)
             if hasattr(error, "add_note"):
                 error.add_note(note)
             raise error
         return outputs
+
+
+def part_error_note(key: str) -> str:
+    """What a learner reads under an exception their part ``key`` raised: which part, where to fix it, how to step back."""
+    part = PARTS_BY_KEY[key]
+    path = parts_dir() / f"{key}.py"
+    kept = f" (kept in {path})" if path.exists() else ""
+    return (
+        f"your part {key!r}{kept} raised during this call; its requests finished with finish_reason='error' "
+        f"and the engine freed their blocks. Fix it in exercise {part.chapter} (or in that file), or go back to "
+        f"the reference: from mini_vllm.course import reset_parts; reset_parts({key!r}) forgets the kept file, "
+        "learner_engine(parts={}) builds an engine of the reference alone."
+    )
 
 
 def learner_engine(
@@ -83,6 +93,13 @@ def learner_engine(
     """
     chosen = dict(learner_parts() if parts is None else parts)
     chosen.update(mine or {})
+    kept = set(kept_parts())
+    for key, fn in (mine or {}).items():
+        if key in ENGINE_PARTS and key not in kept and _is_learners(fn):
+            print(
+                f"  note: your {PARTS_BY_KEY[key].name} runs in this engine, but its check has not passed yet: "
+                "it is not kept, and the engines of later chapters will not run it"
+            )
     hash_algo = llm_kwargs.get("hash_algo") or getattr(llm_kwargs.get("config"), "hash_algo", "sha256")
     errors: list[tuple[str, BaseException]] = []
     llm = LearnerLLM(model, parts=use_parts(chosen, hash_algo=hash_algo, errors=errors), **llm_kwargs)
@@ -115,7 +132,6 @@ def scattered_free_queue(queue_class: type, seed: int = 0) -> type:
     so that block tables point all over the pool. ``queue_class`` is the
     reference's queue or the learner's.
     """
-    import random
 
     class Scattered(queue_class):
         def __init__(self, blocks: list) -> None:
@@ -174,8 +190,8 @@ class PartsTable:
         ]
 
     def __repr__(self) -> str:
-        lines = [f"{'ch':<3} {'part':<24} {'whose':<10} role"]
-        lines += [f"{ch:<3} {name:<24} {who:<10} {role}" for ch, name, role, who in self.rows()]
+        lines = [f"{'ch':<3} {'part':<29} {'whose':<10} role"]
+        lines += [f"{ch:<3} {name:<29} {who:<10} {role}" for ch, name, role, who in self.rows()]
         mine = sum(who == "yours" for *_, who in self.rows())
         lines.append(f"{mine} of {len(self.rows())} parts are yours")
         return "\n".join(lines)

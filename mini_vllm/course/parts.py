@@ -43,8 +43,9 @@ class Part:
     chapter: str
     name: str  # the function's or class's name in the exercise
     role: str  # what it does in the engine
-    # The engine's implementation, as "module:qualified.name" (what the check compares with, and what
-    # that delegates the work to): shown next to the learner's once their check passed (side_by_side).
+    # The engine's implementation, as "module:qualified.name": first the one with the exercise's signature,
+    # then what it delegates to or is called from; shown next to the learner's once their check passed
+    # (side_by_side), and looked for in the chapters before it (tests/test_no_answer_before_exercise.py).
     reference: tuple[str, ...] = ()
     in_engine: bool = True  # False: the learner's code, but not engine code (the engine of their parts never runs it)
 
@@ -78,9 +79,9 @@ PARTS: list[Part] = [
         "find_longest_cache_hit",
         "the prefix lookup",
         (
-            "mini_vllm.kv_cache_manager:KVCacheManager.find_longest_cache_hit",
             "mini_vllm.kv_cache_manager:find_longest_cache_hit",
             "mini_vllm.kv_cache_manager:longest_cache_hit",
+            "mini_vllm.kv_cache_manager:KVCacheManager.find_longest_cache_hit",
         ),
     ),
     Part(
@@ -96,8 +97,8 @@ PARTS: list[Part] = [
         "free_request_blocks",
         "freeing a request's table, last block first",
         (
-            "mini_vllm.single_type_kv_cache_manager:SingleTypeKVCacheManager.free",
             "mini_vllm.kv_cache_manager:free_request_blocks",
+            "mini_vllm.single_type_kv_cache_manager:SingleTypeKVCacheManager.free",
         ),
     ),
     Part(
@@ -225,7 +226,12 @@ def freeze(obj: Any, name: str) -> str:
     ]
     imports: list[str] = []
     definitions: list[str] = []
+    defined = getattr(getattr(obj, "fn", obj), "__name__", name)
+    if not defined.isidentifier():
+        raise _CannotFreeze(f"a {defined} cannot be kept as a file: write it with def {name}(...)")
     _freeze_into(obj, name, imports, definitions, seen=set())
+    if defined != name:  # checked under another name (check_find_longest_cache_hit(my_lookup)): the part's name too
+        definitions.append(f"{name} = {defined}\n")
     lines = header + sorted(set(imports)) + [""] + definitions
     return "\n".join(lines).rstrip() + "\n"
 
@@ -334,6 +340,8 @@ def load_part(key: str) -> Any:
         spec.loader.exec_module(module)
     except Exception as error:  # noqa: BLE001 - a broken part falls back to the reference
         raise ImportError(f"part '{key}' does not load: {type(error).__name__}: {error}") from error
+    if not hasattr(module, part.name):  # an edited file that no longer defines the part
+        raise ImportError(f"part '{key}' does not load: {path} defines no {part.name!r}")
     return getattr(module, part.name)
 
 
