@@ -363,3 +363,25 @@ def test_a_part_given_as_mine_before_its_check_passed_is_named_as_unchecked(part
     # The engine's own function given as mine (exercise 04 hashes with the engine's): no note.
     learner_engine(mine={"slot_mapping": model_runner.compute_slot_mapping}, **_engine_args())
     assert "note" not in capsys.readouterr().out
+
+
+def test_kept_kernels_stay_out_of_the_chapters_engines_where_triton_is_interpreted(parts_folder, capsys, monkeypatch):
+    import importlib
+
+    from mini_vllm.course import learner_engine as build
+
+    module = importlib.import_module("mini_vllm.course.learner_engine")  # the module (the package exports the function)
+
+    def store_kv(key, value, k_cache, v_cache, slot_mapping):  # a kept kernel part (the reference's arithmetic)
+        k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = key
+        v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = value
+
+    monkeypatch.setattr(module, "learner_parts", lambda: {"store_kv": store_kv})
+    monkeypatch.setattr(module, "_triton_interpreted", lambda: True)
+    assert build(**_engine_args()).course_parts["store_kv"] == "reference"
+    assert "your store_kv stay out of this engine" in capsys.readouterr().out
+    assert build(kernels=True, **_engine_args()).course_parts["store_kv"] == "yours"
+    assert build(mine={"store_kv": store_kv}, **_engine_args()).course_parts["store_kv"] == "yours"
+    assert "stay out" not in capsys.readouterr().out  # given as mine: it runs, and nothing says otherwise
+    monkeypatch.setattr(module, "_triton_interpreted", lambda: False)  # a GPU: the kernels run
+    assert build(**_engine_args()).course_parts["store_kv"] == "yours"

@@ -28,6 +28,9 @@ from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts,
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
 """The parts that go into the engine (``build_messages`` shapes the prompts a client sends instead)."""
 
+KERNEL_PARTS = ("store_kv", "paged_decode")
+"""Exercise 07's parts: the attention backend runs them in every layer of every step."""
+
 HASHING_PARTS = ("hash_block_tokens", "hash_request_tokens")
 """Chapter 04's parts hash with SHA-256: an engine with another ``hash_algo`` keeps its own hashing."""
 
@@ -81,6 +84,7 @@ def learner_engine(
     *,
     parts: dict[str, Any] | None = None,
     mine: dict[str, Any] | None = None,
+    kernels: bool | None = None,
     **llm_kwargs,
 ) -> LearnerLLM:
     """An ``LLM(model, parts=..., **llm_kwargs)`` running the learner's parts.
@@ -90,8 +94,23 @@ def learner_engine(
     the reference engine. ``mine``: parts from the notebook at hand that go in
     on top of ``parts`` — an exercise passes the part it just wrote, so that
     its run uses the learner's code even before the check kept it.
+    ``kernels``: whether the kept kernel parts (exercise 07's ``store_kv`` and
+    ``paged_decode``) run. Default: yes where Triton compiles them (a GPU); on
+    a CPU, where Triton's interpreter makes every step about 20 times slower,
+    no, with a line saying so (``kernels=True`` runs them anyway, as the
+    comparison at the end of exercise 08 does). Parts in ``mine`` always run.
     """
     chosen = dict(learner_parts() if parts is None else parts)
+    if parts is None and kernels is not True:
+        left_out = [key for key in KERNEL_PARTS if key in chosen and key not in (mine or {})]
+        if left_out and (kernels is False or _triton_interpreted()):
+            for key in left_out:
+                del chosen[key]
+            if kernels is None:
+                print(
+                    f"  note: your {' and '.join(left_out)} stay out of this engine: Triton runs in its interpreter "
+                    "on this machine, about 20 times slower (learner_engine(..., kernels=True) runs them)"
+                )
     chosen.update(mine or {})
     kept = set(kept_parts())
     for key, fn in (mine or {}).items():
@@ -105,6 +124,13 @@ def learner_engine(
     llm = LearnerLLM(model, parts=use_parts(chosen, hash_algo=hash_algo, errors=errors), **llm_kwargs)
     llm.part_errors = errors
     return llm
+
+
+def _triton_interpreted() -> bool:
+    """True where Triton runs its kernels in its interpreter (no GPU): ``kernels.TRITON_INTERPRETED``."""
+    import kernels  # first: sets TRITON_INTERPRET=1 on a machine without a GPU
+
+    return kernels.TRITON_INTERPRETED
 
 
 def _raising_into(errors: list, key: str, fn: Any) -> Any:
@@ -286,7 +312,7 @@ def run_against_reference(
         max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
     print(f"running {len(specs)} workload(s) on your engine and on the reference (about 20 s each on a laptop CPU):")
-    mine_llm = learner_engine(model, parts=parts, **engine_args)
+    mine_llm = learner_engine(model, parts=parts, kernels=True, **engine_args)  # every part, the kernels too
     reference_llm = LLM(model, **engine_args)
     mine_events, reference_events = _record_cache_events(mine_llm), _record_cache_events(reference_llm)
     mine, reference = [], []

@@ -67,7 +67,7 @@ def parts_text(engine: Any) -> str | None:
     others = len(ENGINE_PART_NAMES) - len(replaced)
     return (
         f"your parts ({len(replaced)} of {len(ENGINE_PART_NAMES)}): {', '.join(replaced)}; "
-        f"the other {others} are the reference's"
+        f"the other {others} {'is' if others == 1 else 'are'} the reference's"
     )
 
 
