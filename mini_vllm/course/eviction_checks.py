@@ -20,6 +20,8 @@ unchanged, and O(blocks handled) on a pool of 20,000 blocks are checked too.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from collections.abc import Callable, Sequence
 
@@ -320,32 +322,26 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
     try:
         _check_free_request_blocks(free_request_blocks)
     except CheckFailure as failure:  # (a stub's NotImplementedError names its own function: it goes through)
-        helper = _failing_free_blocks(free_request_blocks)
-        if helper is None:
+        if not _calls_a_failing_free_blocks(free_request_blocks):
             raise
         raise CheckFailure(
-            f"free_request_blocks: it calls your {helper}, which fails its own check "
+            "free_request_blocks: it calls your free_blocks, which fails its own check "
             "(check_free_blocks, above): fix free_blocks first, then run this check again.\n"
             f"    what this check saw: {failure.message}"
         ) from None
 
 
-def _failing_free_blocks(free_request_blocks: Callable) -> str | None:
-    """``"free_blocks"`` when ``free_request_blocks`` calls the learner's own ``free_blocks`` and that fails its check."""
-    import contextlib
-    import io
-
+def _calls_a_failing_free_blocks(free_request_blocks: Callable) -> bool:
+    """True when ``free_request_blocks`` calls the learner's own ``free_blocks`` and that fails its check."""
     helper = getattr(free_request_blocks, "__globals__", {}).get("free_blocks")
     if not callable(helper) or getattr(helper, "__module__", None) != "__main__":
-        return None
+        return False
     with contextlib.redirect_stdout(io.StringIO()):
         try:
             check_free_blocks.__wrapped__(helper)  # the check alone: a pass keeps nothing here
-        except (CheckFailure, NotImplementedError):
-            return "free_blocks"
-        except Exception:  # noqa: BLE001 - the check itself could not run it: it fails too
-            return "free_blocks"
-    return None
+        except Exception:  # noqa: BLE001 - a CheckFailure, the stub's NotImplementedError, anything: it fails
+            return True
+    return False
 
 
 def _check_free_request_blocks(free_request_blocks: Callable) -> None:
