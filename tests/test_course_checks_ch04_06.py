@@ -6,6 +6,8 @@ AssertionError on it, with a message that names the mistake."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from mini_vllm.events import BlockRemoved
@@ -405,19 +407,7 @@ def free_blocks(pool, ordered_blocks):
         if block.ref_cnt == 0:
             pool.free_block_queue.append(block)  # every block to the tail: the hashless ones belong at the head
 """
-RIGHT_FREE_BLOCKS = """
-def free_blocks(pool, ordered_blocks):
-    to_the_head = []
-    for block in ordered_blocks:
-        block.ref_cnt -= 1
-        if block.ref_cnt == 0:
-            if block.block_hash is None:
-                to_the_head.append(block)
-            else:
-                pool.free_block_queue.append(block)
-    for block in reversed(to_the_head):
-        pool.free_block_queue.appendleft(block)
-"""
+RIGHT_FREE_BLOCKS = inspect.getsource(reference_free_blocks).replace("def reference_free_blocks", "def free_blocks")
 
 
 def _learners_freeing(free_blocks_source: str, order: str) -> dict:

@@ -102,6 +102,7 @@ class EngineDashboard:
         if self.source.engine is None:
             raise TypeError("EngineDashboard needs an LLM or an LLMEngine; for a bare KVCacheManager use the views")
         self.engine = self.source.engine
+        self.parts_text = parts_text(self.engine)  # the engine's parts are fixed when it is built
         # One legend for the whole dashboard, at the top.
         self.pool_view = PoolView(self.source, k_norm=k_norm, layer=layer, max_cells=max_cells, show_legend=False)
         self.table_view = BlockTableView(self.source, k_norm=k_norm, layer=layer, show_legend=False)
@@ -413,7 +414,7 @@ class EngineDashboard:
         )
         message = f'<div class="mv-message" style="{message_style}">{esc(self.message)}</div>'
         metrics_html = f'<div class="mv-metrics">{line}</div>'
-        yours = parts_text(self.engine)
+        yours = self.parts_text
         if yours is not None:  # the learner's engine: which parts run their code
             yours_style = style(margin_top="2px", font_size="12px", color=GREEN, font_weight="600")
             metrics_html += f'<div class="mv-parts" style="{yours_style}">{esc(yours)}</div>'
@@ -483,7 +484,7 @@ class EngineDashboard:
         ]
         if snap.is_hybrid:
             lines.append(f"KV-cache groups ({snap.num_groups}, one pool): {_groups_text(snap)}")
-        yours = parts_text(self.engine)
+        yours = self.parts_text
         if yours is not None:
             lines.append(yours)
         lines += [
