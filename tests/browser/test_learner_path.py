@@ -188,8 +188,20 @@ def _run_cell(page, index: int, timeout: float = 120_000) -> None:
 
 
 def _press(page, button: str, expect: str, timeout: float = 60_000) -> None:
-    """Click a dashboard button and wait for the message it produces."""
-    page.click(f".mv-dashboard-widget button:has-text('{button}')")
+    """Click a dashboard button once the last click is done, and wait for the message it produces.
+
+    ``expect`` must be a message the previous press could not have left (so the wait is
+    for this click): a click that lands while the kernel still handles the last one can
+    hit a button the kernel has just disabled, and the browser drops it.
+    """
+    buttons = ".mv-dashboard-widget button"
+    page.wait_for_function(
+        "(sel) => { const b = [...document.querySelectorAll(sel)]; return b.length > 0 && b.every(x => !x.disabled); }",
+        arg=buttons,
+        timeout=timeout,
+    )
+    wait_kernel_idle(page, timeout=timeout / 1000)
+    page.click(f"{buttons}:has-text('{button}')")
     page.wait_for_function(
         "([sel, text]) => { const w = document.querySelector(sel); return !!w &&"
         " w.querySelector('.mv-message').textContent.includes(text); }",
@@ -252,8 +264,8 @@ def _learner_path(page, base: str, root: Path) -> None:
     _shot(page, "00_after_run_all")
 
     # 3. Every button on the idle engine, in any order; then the following cells again.
-    _press(page, "Step", "Idle")
-    _press(page, "Run", "Idle")
+    _press(page, "Step", "no request to step")
+    _press(page, "Run", "nothing to run")
     _press(page, "Reset cache", "Prefix cache reset")
     _run_cell(page, 4)  # queue the fifth request and step once
     assert "Step" in page.inner_text(f"{WIDGET_HTML} .mv-message")
