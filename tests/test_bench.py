@@ -11,8 +11,9 @@ import statistics
 
 import pytest
 
-from mini_vllm import LLM, bench
-from mini_vllm.compare_vllm import run_mini
+from mini_vllm import LLM
+from mini_vllm.tools import bench, paths
+from mini_vllm.tools.compare_vllm import run_mini
 
 FIXED_KEYS = {
     "shared_prefix": {
@@ -159,7 +160,7 @@ def test_vs_vllm_fresh_prompts_compute_exactly_what_the_warm_ones_do():
 
 def test_format_table_reads_a_file_written_before_the_cost_of_caching_was_measured():
     """A learner's older ``benchmarks/results/bench.json`` lacks the newer keys; chapter 10 still prints it."""
-    results = json.loads((bench.REPO_ROOT / "benchmarks" / "reference_results" / "bench-cpu.json").read_text())
+    results = json.loads((paths.REFERENCE_RESULTS_DIR / "bench-cpu.json").read_text())
     assert "cost of caching" in bench.format_table(results)
     for section in [results["shared_prefix"], *(m["shared_prefix"] for m in results.get("models", {}).values())]:
         section.pop("cache_overhead_flops_ratio", None)
@@ -174,10 +175,10 @@ def test_serving_over_http_measures_the_mini_server_and_formats_both_tables(tmp_
     """``bench_serving`` against the real server (one short round, no vLLM), then both tables with and without vLLM."""
     import sys
 
-    from mini_vllm.compare_servers import ServerSpec, bench_serving
+    from mini_vllm.tools.compare_servers import ServerSpec, bench_serving
     from mini_vllm.model import default_model_path
 
-    sys.path.insert(0, str(bench.REPO_ROOT / "benchmarks"))
+    sys.path.insert(0, str(paths.BENCHMARKS_DIR))
     import readme_table
 
     spec = ServerSpec(str(default_model_path()), block_size=32, num_blocks=64, max_model_len=512)
@@ -198,7 +199,7 @@ def test_serving_over_http_measures_the_mini_server_and_formats_both_tables(tmp_
         ttft_ratio=2.0,
     )
     assert bench.serving_rows("m", both)[0][1] == "0.50x vLLM" and bench.serving_rows("m", both)[1][1] == "2.00x vLLM"
-    results = json.loads((bench.REPO_ROOT / "benchmarks" / "reference_results" / "bench-cpu.json").read_text())
+    results = json.loads((paths.REFERENCE_RESULTS_DIR / "bench-cpu.json").read_text())
     results["serving"] = {"default_model": both}
     assert "over HTTP, throughput" in bench.format_table(results)
     assert "**0.50×**" in readme_table.table(results)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mini_vllm.cli import main
+from mini_vllm.entrypoints.cli import main
 
 
 def test_generate_prints_a_story_that_follows_the_request(capsys):

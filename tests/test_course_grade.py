@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mini_vllm.cli import main as cli_main
+from mini_vllm.entrypoints.cli import main as cli_main
 from mini_vllm.course import grade
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -219,7 +219,7 @@ def test_make_serve_serves_the_learners_engine(parts_folder, tmp_path):
     """``serve --learner-engine``: any OpenAI client talks to the engine the learner built, with its parts."""
     from openai import OpenAI
 
-    from mini_vllm.compare_servers import SERVED_MODEL_NAME, ServerSpec, start_mini_server
+    from mini_vllm.tools.compare_servers import SERVED_MODEL_NAME, ServerSpec, start_mini_server
     from mini_vllm.model import default_model_path
 
     _play_notebook(tmp_path)

@@ -20,13 +20,15 @@ import pytest
 from engine_invariants import assert_nothing_leaked
 
 from mini_vllm import LLM, SamplingParams
-from mini_vllm import cli, llm_engine, profiler, scheduler
+from mini_vllm import llm_engine, scheduler
+from mini_vllm.companions import profiler
+from mini_vllm.entrypoints import cli
 from mini_vllm.config import DEFAULT_BLOCK_SIZE, EngineConfig
 from mini_vllm.events import AllBlocksCleared
 from mini_vllm.hashing import hash_request_tokens
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
-from mini_vllm.router import CacheReplica
+from mini_vllm.companions.router import CacheReplica
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
 PROMPT = {"prompt_token_ids": list(range(10, 10 + 40))}  # two full 16-token blocks and a tail

@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from mini_vllm.compare_vllm import vllm_missing_reason, vllm_python
+from mini_vllm.tools.compare_vllm import vllm_missing_reason, vllm_python
 from mini_vllm.model import default_model_path, hybrid_model_path
 from prerequisites import missing
 from training import check_hybrid_model as check

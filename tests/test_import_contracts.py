@@ -10,21 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from import_graph import ROOT, engine_files, imports_of, module_name
+from import_graph import ENGINE, LAYERS, PACKAGE_DATA, ROOT, engine_files, imports_of, module_name
 
 # What is built on the engine: no engine module may import any of these (or what is inside them).
-NOT_FOR_THE_ENGINE = (
-    "mini_vllm.course",
-    "mini_vllm.viz",
-    "mini_vllm.bench",
-    "mini_vllm.compare_vllm",
-    "mini_vllm.compare_servers",
-    "mini_vllm.entrypoints",
-    "mini_vllm.profiler",
-    "mini_vllm.router",
-    "mini_vllm.radix_cache",
-    "mini_vllm.cli",
-)
+NOT_FOR_THE_ENGINE = tuple(layer.rstrip("/").replace("/", ".") for layer in LAYERS)
 
 
 def forbidden_imports(files: list[Path], root: Path = ROOT) -> list[str]:
@@ -48,6 +37,35 @@ def test_the_engine_modules_import_nothing_built_on_them():
     assert forbidden_imports(files) == []
 
 
+def package_entries_outside_the_layout(root: Path = ROOT) -> list[str]:
+    """Modules and folders directly in ``mini_vllm/`` that are neither engine, a layer, nor data."""
+    known = set(ENGINE) | set(LAYERS) | set(PACKAGE_DATA) | {"mini_vllm/__main__.py"}
+    found = []
+    for path in sorted((root / "mini_vllm").iterdir()):
+        if path.name.startswith((".", "__pycache__")) or path.suffix not in ("", ".py"):
+            continue
+        entry = str(path.relative_to(root)) + ("/" if path.is_dir() else "")
+        if entry not in known:
+            found.append(entry)
+    return found
+
+
+def test_the_package_holds_the_engine_and_each_layer_in_its_own_package():
+    # Engine modules in one place and nothing else beside them: a new module at the top of
+    # mini_vllm/ is either engine code (listed in tests/import_graph.py's ENGINE, so the
+    # contracts cover it) or belongs in one of the layers' packages.
+    assert package_entries_outside_the_layout() == []
+
+
+def test_the_layout_check_flags_a_tool_beside_the_engine(tmp_path):
+    package = tmp_path / "mini_vllm"
+    package.mkdir()
+    (package / "scheduler.py").write_text("")
+    (package / "bench.py").write_text("")
+    (package / "tools").mkdir()
+    assert package_entries_outside_the_layout(tmp_path) == ["mini_vllm/bench.py"]
+
+
 def test_every_forbidden_name_is_a_module_that_exists():
     # A name that no longer matches a module would silently stop protecting anything.
     for name in NOT_FOR_THE_ENGINE:
@@ -69,7 +87,7 @@ def test_the_checker_flags_an_engine_module_that_imports_one(tmp_path):
         "from __future__ import annotations\n"
         "from typing import TYPE_CHECKING\n"
         "from .hashing import sha256\n"
-        "import mini_vllm.router\n"  # line 4
+        "import mini_vllm.companions.router\n"  # line 4
         "if TYPE_CHECKING:\n"
         "    from .course import fixtures\n"  # line 6: never runs, still a dependency
         "def snapshot():\n"
@@ -79,15 +97,15 @@ def test_the_checker_flags_an_engine_module_that_imports_one(tmp_path):
         "    def show(self):\n"
         "        from . import viz\n"  # line 12: `from package import module`
         "        import importlib\n"
-        "        return importlib.import_module('mini_vllm.cli')\n"  # line 14
+        "        return importlib.import_module('mini_vllm.entrypoints.cli')\n"  # line 14
     )
     clean = forbidden_imports([package / "hashing.py"], tmp_path)
     flagged = forbidden_imports([package / "scheduler.py"], tmp_path)
     assert clean == []
     assert flagged == [
-        "mini_vllm/scheduler.py:4 imports mini_vllm.router",
+        "mini_vllm/scheduler.py:4 imports mini_vllm.companions.router",
         "mini_vllm/scheduler.py:6 imports mini_vllm.course",
         "mini_vllm/scheduler.py:8 imports mini_vllm.viz.state",
         "mini_vllm/scheduler.py:12 imports mini_vllm.viz",
-        "mini_vllm/scheduler.py:14 imports mini_vllm.cli",
+        "mini_vllm/scheduler.py:14 imports mini_vllm.entrypoints.cli",
     ]

@@ -19,7 +19,7 @@ from openai import APIStatusError, OpenAI
 
 from engine_invariants import assert_nothing_leaked
 from mini_vllm import LLM
-from mini_vllm.compare_servers import ServerSpec, start_mini_server
+from mini_vllm.tools.compare_servers import ServerSpec, start_mini_server
 from mini_vllm.entrypoints.openai.api_server import BackgroundServer
 from mini_vllm.events import StepFinished
 from mini_vllm.model import default_model_path

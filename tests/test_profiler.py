@@ -1,5 +1,5 @@
 """The miss profiler tells the truth: its numbers are the engine's (oracle: a real KVCacheManager).
-(mini_vllm/profiler.py, chapter 09.)"""
+(mini_vllm/companions/profiler.py, chapter 09.)"""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from mini_vllm.profiler import explain_miss, simulate_prefix_cache
-from mini_vllm.router import CacheReplica
+from mini_vllm.companions.profiler import explain_miss, simulate_prefix_cache
+from mini_vllm.companions.router import CacheReplica
 
 
 class CharTokenizer:

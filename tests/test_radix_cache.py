@@ -5,8 +5,8 @@ import random
 import pytest
 
 from mini_vllm.kv_cache_manager import KVCacheManager
-from mini_vllm.profiler import common_prefix_length
-from mini_vllm.radix_cache import RadixCache, serve_with_hash_map, serve_with_radix_cache
+from mini_vllm.companions.profiler import common_prefix_length
+from mini_vllm.companions.radix_cache import RadixCache, serve_with_hash_map, serve_with_radix_cache
 
 
 def random_prompts(rng, num_prompts, num_prefixes=3, vocab=4):

@@ -39,7 +39,7 @@ import kernels
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.attention import TorchAttentionBackend
 from mini_vllm.model import RotaryEmbedding, load_model, rope_inv_freq
-from mini_vllm.real_model import (
+from mini_vllm.tools.real_model import (
     ENV_VAR,
     GGUF_SHA256,
     HOW_TO_GET,
@@ -300,7 +300,7 @@ def test_triton_backend_greedy_equals_transformers_batched_over_a_hit_then_alone
 
 @pytest.mark.parametrize("argv, expected_model", [(["--model", "models/x"], "models/x"), ([], None)])
 def test_bench_model_option_sends_that_folder_to_every_benchmark(monkeypatch, tmp_path, argv, expected_model):
-    from mini_vllm import bench
+    from mini_vllm.tools import bench
 
     class Stop(Exception):
         pass

@@ -1,6 +1,6 @@
 """Routing across replicas: each router does what it says, the cache-aware router's mirror of
 the replicas' caches stays exact, and prefix-aware routing beats round-robin under memory pressure.
-(mini_vllm/router.py, chapter 09b.)"""
+(mini_vllm/companions/router.py, chapter 09b.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import httpx
 import pytest
 
-from mini_vllm.router import CacheAwareRouter, CacheReplica, PrefixHashRouter, RoundRobinRouter, run_workload
+from mini_vllm.companions.router import CacheAwareRouter, CacheReplica, PrefixHashRouter, RoundRobinRouter, run_workload
 
 
 def workload(num_systems=5, num_requests=60, system_len=200, seed=0):
@@ -88,7 +88,7 @@ def test_the_router_learns_of_a_reset_from_a_cache_replica():
 
 def test_the_router_learns_of_a_reset_from_a_real_engine():
     from mini_vllm import LLM
-    from mini_vllm.router import LLMReplica
+    from mini_vllm.companions.router import LLMReplica
 
     assert _router_learns_of_a_reset(LLMReplica(LLM(num_blocks=16, device="cpu"))) == [0]
 
@@ -109,7 +109,7 @@ def test_http_replicas_report_what_the_bookkeeping_replicas_do():
     """Two mini-vLLM servers behind a prefix-hash router: the same cached tokens, request by request, over HTTP."""
     from mini_vllm import LLM
     from mini_vllm.entrypoints.openai.api_server import BackgroundServer
-    from mini_vllm.router import HTTPReplica
+    from mini_vllm.companions.router import HTTPReplica
 
     tokens = [[*range(5, 5 + 40)], [*range(5, 5 + 40), 99, 98], [*range(300, 340)], [*range(5, 5 + 33)]]
     workload = tokens + [tokens[0]] + [(tokens[1], "tenant")]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mini_vllm.compare_vllm import (
+from mini_vllm.tools.compare_vllm import (
     DRIVER,
     WORKLOAD_NAMES,
     build_workloads,
@@ -31,7 +31,7 @@ from mini_vllm.compare_vllm import (
 )
 from mini_vllm.kv_cache_manager import max_cache_hit_blocks
 from mini_vllm.model import default_model_path
-from mini_vllm.real_model import real_model_path
+from mini_vllm.tools.real_model import real_model_path
 from prerequisites import missing
 
 BLOCK_SIZES = (32, 128)
@@ -303,7 +303,7 @@ def test_the_driver_builds_chat_turns_like_the_runner():
         import run_vllm
     finally:
         sys.path.pop(0)
-    from mini_vllm.compare_vllm import _resolve_prompt
+    from mini_vllm.tools.compare_vllm import _resolve_prompt
 
     previous = ([1, 2, 3], [4, 5])
     for prompt in ({"prompt_token_ids": [7, 8]}, {"continue_chat": [9]}):
@@ -313,7 +313,7 @@ def test_the_driver_builds_chat_turns_like_the_runner():
 
 # -- without vLLM: the committed results and the installer's way out -------------------------
 def test_without_vllm_the_chapters_get_the_committed_results(monkeypatch):
-    from mini_vllm import compare_vllm
+    from mini_vllm.tools import compare_vllm
 
     monkeypatch.setattr(compare_vllm, "vllm_python", lambda: None)
     result, note = compare_vllm.side_by_side_or_reference("chapter_05")
@@ -329,7 +329,7 @@ def test_committed_reference_runs_match_the_workloads_and_show_equal_engines(key
 
     from transformers import AutoTokenizer
 
-    from mini_vllm.compare_vllm import REFERENCE_RUNS, reference_path
+    from mini_vllm.tools.compare_vllm import REFERENCE_RUNS, reference_path
 
     result = json.loads(reference_path(key).read_text())
     _, block_sizes, names = REFERENCE_RUNS[key]
@@ -365,7 +365,7 @@ def test_make_vllm_where_vllm_cannot_be_installed_says_why_and_exits_0(tmp_path)
 def test_your_prompts_workload_sends_each_prompt_alone_then_together_and_refuses_empty_ones():
     from transformers import AutoTokenizer
 
-    from mini_vllm.compare_vllm import your_prompts_workload
+    from mini_vllm.tools.compare_vllm import your_prompts_workload
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     workload = your_prompts_workload(tokenizer, YOUR_PROMPTS)

@@ -1,6 +1,6 @@
 """The hybrid model end to end, mini-vLLM against real vLLM (``make vllm``): chapter 08b's claims.
 
-``mini_vllm.compare_vllm.run_hybrid_side_by_side`` sends the same token ids
+``mini_vllm.tools.compare_vllm.run_hybrid_side_by_side`` sends the same token ids
 through both engines, the bundled hybrid model (``mini_vllm/hybrid_model/``:
 sliding-window layers 0 and 2, window 64, full-attention layers 1 and 3),
 float32, block size 32, the same pool and scheduler limits, each workload
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from mini_vllm.compare_vllm import run_hybrid_side_by_side, vllm_missing_reason, vllm_python
+from mini_vllm.tools.compare_vllm import run_hybrid_side_by_side, vllm_missing_reason, vllm_python
 from prerequisites import missing
 
 
@@ -71,7 +71,7 @@ def test_a_wrong_sliding_window_lookup_is_caught(side_by_side):
     from transformers import AutoTokenizer
 
     from mini_vllm import LLM
-    from mini_vllm.compare_vllm import MAX_NUM_BATCHED_TOKENS, build_hybrid_workloads, run_mini_workloads
+    from mini_vllm.tools.compare_vllm import MAX_NUM_BATCHED_TOKENS, build_hybrid_workloads, run_mini_workloads
     from mini_vllm.engine_parts import EngineParts
     from mini_vllm.kv_cache_manager import longest_cache_hit
     from mini_vllm.model import hybrid_model_path

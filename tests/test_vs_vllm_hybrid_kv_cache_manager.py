@@ -5,7 +5,7 @@ driver, same releases, same skips): two KV-cache groups over one pool,
 group 0 full attention and group 1 a sliding window of ``W`` tokens, with
 block sizes 4 and 16 and ``W`` in {2 blocks, 3 blocks + 1 token, 7 tokens}
 (a hit needs ``cdiv(W - 1, block_size)`` cached blocks in a row: 2, 3, 2
-or 1). On the vLLM side ``mini_vllm/vllm_side/kv_cache_manager_driver.py``
+or 1). On the vLLM side ``mini_vllm/tools/vllm_side/kv_cache_manager_driver.py``
 builds vLLM's ``KVCacheConfig`` with a ``FullAttentionSpec`` and a
 ``SlidingWindowSpec`` group and the engine's default
 ``prefix_cache_retention_interval=0`` (so vLLM's ``KVCacheManager`` runs

@@ -4,7 +4,7 @@ Seeded random workloads (pool sizes, block sizes 4 and 16, cache salts incl.
 the empty one, chunked prefill, decode with lookahead slots, preemption,
 failed allocations, prefix-cache resets, caching off) are generated against
 mini-vLLM's ``KVCacheManager``; the same op lists then go, in one subprocess
-for all workloads, to ``mini_vllm/vllm_side/kv_cache_manager_driver.py`` running in
+for all workloads, to ``mini_vllm/tools/vllm_side/kv_cache_manager_driver.py`` running in
 ``.venv-vllm`` (``make vllm``), which drives vLLM's real ``KVCacheManager``.
 After every op both sides must agree on: the hit (tokens and block ids), the
 new block ids, the free queue's order, every block's ref count and hash, the

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from mini_vllm.compare_servers import (
+from mini_vllm.tools.compare_servers import (
     SERVED_MODEL_NAME,
     ServerSpec,
     compare_records,
@@ -25,7 +25,7 @@ from mini_vllm.compare_servers import (
     start_vllm_server,
     workload_prompts,
 )
-from mini_vllm.compare_vllm import vllm_missing_reason, vllm_python
+from mini_vllm.tools.compare_vllm import vllm_missing_reason, vllm_python
 from mini_vllm.model import default_model_path
 from prerequisites import missing
 

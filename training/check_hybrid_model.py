@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from mini_vllm.compare_vllm import run_vllm_job
+from mini_vllm.tools.compare_vllm import run_vllm_job
 from mini_vllm.model import hybrid_model_path
 
 NUM_PROMPTS = 4
@@ -142,7 +142,7 @@ def vllm_job(tokenizer, path: str | None = None) -> dict:
 
 
 def run_vllm(job: dict, timeout_s: int = 900) -> dict:
-    """``job`` through ``mini_vllm/vllm_side/run_vllm.py`` in vLLM's virtualenv."""
+    """``job`` through ``mini_vllm/tools/vllm_side/run_vllm.py`` in vLLM's virtualenv."""
     return run_vllm_job(job, timeout_s)
 
 

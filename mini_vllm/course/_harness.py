@@ -25,16 +25,16 @@ import sysconfig
 import traceback
 import types
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
+from ..tools import paths
 from .parts import PARTS_BY_KEY, keep
 
 _PACKAGE_DIRS = tuple(
     str(path)
     for path in (
-        Path(__file__).resolve().parents[1],  # mini_vllm (the course package, the engine)
-        Path(__file__).resolve().parents[2] / "kernels",
+        paths.PACKAGE_DIR,  # the engine, the course, the widgets, the tools
+        paths.KERNELS_DIR,
     )
 )
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}) + (

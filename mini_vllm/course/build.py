@@ -23,7 +23,9 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..tools.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"

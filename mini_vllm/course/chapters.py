@@ -15,7 +15,9 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..tools.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 TABLE_BEGIN = "<!-- chapter table: written by `python -m mini_vllm.course.build chapter-tables` from mini_vllm/course/chapters.py -->"
 TABLE_END = "<!-- end of chapter table -->"
 WELCOME = "notebooks/00_welcome.ipynb"

@@ -285,17 +285,17 @@ def run_against_reference(
 ) -> dict[str, Any]:
     """The engine of the learner's parts on real workloads, next to the reference (and real vLLM).
 
-    The workloads are :mod:`mini_vllm.compare_vllm`'s (a shared system prompt,
+    The workloads are :mod:`mini_vllm.tools.compare_vllm`'s (a shared system prompt,
     a multi-turn chat, n > 1, eviction and preemption, cache salts, ...), from
     a cold cache each. Both mini-vLLM engines run in this process, built
     alike. Prints one line per workload and returns ``{"parts", "reference",
     "vllm", "vllm_missing", ...}``: ``reference`` (and ``vllm``) hold
-    :func:`mini_vllm.compare_vllm.compare_workload` results. ``with_vllm``
+    :func:`mini_vllm.tools.compare_vllm.compare_workload` results. ``with_vllm``
     also runs :func:`against_vllm` (or call it later with the result).
     """
     from transformers import AutoTokenizer
 
-    from .. import compare_vllm
+    from ..tools import compare_vllm
     from ..model import default_model_path
 
     path = model or default_model_path()
@@ -443,7 +443,7 @@ def against_vllm(result: dict[str, Any]) -> dict[str, Any]:
     ``result``: what :func:`run_against_reference` returned; fills in its
     ``vllm`` (or ``vllm_missing``, when vLLM is not installed here) and prints.
     """
-    from .. import compare_vllm
+    from ..tools import compare_vllm
 
     if "yours" not in result["parts"].values():
         print(

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..tools import paths
+
 PARTS_ENV = "MINI_VLLM_PARTS"
 
 
@@ -167,9 +169,8 @@ def parts_dir() -> Path:
     configured = os.environ.get(PARTS_ENV)
     if configured:
         return Path(configured).expanduser()
-    checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "pyproject.toml").exists() and (checkout / "solutions").is_dir():
-        return checkout / "my-course" / "parts"
+    if paths.is_checkout():
+        return paths.REPO_ROOT / "my-course" / "parts"
     return Path.home() / ".cache" / "mini-vllm" / "parts"
 
 

@@ -4,7 +4,7 @@ The learner writes ``build_messages(system_prompt, tools, user_request, now)``,
 which turns one request of a story app into chat messages. The check renders
 the messages of several requests with the bundled model's chat template,
 replays their token ids against an unbounded prefix cache
-(``mini_vllm.profiler.simulate_prefix_cache``, the engine's own hashes) and
+(``mini_vllm.companions.profiler.simulate_prefix_cache``, the engine's own hashes) and
 asks two things:
 
 * nothing was lost: the system prompt, every tool, the user's request and the
@@ -31,7 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..profiler import explain_miss, simulate_prefix_cache
+from ..companions.profiler import explain_miss, simulate_prefix_cache
 from ._harness import Checker, call_learner, guarded_check
 
 BLOCK_SIZE = 16

@@ -23,7 +23,7 @@ from typing import Any
 from ..hashing import hash_request_tokens
 from ..kv_cache_manager import find_sliding_window_cache_hit, longest_cache_hit, max_cache_hit_blocks
 from ..single_type_kv_cache_manager import sliding_window_contiguous_blocks
-from ..profiler import common_prefix_length
+from ..companions.profiler import common_prefix_length
 from .html import GREEN, MONO, MUTED, VERMILLION, badge, container, esc, heading, style, tooltip_tokens
 from .state import CacheSnapshot, KVCacheGroupInfo, short_hash
 from .views import View

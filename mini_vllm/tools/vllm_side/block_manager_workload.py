@@ -1,6 +1,6 @@
 """The block-manager benchmark's workload, written once for both managers.
 
-``mini_vllm.bench.block_manager_round`` runs it on mini-vLLM's
+``mini_vllm.tools.bench.block_manager_round`` runs it on mini-vLLM's
 ``KVCacheManager``; ``benchmarks/block_manager_vllm.py`` runs it, inside vLLM's
 virtualenv, on vLLM's own. Like everything in ``vllm_side/`` it imports only the
 standard library, so both sides time the very same calls.

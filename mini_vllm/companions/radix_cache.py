@@ -325,8 +325,8 @@ def serve_with_hash_map(manager, token_ids: Sequence[int], request_id: str) -> i
     Returns the tokens reused.
     """
     # Kept local: this module needs nothing else from the engine.
-    from .request import Request
-    from .scheduler import schedule_whole_prompt
+    from ..request import Request
+    from ..scheduler import schedule_whole_prompt
 
     request = Request(request_id, list(token_ids), block_size=manager.block_size)
     num_cached = schedule_whole_prompt(manager, request)

@@ -36,12 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .config import DEFAULT_BLOCK_SIZE
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from .hashing import BlockHash, hash_request_tokens
-from .kv_cache_manager import KVCacheManager, longest_cache_hit
-from .request import Request
-from .scheduler import schedule_whole_prompt
+from ..config import DEFAULT_BLOCK_SIZE
+from ..events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from ..hashing import BlockHash, hash_request_tokens
+from ..kv_cache_manager import KVCacheManager, longest_cache_hit
+from ..request import Request
+from ..scheduler import schedule_whole_prompt
 
 WorkItem = Sequence[int] | tuple[Sequence[int], str | None]
 
@@ -100,7 +100,7 @@ class LLMReplica:
     """A real engine as a replica: each request generates one token, greedily."""
 
     def __init__(self, llm: Any, name: str = "replica") -> None:
-        from .sampling_params import SamplingParams
+        from ..sampling_params import SamplingParams
 
         self.name = name
         self.llm = llm

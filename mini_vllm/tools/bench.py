@@ -25,7 +25,7 @@ shared-prefix run on SmolLM2-135M too when ``make real-model`` has installed it;
 
 From Python (chapter 10 runs a tiny version live)::
 
-    from mini_vllm.bench import BenchSettings, run_benchmarks, format_table
+    from mini_vllm.tools.bench import BenchSettings, run_benchmarks, format_table
     results = run_benchmarks(BenchSettings.tiny(), ["shared_prefix", "block_manager"])
 """
 
@@ -47,11 +47,12 @@ from typing import Any
 
 import torch
 
-from .llm import LLM
-from .kv_cache_manager import max_cache_hit_blocks
-from .model import default_model_path
-from .profiler import common_prefix_length
-from .sampling_params import SamplingParams
+from ..llm import LLM
+from ..kv_cache_manager import max_cache_hit_blocks
+from ..model import default_model_path
+from ..companions.profiler import common_prefix_length
+from . import paths
+from ..sampling_params import SamplingParams
 
 RESULTS_DIR = Path("benchmarks/results")
 BENCHMARKS = ("shared_prefix", "no_sharing", "multi_turn", "vs_transformers", "block_manager")
@@ -502,20 +503,19 @@ def _vs_transformers_continuous_batching(hf, prompts, max_tokens, ours_tokens, o
 
 
 # -- 5. block manager ---------------------------------------------------------------------
-REPO_ROOT = Path(__file__).resolve().parent.parent
-VLLM_BLOCK_MANAGER_SCRIPT = REPO_ROOT / "benchmarks" / "block_manager_vllm.py"
+VLLM_BLOCK_MANAGER_SCRIPT = paths.BENCHMARKS_DIR / "block_manager_vllm.py"
 
 
 def block_manager_round(num_requests: int, seed: int = 0) -> dict[str, float]:
     """One pass of the workload on a fresh ``KVCacheManager``; median microseconds per operation.
 
-    The workload is ``mini_vllm/vllm_side/block_manager_workload.py``, which
+    The workload is ``mini_vllm/tools/vllm_side/block_manager_workload.py``, which
     ``benchmarks/block_manager_vllm.py`` runs on vLLM's manager: 4096 blocks of
     16 tokens, requests of 64 blocks whose first 48 are a shared prefix, 16
     decode steps each, at most 32 requests alive.
     """
-    from .kv_cache_manager import KVCacheManager
-    from .request import Request
+    from ..kv_cache_manager import KVCacheManager
+    from ..request import Request
     from .vllm_side import block_manager_workload as workload
 
     manager = KVCacheManager(num_blocks=workload.NUM_BLOCKS, block_size=workload.BLOCK_SIZE)
@@ -577,7 +577,7 @@ def _vllm_block_manager_runners(args) -> list[VLLMBlockManagerRunner]:
     python = vllm_python()
     candidates = [(python, None)] if python else []
     # Other releases' Python files (benchmarks/get_vllm_source.sh), imported with make vllm's Python.
-    sources = [str(src) for src in sorted(REPO_ROOT.glob(".vllm-*/src"))] if python else []
+    sources = [str(src) for src in paths.vllm_source_trees()] if python else []
     candidates += [(python or sys.executable, path) for path in sources + list(getattr(args, "vllm_pythonpaths", ()))]
     runners = []
     for python_exe, pythonpath in candidates:
@@ -728,7 +728,7 @@ def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = Non
 
 
 # -- 7. vs real vLLM on the same CPU -------------------------------------------------------
-VS_VLLM_BLOCK_SIZE = 32  # the block size mini_vllm.compare_vllm uses with vLLM on a CPU
+VS_VLLM_BLOCK_SIZE = 32  # the block size mini_vllm.tools.compare_vllm uses with vLLM on a CPU
 VS_VLLM_NUM_BLOCKS = 128
 
 
@@ -819,7 +819,7 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
     """mini-vLLM and real vLLM (``make vllm``): the same token ids, model, dtype (float32),
     block size, pool size and compute threads; TTFT cold, warm and fresh, and batch throughput.
 
-    vLLM runs in its own process (``mini_vllm.compare_vllm.run_vllm``), one per
+    vLLM runs in its own process (``mini_vllm.tools.compare_vllm.run_vllm``), one per
     round, alternating with a fresh mini-vLLM engine (which goes first
     alternates); each side's figure is the median over its rounds.
     Ratios are mini / vLLM: below 1 means mini-vLLM is faster for TTFT,

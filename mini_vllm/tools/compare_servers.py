@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .compare_vllm import vllm_missing_reason, vllm_python
-from .model import default_model_path
+from ..model import default_model_path
 
 SERVED_MODEL_NAME = "mini-vllm-course"
 

