@@ -345,6 +345,20 @@ def test_a_part_checked_under_another_name_is_kept_under_the_parts_name(parts_fo
     assert mine.course_parts["find_longest_cache_hit"] == "yours"
 
 
+def test_a_helper_bound_to_a_second_name_is_kept_under_that_name_too(parts_folder, tmp_path):
+    """``store_kv_kernel = my_kernel`` and a launcher that calls store_kv_kernel: the file defines both names."""
+    _play_notebook(
+        tmp_path,
+        LEARNER_NOTEBOOK.replace("def physical_block(", "def my_physical_block(").replace(
+            "\ndef compute_slot_mapping(", "\nphysical_block = my_physical_block\n\n\ndef compute_slot_mapping("
+        ),
+    )
+    source = (parts_folder / "slot_mapping.py").read_text()
+    assert "def my_physical_block(" in source and "physical_block = my_physical_block" in source
+    slot_mapping = parts_module.load_part("slot_mapping")  # a NameError here before the alias was written
+    assert slot_mapping([7, 2], 14, 18, 16) == model_runner.compute_slot_mapping([7, 2], 14, 18, 16)
+
+
 def test_a_kept_file_without_the_parts_name_falls_back_to_the_reference(parts_folder, capsys):
     parts_folder.mkdir(parents=True)
     (parts_folder / "find_longest_cache_hit.py").write_text(

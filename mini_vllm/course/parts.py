@@ -227,26 +227,39 @@ def freeze(obj: Any, name: str) -> str:
     ]
     imports: list[str] = []
     definitions: list[str] = []
-    defined = getattr(getattr(obj, "fn", obj), "__name__", name)
+    defined = _defined_name(obj, name)
     if not defined.isidentifier():
         raise _CannotFreeze(f"a {defined} cannot be kept as a file: write it with def {name}(...)")
+    # Checked under another name (check_find_longest_cache_hit(my_lookup)): the part's name too.
     _freeze_into(obj, name, imports, definitions, seen=set())
-    if defined != name:  # checked under another name (check_find_longest_cache_hit(my_lookup)): the part's name too
-        definitions.append(f"{name} = {defined}\n")
     lines = header + sorted(set(imports)) + [""] + definitions
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _defined_name(obj: Any, fallback: str) -> str:
+    """The name ``obj``'s own ``def`` or ``class`` gives it (a Triton kernel's: its function's)."""
+    return getattr(getattr(obj, "fn", obj), "__name__", fallback)
+
+
 def _freeze_into(obj: Any, name: str, imports: list[str], definitions: list[str], seen: set) -> None:
-    if id(obj) in seen:
-        return
-    seen.add(id(obj))
-    source, fn_globals, code_objects = _source_of(obj, name)
-    for global_name in sorted(_global_names(code_objects)):
-        if global_name not in fn_globals or global_name == name:
-            continue
-        _freeze_global(global_name, fn_globals[global_name], imports, definitions, seen)
-    definitions.append(source.rstrip() + "\n\n")
+    """Append ``obj``'s source (after what it uses), and ``name = <its def's name>`` where they differ.
+
+    The alias matters wherever the notebook bound the code to a second name: the part
+    checked as ``my_lookup``, or a launcher that calls ``store_kv_kernel`` after
+    ``store_kv_kernel = my_kernel``.
+    """
+    if id(obj) not in seen:
+        seen.add(id(obj))
+        source, fn_globals, code_objects = _source_of(obj, name)
+        for global_name in sorted(_global_names(code_objects)):
+            if global_name not in fn_globals or global_name == name:
+                continue
+            _freeze_global(global_name, fn_globals[global_name], imports, definitions, seen)
+        definitions.append(source.rstrip() + "\n\n")
+    defined = _defined_name(obj, name)
+    alias = f"{name} = {defined}\n"
+    if defined != name and alias not in definitions:
+        definitions.append(alias)
 
 
 def _source_of(obj: Any, name: str) -> tuple[str, dict, list[types.CodeType]]:
