@@ -371,7 +371,9 @@ class BlockPool:
     * a block has a ``block_hash`` exactly when the map holds it under that hash.
 
     Callers (the ``KVCacheManager``) own the block *tables*: which request holds
-    which blocks. The pool only counts references.
+    which blocks. The pool only counts references. What it holds is handed out
+    as plain data by ``snapshot()`` (``BlockPoolSnapshot``): views, checks and
+    tests read that, never the queue's links or the map.
 
     Three of its pieces are extension points (``mini_vllm/engine_parts.py``
     says what each may change and must keep): the free queue's class

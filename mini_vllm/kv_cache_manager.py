@@ -142,7 +142,9 @@ class KVCacheManager:
       map holds no block whose hash differs from its key.
 
     Requests are never mutated here except for their hashes being read;
-    ``num_computed_tokens`` belongs to the scheduler.
+    ``num_computed_tokens`` belongs to the scheduler. ``snapshot()`` hands out
+    the pool, every group's tables and the counters as plain data
+    (``KVCacheManagerSnapshot``), for views, checks and tests.
 
     Extension points (``mini_vllm/engine_parts.py``), handed to the group
     managers: ``find_longest_cache_hit(block_pool, block_hashes,
