@@ -114,6 +114,10 @@ class KVCacheManagerSnapshot:
     def num_evictions(self) -> int:
         return self.block_pool.num_evictions
 
+    @property
+    def num_kv_cache_groups(self) -> int:
+        return len(self.req_to_block_ids)
+
     def get_block_ids(self, request_id: str, kv_cache_group_id: int = 0) -> tuple[int, ...]:
         """The request's block table in group ``kv_cache_group_id`` (``()`` when it holds none)."""
         return self.req_to_block_ids[kv_cache_group_id].get(request_id, ())

@@ -131,6 +131,7 @@ def test_a_hybrid_snapshot_has_a_table_and_a_lookup_per_group():
     request.num_computed_tokens += 1
     snapshot = manager.snapshot()
     full, sliding = snapshot.get_block_ids_by_group("r")
+    assert snapshot.num_kv_cache_groups == 2
     assert sliding[:2] == (NULL_BLOCK_ID, NULL_BLOCK_ID) and NULL_BLOCK_ID not in full
     assert (full, sliding) == tuple(tuple(table) for table in manager.get_block_ids_by_group("r"))
     assert set(snapshot.block_pool.cached_block_ids(0)) == set(request.block_hashes)

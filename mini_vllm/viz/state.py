@@ -322,7 +322,7 @@ class StateSource:
             for index, block_hash in enumerate(request.block_hashes):
                 if block_hash not in self._tokens_by_hash:
                     self._tokens_by_hash[block_hash] = tuple(tokens[index * block_size : (index + 1) * block_size])
-        cached_by_group = [pool.cached_block_ids(group_id) for group_id in range(len(cache.req_to_block_ids))]
+        cached_by_group = [pool.cached_block_ids(group_id) for group_id in range(cache.num_kv_cache_groups)]
         in_pool = set().union(*cached_by_group)
         self._tokens_by_hash = {h: t for h, t in self._tokens_by_hash.items() if h in in_pool}
 
