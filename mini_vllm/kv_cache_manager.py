@@ -13,11 +13,13 @@ whose ``find_longest_cache_hit`` this mirrors).
 
 from __future__ import annotations
 
+import copy
+import types
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .block_pool import BlockPool, KVCacheBlock, KVCacheEvent
+from .block_pool import BlockPool, BlockPoolSnapshot, KVCacheBlock, KVCacheEvent
 from .config import DEFAULT_BLOCK_SIZE, check_block_size
 from .hashing import BlockHash
 from .kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
@@ -83,6 +85,48 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+@dataclass(frozen=True)
+class KVCacheManagerSnapshot:
+    """The KV cache as plain data at one moment, built by ``KVCacheManager.snapshot``.
+
+    A copy: changing it changes nothing in the manager or its pool (tuples,
+    read-only mappings, frozen dataclasses, and a copy of the counters). The
+    one place that reads the pool's and the block tables' internals for
+    widgets, the course's checks and the tests; O(num_blocks), never on the
+    engine's own path.
+
+    Attributes:
+        block_pool: the pool's snapshot (blocks, free queue, hash map, evictions).
+        req_to_block_ids: per KV-cache group, in group order: request id ->
+            its block table as block ids (the null block is ``NULL_BLOCK_ID``,
+            -1), in the order the requests got their tables.
+        num_cached_block: per group: request id -> how many of its blocks are
+            in the prefix cache.
+        prefix_cache_stats: a copy of the manager's counters.
+    """
+
+    block_pool: BlockPoolSnapshot
+    req_to_block_ids: tuple[Mapping[str, tuple[int, ...]], ...]
+    num_cached_block: tuple[Mapping[str, int], ...]
+    prefix_cache_stats: PrefixCacheStats
+
+    @property
+    def num_evictions(self) -> int:
+        return self.block_pool.num_evictions
+
+    @property
+    def num_kv_cache_groups(self) -> int:
+        return len(self.req_to_block_ids)
+
+    def get_block_ids(self, request_id: str, kv_cache_group_id: int = 0) -> tuple[int, ...]:
+        """The request's block table in group ``kv_cache_group_id`` (``()`` when it holds none)."""
+        return self.req_to_block_ids[kv_cache_group_id].get(request_id, ())
+
+    def get_block_ids_by_group(self, request_id: str) -> tuple[tuple[int, ...], ...]:
+        """The request's block table in every group, in group order (``KVCacheManager.get_block_ids_by_group``)."""
+        return tuple(tables.get(request_id, ()) for tables in self.req_to_block_ids)
+
+
 class KVCacheManager:
     """Owns the ``BlockPool`` and, through one manager per KV-cache group, every request's block tables.
 
@@ -102,7 +146,9 @@ class KVCacheManager:
       map holds no block whose hash differs from its key.
 
     Requests are never mutated here except for their hashes being read;
-    ``num_computed_tokens`` belongs to the scheduler.
+    ``num_computed_tokens`` belongs to the scheduler. ``snapshot()`` hands out
+    the pool, every group's tables and the counters as plain data
+    (``KVCacheManagerSnapshot``), for views, checks and tests.
 
     Extension points (``mini_vllm/engine_parts.py``), handed to the group
     managers: ``find_longest_cache_hit(block_pool, block_hashes,
@@ -420,6 +466,23 @@ class KVCacheManager:
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
+
+    def snapshot(self) -> KVCacheManagerSnapshot:
+        """The pool, every group's block tables and the counters, as plain data (a copy; for views and tests)."""
+        return KVCacheManagerSnapshot(
+            block_pool=self.block_pool.snapshot(),
+            req_to_block_ids=tuple(
+                types.MappingProxyType(
+                    {
+                        request_id: tuple(block.block_id for block in blocks)
+                        for request_id, blocks in manager.req_to_blocks.items()
+                    }
+                )
+                for manager in self.managers
+            ),
+            num_cached_block=tuple(types.MappingProxyType(dict(manager.num_cached_block)) for manager in self.managers),
+            prefix_cache_stats=copy.copy(self.prefix_cache_stats),
+        )
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (and nothing changes) while blocks are in use."""

@@ -45,18 +45,21 @@ from .parallel_sampling import ParentRequest
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
 logger = logging.getLogger("mini_vllm")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineStats:
     """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``).
 
-    Read from ``Scheduler.make_stats``. The prefix-cache counters are
+    Owns only ``num_steps``; every other number is the scheduler's
+    (``scheduler_stats``, from ``Scheduler.make_stats``), read through the flat
+    names below that the chapters, the command line, the router and
+    ``/metrics`` use. The prefix-cache counters are
     ``KVCacheManager.prefix_cache_stats``, as vLLM 0.33 counts them: one
     lookup per admitted request, re-admissions after preemption apart
     (``prefix_cache_preempted_*``), nothing with caching off. ``hit_rate``
@@ -64,19 +67,68 @@ class EngineStats:
     """
 
     num_steps: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    hit_rate: float
-    num_preemptions: int
-    num_evictions: int
-    num_blocks: int
-    num_blocks_in_use: int
-    num_running: int
-    num_waiting: int
-    prefix_cache_requests: int = 0
-    prefix_cache_preempted_requests: int = 0
-    prefix_cache_preempted_queries: int = 0
-    prefix_cache_preempted_hits: int = 0
+    scheduler_stats: SchedulerStats
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.hits
+
+    @property
+    def hit_rate(self) -> float:
+        return self.scheduler_stats.prefix_cache_stats.hit_rate
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler_stats.num_preemptions
+
+    @property
+    def num_evictions(self) -> int:
+        return self.scheduler_stats.num_evictions
+
+    @property
+    def num_blocks(self) -> int:
+        return self.scheduler_stats.num_blocks
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        return self.scheduler_stats.num_blocks - self.scheduler_stats.num_free_blocks
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler_stats.num_running_reqs
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler_stats.num_waiting_reqs
+
+    @property
+    def prefix_cache_requests(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.requests
+
+    @property
+    def prefix_cache_preempted_requests(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.preempted_requests
+
+    @property
+    def prefix_cache_preempted_queries(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.preempted_queries
+
+    @property
+    def prefix_cache_preempted_hits(self) -> int:
+        return self.scheduler_stats.prefix_cache_stats.preempted_hits
+
+    @classmethod
+    def metric_names(cls) -> tuple[str, ...]:
+        """Every name a reader can take from the stats: ``num_steps``, then the properties above, in order."""
+        return ("num_steps", *(name for name, value in vars(cls).items() if isinstance(value, property)))
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.metric_names())
+        return f"EngineStats({values})"
 
 
 # The device types the engine runs on (its kernels, memory budget and dtypes know these two).
@@ -600,24 +652,8 @@ class LLMEngine:
 
     # -- inspection -------------------------------------------------------------
     def get_stats(self) -> EngineStats:
-        scheduler_stats = self.scheduler.make_stats()
-        stats = scheduler_stats.prefix_cache_stats
-        return EngineStats(
-            num_steps=self.num_steps,
-            prefix_cache_queries=stats.queries,
-            prefix_cache_hits=stats.hits,
-            hit_rate=stats.hit_rate,
-            num_preemptions=scheduler_stats.num_preemptions,
-            num_evictions=scheduler_stats.num_evictions,
-            num_blocks=scheduler_stats.num_blocks,
-            num_blocks_in_use=scheduler_stats.num_blocks - scheduler_stats.num_free_blocks,
-            num_running=scheduler_stats.num_running_reqs,
-            num_waiting=scheduler_stats.num_waiting_reqs,
-            prefix_cache_requests=stats.requests,
-            prefix_cache_preempted_requests=stats.preempted_requests,
-            prefix_cache_preempted_queries=stats.preempted_queries,
-            prefix_cache_preempted_hits=stats.preempted_hits,
-        )
+        """The engine's step count and the scheduler's counters (``Scheduler.make_stats``, a copy)."""
+        return EngineStats(num_steps=self.num_steps, scheduler_stats=self.scheduler.make_stats())
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (False while a request holds blocks): ``Scheduler.reset_prefix_cache``."""

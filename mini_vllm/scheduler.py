@@ -69,7 +69,8 @@ class SchedulerStats:
     """What the scheduler and its KV-cache manager count (vLLM: ``SchedulerStats``, ``Scheduler.make_stats``).
 
     ``prefix_cache_stats`` is a copy of ``KVCacheManager.prefix_cache_stats``
-    (cumulative here; vLLM hands them out per step).
+    (cumulative here; vLLM hands them out per step). The one owner of these
+    counters: ``EngineStats`` holds one and reads its flat names from it.
     """
 
     num_running_reqs: int

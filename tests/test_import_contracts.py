@@ -2,12 +2,16 @@
 benchmarks or the comparisons with vLLM, not even inside a function. Those are built on the
 engine (they listen to its events, drive its classes), never the other way round.
 
+And the widgets read the KV cache only through its snapshot (``KVCacheManager.snapshot``):
+no module of ``mini_vllm/viz`` names the pool's or the group managers' live internals.
+
 Read from the source with ``ast`` (``tests/import_graph.py``), so an import hidden in a rarely
 called function is caught as well as one at the top.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from import_graph import ENGINE, LAYERS, PACKAGE_DATA, ROOT, engine_files, imports_of, module_name
@@ -108,4 +112,64 @@ def test_the_checker_flags_an_engine_module_that_imports_one(tmp_path):
         "mini_vllm/scheduler.py:8 imports mini_vllm.viz.state",
         "mini_vllm/scheduler.py:12 imports mini_vllm.viz",
         "mini_vllm/scheduler.py:14 imports mini_vllm.entrypoints.cli",
+    ]
+
+
+# What only the live cache has, not its snapshot: the group managers' tables, the free queue's
+# links and walk, the hash map's own lookup. A widget that names one reaches past the snapshot.
+CACHE_INTERNALS = (
+    "req_to_blocks",
+    "managers",
+    "sliding_window_managers",
+    "get_all_free_blocks",
+    "fake_head",
+    "fake_tail",
+    "prev_free_block",
+    "next_free_block",
+    "get_one_block",
+    "get_cached_block",
+)
+
+
+def cache_internals_read(files: list[Path], root: Path = ROOT) -> list[str]:
+    """``"mini_vllm/viz/x.py:12 reads .req_to_blocks"`` for every attribute in ``CACHE_INTERNALS`` read."""
+    found = []
+    for path in files:
+        reads = sorted(
+            (node.lineno, node.col_offset, node.attr)
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.Attribute) and node.attr in CACHE_INTERNALS
+        )
+        found += [f"{path.relative_to(root)}:{line} reads .{attr}" for line, _, attr in reads]
+    return found
+
+
+def test_the_widgets_read_the_cache_only_through_its_snapshot():
+    files = sorted((ROOT / "mini_vllm" / "viz").glob("*.py"))
+    assert {path.name for path in files} >= {"state.py", "views.py", "dashboard.py", "hash_chain.py"}
+    assert cache_internals_read(files) == []
+
+
+def test_the_checker_flags_a_widget_that_reaches_into_the_pool(tmp_path):
+    (tmp_path / "mini_vllm" / "viz").mkdir(parents=True)
+    clean = tmp_path / "mini_vllm" / "viz" / "clean.py"
+    clean.write_text(
+        "def render(manager):\n"
+        "    cache = manager.snapshot()\n"
+        "    return cache.block_pool.free_block_queue, cache.get_block_ids('A')\n"
+    )
+    widget = tmp_path / "mini_vllm" / "viz" / "widget.py"
+    widget.write_text(
+        "def render(manager):\n"
+        "    pool = manager.block_pool\n"
+        "    queue = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]\n"  # line 3
+        "    tables = manager.managers[0].req_to_blocks\n"  # line 4: two of them
+        "    return queue, tables, pool.get_cached_block(b'h')\n"  # line 5
+    )
+    assert cache_internals_read([clean], tmp_path) == []
+    assert cache_internals_read([widget], tmp_path) == [
+        "mini_vllm/viz/widget.py:3 reads .get_all_free_blocks",
+        "mini_vllm/viz/widget.py:4 reads .managers",
+        "mini_vllm/viz/widget.py:4 reads .req_to_blocks",
+        "mini_vllm/viz/widget.py:5 reads .get_cached_block",
     ]

@@ -232,6 +232,60 @@ def test_free_queue_view_of_a_full_pool_says_it_is_empty():
     assert "next reused: none (no free block); next evicted: none (no cached free block)" in text
 
 
+class Untouchable:
+    """Stands in for the manager's pool and group managers: any read of it fails the test."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _fail(self, what: str):
+        raise AssertionError(f"a widget read manager.{self.name}{what}: read KVCacheManager.snapshot() instead")
+
+    def __getattr__(self, attr):
+        self._fail(f".{attr}")
+
+    def __getitem__(self, key):
+        self._fail(f"[{key!r}]")
+
+    def __iter__(self):
+        self._fail(" (iterated)")
+
+    def __len__(self):
+        self._fail(" (len)")
+
+
+def render_with_the_cache_hidden(manager, monkeypatch, views) -> list[str]:
+    """Render ``views`` while the manager answers only ``snapshot()`` (taken now) about its cache."""
+    taken = manager.snapshot()
+    monkeypatch.setattr(manager, "snapshot", lambda: taken)
+    for name in ("block_pool", "managers", "sliding_window_managers"):
+        monkeypatch.setattr(manager, name, Untouchable(name))
+    return [text for view in views for text in (view.to_html(), view.to_text())]
+
+
+def test_every_view_reads_the_cache_only_through_its_snapshot(evicted, monkeypatch):
+    manager, requests = evicted
+    views = [
+        PoolView(manager, requests=requests),
+        BlockTableView(manager, requests=requests),
+        FreeQueueView(manager, requests=requests),
+        HashChainView(manager, A_TOKENS, requests=requests),
+    ]
+    expected = [text for view in views for text in (view.to_html(), view.to_text())]
+    assert render_with_the_cache_hidden(manager, monkeypatch, views) == expected
+
+
+def test_a_view_that_reaches_into_the_pool_is_caught(evicted, monkeypatch):
+    class PeekingView(FreeQueueView):
+        def render_text(self, snap):
+            pool = self.source.manager.block_pool  # past the snapshot: what the test forbids
+            return str([block.block_id for block in pool.free_block_queue.get_all_free_blocks()])
+
+    manager, requests = evicted
+    with pytest.raises(AssertionError, match="a widget read manager.block_pool.free_block_queue"):
+        render_with_the_cache_hidden(manager, monkeypatch, [PeekingView(manager, requests=requests)])
+
+
 # -- hash chain -----------------------------------------------------------------------
 def test_hash_chain_view_shows_hits_and_where_the_chain_breaks(evicted):
     manager, requests = evicted

@@ -142,20 +142,24 @@ class HybridMiniSide:
         return {**result, **self.snapshot()}
 
     def snapshot(self) -> dict:
-        pool, stats = self.manager.block_pool, self.manager.prefix_cache_stats
+        cache = self.manager.snapshot()
+        pool, stats = cache.block_pool, cache.prefix_cache_stats
         return {
-            "free_queue": _ids(pool.free_block_queue.get_all_free_blocks()),
+            "free_queue": list(pool.free_block_queue),
             "ref_cnt": [block.ref_cnt for block in pool.blocks],
             "block_hashes": [
                 None if block.block_hash is None else [block.block_hash.hex(), block.kv_cache_group_id]
                 for block in pool.blocks
             ],
             "cached": sorted(
-                [h.hex(), block.kv_cache_group_id, block.block_id]
-                for h, block in pool.cached_block_hash_to_block.items()
+                [h.hex(), pool.blocks[block_id].kv_cache_group_id, block_id]
+                for h, block_ids in pool.cached_block_hash_to_block.items()
+                for block_id in block_ids
             ),
             "tables": {
-                rid: list(tables) for rid in self.requests if any(tables := self.manager.get_block_ids_by_group(rid))
+                rid: [list(table) for table in tables]
+                for rid in self.requests
+                if any(tables := cache.get_block_ids_by_group(rid))
             },
             "request_hashes": {rid: [h.hex() for h in r.block_hashes] for rid, r in self.requests.items()},
             "stats": [

@@ -115,13 +115,18 @@ class MiniSide:
         return {**result, **self.snapshot()}
 
     def snapshot(self) -> dict:
-        pool, stats = self.manager.block_pool, self.manager.prefix_cache_stats
+        cache = self.manager.snapshot()
+        pool, stats = cache.block_pool, cache.prefix_cache_stats
         return {
-            "free_queue": [block.block_id for block in pool.free_block_queue.get_all_free_blocks()],
+            "free_queue": list(pool.free_block_queue),
             "ref_cnt": [block.ref_cnt for block in pool.blocks],
             "block_hashes": [None if block.block_hash is None else block.block_hash.hex() for block in pool.blocks],
-            "cached": sorted([h.hex(), block.block_id] for h, block in pool.cached_block_hash_to_block.items()),
-            "tables": {rid: ids for rid in self.requests if (ids := self.manager.get_block_ids(rid))},
+            "cached": sorted(
+                [h.hex(), block_id]
+                for h, block_ids in pool.cached_block_hash_to_block.items()
+                for block_id in block_ids
+            ),
+            "tables": {rid: list(ids) for rid in self.requests if (ids := cache.get_block_ids(rid))},
             "request_hashes": {rid: [h.hex() for h in r.block_hashes] for rid, r in self.requests.items()},
             "stats": [
                 stats.requests,

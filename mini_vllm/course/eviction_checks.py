@@ -32,7 +32,7 @@ from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 from ..scheduler import schedule_whole_prompt
 from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
-from .fixtures import CountingBlock, block_ids, cache_block, counting_pool, pool_state
+from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 
 BLOCK_SIZE = 4
 
@@ -66,7 +66,8 @@ def _compare_states(check: Checker, got: BlockPool, expected: BlockPool, case: s
 
 
 def _queue(pool: BlockPool) -> list[int]:
-    return block_ids(pool.free_block_queue.get_all_free_blocks())
+    """The free queue's block ids, head to tail."""
+    return list(pool.snapshot().free_block_queue)
 
 
 def _in_map(pool: BlockPool, block: KVCacheBlock) -> bool:

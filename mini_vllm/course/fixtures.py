@@ -5,7 +5,8 @@ Each check owns its scenarios; what they share lives here, once:
 * :func:`cache_block` puts a block into the prefix cache by hand (its hash
   set and entered in the hash map), the state a finished request leaves;
 * :func:`pool_state` is everything a pool holds (free queue, ref counts,
-  hashes, the map), to compare two pools or one pool before and after a call;
+  hashes, the map), read from ``BlockPool.snapshot``, to compare two pools
+  or one pool before and after a call;
 * :class:`CountingBlock` counts the reads of its links and hash, and
   :func:`counting_pool` builds a large pool of them: an operation that walks
   the pool instead of using the free queue's links or the hash map shows up
@@ -31,14 +32,22 @@ def cache_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash) -> 
 
 
 def pool_state(pool: BlockPool) -> dict[str, Any]:
-    """Everything a pool holds, by block id and short hash: equal states are equal pools."""
+    """Everything a pool holds, by block id and short hash: equal states are equal pools.
+
+    Read from ``pool.snapshot()``; the keys are what a check's message names.
+    """
+    snapshot = pool.snapshot()
     return {
-        "free queue (head -> tail)": block_ids(pool.free_block_queue.get_all_free_blocks()),
-        "num_free_blocks": pool.free_block_queue.num_free_blocks,
-        "ref_cnt": [b.ref_cnt for b in pool.blocks],
-        "hashed blocks": [b.block_id for b in pool.blocks if b.block_hash is not None],
-        "map": sorted((h.hex()[:8], b.block_id) for h, b in pool.cached_block_hash_to_block.items()),
-        "block hashes": [b.block_hash.hex()[:8] if b.block_hash is not None else None for b in pool.blocks],
+        "free queue (head -> tail)": list(snapshot.free_block_queue),
+        "num_free_blocks": snapshot.num_free_blocks,
+        "ref_cnt": [b.ref_cnt for b in snapshot.blocks],
+        "hashed blocks": [b.block_id for b in snapshot.blocks if b.block_hash is not None],
+        "map": sorted(
+            (h.hex()[:8], block_id)
+            for h, block_ids_of_hash in snapshot.cached_block_hash_to_block.items()
+            for block_id in block_ids_of_hash
+        ),
+        "block hashes": [b.block_hash.hex()[:8] if b.block_hash is not None else None for b in snapshot.blocks],
     }
 
 

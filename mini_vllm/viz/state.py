@@ -4,8 +4,11 @@ A ``StateSource`` wraps whatever the learner has — an ``LLM``, an
 ``LLMEngine`` or, in the early chapters, a bare ``KVCacheManager`` plus the
 ``Request`` objects of a scripted scenario — and turns it into a
 ``CacheSnapshot``: plain, frozen data (block ids, ref counts, hashes, owners,
-free-queue order, block tables) that the views render. Reading never changes
-the engine: no block is touched, no event is taken.
+free-queue order, block tables) that the views render. The cache itself is
+read in one place, ``KVCacheManager.snapshot`` (the pool's part:
+``BlockPool.snapshot``); this module adds what the widgets need on top of it
+(owners, token text, request progress) and never reaches into the pool.
+Reading never changes the engine: no block is touched, no event is taken.
 
 Everything in a snapshot is deterministic for a deterministic run: lists are
 in block-id, free-queue or request-insertion order, never in set or hash order.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..block_pool import NULL_BLOCK_ID
@@ -167,6 +170,10 @@ class CacheSnapshot:
     kv_cache_groups: tuple[KVCacheGroupInfo, ...] = (KVCacheGroupInfo(0),)
     # Per group: hash -> the block of that group a lookup returns (``cached`` is group 0's).
     cached_by_group: tuple[Mapping[bytes, int], ...] = ()
+    # The free queue's head (the next block popped) and the first cached block from the head
+    # (popping it is the next eviction): the pool snapshot's ``next_to_reuse`` / ``next_to_evict``.
+    next_to_reuse: int | None = None
+    next_to_evict: int | None = None
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -197,19 +204,6 @@ class CacheSnapshot:
     @property
     def num_blocks_in_use(self) -> int:
         return sum(1 for block in self.blocks if block.ref_cnt > 0)
-
-    @property
-    def next_to_reuse(self) -> int | None:
-        """The free queue's head: the next block ``get_new_blocks`` pops."""
-        return self.free_queue[0] if self.free_queue else None
-
-    @property
-    def next_to_evict(self) -> int | None:
-        """The first *cached* block from the head: popping it is the next eviction."""
-        for block_id in self.free_queue:
-            if self.blocks[block_id].block_hash is not None:
-                return block_id
-        return None
 
 
 class StateSource:
@@ -299,29 +293,28 @@ class StateSource:
 
     # -- the snapshot ---------------------------------------------------------
     def snapshot(self, k_norm: bool = False, layer: int = 0) -> CacheSnapshot:
-        manager = self.manager
-        pool = manager.block_pool
-        block_size = manager.block_size
+        """What the views render, built from the manager's own snapshot (``KVCacheManager.snapshot``)."""
+        cache = self.manager.snapshot()
+        pool = cache.block_pool
+        block_size = self.manager.block_size
         known = self.known_requests()
 
-        group_managers = self._group_managers()
-        null = getattr(pool, "null_block", None)
         owners: dict[int, list[str]] = {}
         held_by_group: dict[int, int] = {}
         tokens_by_block: dict[int, tuple[int, ...]] = {}
-        for group_id, group_manager in enumerate(group_managers):
-            for request_id, table in group_manager.req_to_blocks.items():
+        for group_id, tables in enumerate(cache.req_to_block_ids):
+            for request_id, table in tables.items():
                 request = known.get(request_id)
-                for index, block in enumerate(table):
-                    if block is null or block.block_id == NULL_BLOCK_ID:  # a placeholder, not a block
+                for index, block_id in enumerate(table):
+                    if block_id == NULL_BLOCK_ID:  # a placeholder, not a block
                         continue
-                    owners.setdefault(block.block_id, []).append(request_id)
-                    held_by_group.setdefault(block.block_id, group_id)
-                    if request is not None and block.block_id not in tokens_by_block:
+                    owners.setdefault(block_id, []).append(request_id)
+                    held_by_group.setdefault(block_id, group_id)
+                    if request is not None and block_id not in tokens_by_block:
                         start = index * block_size
                         tokens = tuple(request.all_token_ids[start : start + block_size])
                         if tokens:
-                            tokens_by_block[block.block_id] = tokens
+                            tokens_by_block[block_id] = tokens
 
         # Remember what each cached hash holds, from every request we know.
         for request in known.values():
@@ -329,17 +322,11 @@ class StateSource:
             for index, block_hash in enumerate(request.block_hashes):
                 if block_hash not in self._tokens_by_hash:
                     self._tokens_by_hash[block_hash] = tuple(tokens[index * block_size : (index + 1) * block_size])
-        cached_by_group: list[dict[bytes, int]] = [{} for _ in group_managers]
-        for block_hash, block in pool.cached_block_hash_to_block.items():
-            group_id = getattr(block, "kv_cache_group_id", 0)
-            if group_id < len(cached_by_group):  # a lookup returns the first inserted of its group
-                cached_by_group[group_id].setdefault(block_hash, block.block_id)
-        cached = cached_by_group[0]
+        cached_by_group = [pool.cached_block_ids(group_id) for group_id in range(cache.num_kv_cache_groups)]
         in_pool = set().union(*cached_by_group)
         self._tokens_by_hash = {h: t for h, t in self._tokens_by_hash.items() if h in in_pool}
 
-        free_queue = tuple(block.block_id for block in pool.free_block_queue.get_all_free_blocks())
-        position = {block_id: place for place, block_id in enumerate(free_queue)}
+        position = {block_id: place for place, block_id in enumerate(pool.free_block_queue)}
         norms = self.k_norms(layer) if k_norm else None
 
         blocks = []
@@ -349,7 +336,7 @@ class StateSource:
                 tokens = self._tokens_by_hash.get(block.block_hash)
             group = held_by_group.get(block.block_id)
             if group is None and block.block_hash is not None:
-                group = getattr(block, "kv_cache_group_id", 0)
+                group = block.kv_cache_group_id
             blocks.append(
                 BlockInfo(
                     block_id=block.block_id,
@@ -365,14 +352,11 @@ class StateSource:
 
         requests = []
         request_ids = list(known)
-        for group_manager in group_managers:
-            request_ids += [rid for rid in group_manager.req_to_blocks if rid not in known and rid not in request_ids]
+        for tables in cache.req_to_block_ids:
+            request_ids += [rid for rid in tables if rid not in known and rid not in request_ids]
         for request_id in request_ids:
             request = known.get(request_id)
-            by_group = tuple(
-                tuple(block.block_id for block in group_manager.req_to_blocks.get(request_id, ()))
-                for group_manager in group_managers
-            )
+            by_group = cache.get_block_ids_by_group(request_id)
             block_ids = by_group[0]
             if request is None:
                 requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, (), by_group))
@@ -402,22 +386,20 @@ class StateSource:
             block_size=block_size,
             blocks=tuple(blocks),
             requests=tuple(requests),
-            free_queue=free_queue,
-            cached=cached,
+            free_queue=pool.free_block_queue,
+            cached=cached_by_group[0],
             hash_algo=self.hash_algo,
             num_steps=engine.num_steps if engine is not None else None,
             num_running=len(engine.scheduler.running) if engine is not None else 0,
             num_waiting=len(engine.scheduler.waiting) if engine is not None else 0,
-            prefix_cache_stats=replace(manager.prefix_cache_stats),
-            num_evictions=pool.num_evictions,
+            prefix_cache_stats=cache.prefix_cache_stats,
+            num_evictions=cache.num_evictions,
             num_preemptions=engine.scheduler.num_preemptions if engine is not None else 0,
             kv_cache_groups=self.kv_cache_groups(),
             cached_by_group=tuple(cached_by_group),
+            next_to_reuse=pool.next_to_reuse,
+            next_to_evict=pool.next_to_evict,
         )
-
-    def _group_managers(self) -> tuple[Any, ...]:
-        """One object per KV-cache group with its ``req_to_blocks`` (the manager itself without groups)."""
-        return tuple(getattr(self.manager, "managers", None) or (self.manager,))
 
     def kv_cache_groups(self) -> tuple[KVCacheGroupInfo, ...]:
         """The manager's KV-cache groups, described (one full-attention group without a ``kv_cache_config``)."""
