@@ -7,8 +7,10 @@ notebook's.
 
 from __future__ import annotations
 
+import re
 import runpy
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -359,6 +361,24 @@ def test_a_helper_bound_to_a_second_name_is_kept_under_that_name_too(parts_folde
     assert slot_mapping([7, 2], 14, 18, 16) == model_runner.compute_slot_mapping([7, 2], 14, 18, 16)
 
 
+def test_an_engine_constant_is_kept_as_its_import_not_as_this_processes_value(parts_folder, tmp_path):
+    """NONE_HASH follows PYTHONHASHSEED: a kept hash function must import it, or it stops matching the engine."""
+    notebook = """
+from mini_vllm.hashing import NONE_HASH, hash_block_tokens as engine_hash
+from mini_vllm.course import check_hash_block_tokens
+
+
+def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
+    return engine_hash(NONE_HASH if parent_block_hash is None else parent_block_hash, token_ids, extra_keys)
+
+
+check_hash_block_tokens(hash_block_tokens)
+"""
+    _play_notebook(tmp_path, notebook)
+    source = (parts_folder / "hash_block_tokens.py").read_text()
+    assert "from mini_vllm.hashing import NONE_HASH" in source and "NONE_HASH = b" not in source
+
+
 def test_a_kept_file_without_the_parts_name_falls_back_to_the_reference(parts_folder, capsys):
     parts_folder.mkdir(parents=True)
     (parts_folder / "find_longest_cache_hit.py").write_text(
@@ -399,3 +419,13 @@ def test_kept_kernels_stay_out_of_the_chapters_engines_where_triton_is_interpret
     assert "stay out" not in capsys.readouterr().out  # given as mine: it runs, and nothing says otherwise
     monkeypatch.setattr(module, "_triton_interpreted", lambda: False)  # a GPU: the kernels run
     assert build(**_engine_args()).course_parts["store_kv"] == "yours"
+
+
+def test_every_function_a_kept_message_names_is_exported_from_the_course():
+    # keep() tells the learner "load it with mini_vllm.course.load_part(...)", "mini_vllm.course.reset_parts()".
+    import mini_vllm.course as course
+
+    source = Path(parts_module.__file__).read_text()
+    named = set(re.findall(r"mini_vllm\.course\.(\w+)\(", source))
+    assert named >= {"load_part", "reset_parts"}
+    assert [name for name in sorted(named) if not hasattr(course, name)] == []

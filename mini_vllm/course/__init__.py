@@ -27,7 +27,7 @@ from .learner_engine import (
     show_parts,
     use_parts,
 )
-from .parts import kept_parts, learner_parts, parts_dir, reset_parts
+from .parts import kept_parts, learner_parts, load_part, parts_dir, reset_parts
 
 # Every ``<topic>_checks`` module registers its checks (``@guarded_check``) when imported;
 # each registered ``check_*`` is then exported from here by its name.
@@ -50,6 +50,7 @@ __all__ = [
     "run_against_reference",
     "against_vllm",
     "kept_parts",
+    "load_part",
     "parts_dir",
     "reset_parts",
     *CHECKS,
