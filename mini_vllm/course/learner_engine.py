@@ -112,7 +112,7 @@ def learner_engine(
                     "on this machine, about 20 times slower (learner_engine(..., kernels=True) runs them)"
                 )
     chosen.update(mine or {})
-    kept = set(kept_parts())
+    kept = set(kept_parts()) if mine else set()  # only what is given as mine needs the folder's listing again
     for key, fn in (mine or {}).items():
         if key in ENGINE_PARTS and key not in kept and _is_learners(fn):
             print(
