@@ -205,3 +205,40 @@ def test_serving_over_http_measures_the_mini_server_and_formats_both_tables(tmp_
     assert "**0.50×**" in readme_table.table(results)
     results["serving"] = {"default_model": r}
     assert "no vLLM measured" in readme_table.table(results)
+
+
+def test_both_tables_show_vllm_in_its_default_configuration_and_the_goals_of_the_issue():
+    """A vs-vLLM section with the ``vllm_default`` column: both tables name each vLLM configuration,
+    and the README marks each goal met or missed from the numbers (never by hand)."""
+    import sys
+
+    sys.path.insert(0, str(paths.BENCHMARKS_DIR))
+    import readme_table
+
+    results = json.loads((paths.REFERENCE_RESULTS_DIR / "bench-cpu.json").read_text())
+    section = results["vs_vllm"]["SmolLM2-135M-Instruct"]
+    section["vllm_default"] = {
+        "vllm_configuration": bench.VLLM_DEFAULT,
+        "throughput_ratio": 0.75,
+        "throughput_ratio_range": [0.7, 0.8],
+        "ttft_cold_ratio": 1.3,
+        "ttft_cold_ratio_range": [1.2, 1.4],
+        "ttft_warm_ratio": 1.2,
+        "ttft_warm_ratio_range": [1.1, 1.3],
+        "mini_cache_overhead_ratio": 1.1,
+        "vllm_cache_overhead_ratio": 1.05,
+        "vllm": {"throughput_tok_s": 120.0, "ttft_cold_ms": 330.0},
+        "outputs_equal": True,
+    }
+    text = bench.format_table(results)
+    assert "vs vLLM as it runs by default" in text and "0.75x, 1.30x / 1.20x" in text and "compiled" in text
+    markdown = readme_table.table(results)
+    default_row = next(line for line in markdown.splitlines() if "as it runs by default" in line)
+    assert "**0.75×**" in default_row and "asynchronous scheduling" in default_row
+    comparable_row = next(line for line in markdown.splitlines() if "SmolLM2-135M-Instruct: vs vLLM" in line)
+    assert "eager, synchronous scheduling" in comparable_row
+    section["throughput_ratio"], section["ttft_cold_ratio"] = 0.88, 1.05
+    goals = readme_table.table(results).split("SmolLM2-135M-Instruct: vs vLLM", 1)[1].splitlines()[0]
+    assert "throughput ≥ 1.0× **missed**" in goals and "TTFT cold ≤ 1.1× ✓" in goals
+    section["throughput_ratio"] = 1.02
+    assert "throughput ≥ 1.0× ✓" in readme_table.table(results)

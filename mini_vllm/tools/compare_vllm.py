@@ -440,12 +440,19 @@ def run_vllm(
     threads: int = 1,
     probes: bool = False,
     timeout_s: int = 900,
+    configuration: str = "comparable",
 ) -> dict:
     """vLLM's side: one subprocess of ``.venv-vllm/bin/python`` runs every engine spec, one after
-    another (and, with ``probes``, drives vLLM's cache classes directly: ``run_vllm.run_probes``)."""
+    another (and, with ``probes``, drives vLLM's cache classes directly: ``run_vllm.run_probes``).
+
+    ``configuration``: ``"comparable"`` (eager, synchronous scheduling, the engine core in
+    the same process: the settings ``run_vllm.py``'s docstring explains) or ``"default"``
+    (vLLM's own defaults on a CPU: compiled, asynchronous scheduling, a separate engine core).
+    """
     job = {
         "threads": threads,
         "probes": probes,
+        "configuration": configuration,
         "engines": [
             {
                 "model": model_path,

@@ -5,9 +5,12 @@ Started by ``mini_vllm.tools.compare_vllm`` (and ``training/check_hybrid_model.p
 It imports only vLLM and the standard library: it runs in vLLM's own
 virtualenv, not in mini-vLLM's.
 
-The input is ``{"threads": 1, "probes": false, "engines": [spec, ...]}``
-(``probes``: also drive vLLM's cache classes directly, see ``run_probes``); each
-spec names one engine's settings and its workloads::
+The input is ``{"threads": 1, "probes": false, "configuration": "comparable",
+"engines": [spec, ...]}`` (``probes``: also drive vLLM's cache classes directly,
+see ``run_probes``; ``configuration``: ``"comparable"``, the default, runs vLLM
+with the settings listed below, ``"default"`` with vLLM's own defaults on a CPU:
+graph compilation, asynchronous scheduling, the engine core in its own process);
+each spec names one engine's settings and its workloads::
 
     {"model": "...", "block_size": 32, "dtype": "float32", "num_blocks": 64,
      "max_model_len": 1024, "max_num_seqs": 32, "max_num_batched_tokens": 2048,
@@ -63,15 +66,19 @@ import sys
 import time
 
 
-def _set_environment(threads: int) -> None:
+CONFIGURATIONS = ("comparable", "default")
+
+
+def _set_environment(threads: int, configuration: str = "comparable") -> None:
     """vLLM reads these when it starts; they must be set before ``import vllm``."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the pool is fixed below anyway
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if threads == 1 else f"0-{threads - 1}")
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    # The engine core in this process (no separate engine process): steps run one after
-    # another, as mini-vLLM's (see the module docstring), and one process fewer starts.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if configuration == "comparable":
+        # The engine core in this process (no separate engine process): steps run one after
+        # another, as mini-vLLM's (see the module docstring), and one process fewer starts.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -241,8 +248,12 @@ def run_probes() -> dict:
     return probes
 
 
-def run_engine(spec: dict) -> dict:
-    """Start one ``vllm.LLM`` with ``spec``'s settings, run its workloads, shut it down."""
+def run_engine(spec: dict, configuration: str = "comparable") -> dict:
+    """Start one ``vllm.LLM`` with ``spec``'s settings, run its workloads, shut it down.
+
+    ``configuration="default"`` leaves graph compilation and asynchronous
+    scheduling to vLLM's defaults (``enforce_eager`` and ``async_scheduling`` unset).
+    """
     import gc
 
     from vllm import LLM
@@ -251,6 +262,9 @@ def run_engine(spec: dict) -> dict:
     options = {}
     if spec.get("model_impl") is not None:  # else vLLM's default ("auto")
         options["model_impl"] = spec["model_impl"]
+    if configuration == "comparable":
+        options["enforce_eager"] = True
+        options["async_scheduling"] = spec.get("async_scheduling", False)
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
@@ -260,8 +274,6 @@ def run_engine(spec: dict) -> dict:
         max_model_len=spec["max_model_len"],
         max_num_seqs=spec["max_num_seqs"],
         max_num_batched_tokens=spec["max_num_batched_tokens"],
-        enforce_eager=True,
-        async_scheduling=spec.get("async_scheduling", False),
         gpu_memory_utilization=0.5,
         disable_log_stats=False,
         seed=0,
@@ -299,7 +311,11 @@ def main(argv: list[str]) -> int:
         with open(argv[1]) as handle:
             job = json.load(handle)
     threads = int(job.get("threads", 1))
-    _set_environment(threads)
+    configuration = job.get("configuration", "comparable")
+    if configuration not in CONFIGURATIONS:
+        print(f"configuration must be one of {CONFIGURATIONS}, got {configuration!r}", file=sys.stderr)
+        return 2
+    _set_environment(threads, configuration)
 
     import vllm
 
@@ -307,7 +323,8 @@ def main(argv: list[str]) -> int:
         "vllm_version": vllm.__version__,
         "threads": threads,
         "probes": run_probes() if job.get("probes") else None,
-        "engines": [run_engine(spec) for spec in job.get("engines", [])],
+        "configuration": configuration,
+        "engines": [run_engine(spec, configuration) for spec in job.get("engines", [])],
     }
     text = json.dumps(results)
     if argv[2] == "-":
