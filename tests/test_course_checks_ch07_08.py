@@ -62,6 +62,9 @@ if kernels.TRITON_AVAILABLE:
         "no mask on the loads and stores": 7,
         "head_dim left out of the mask": 8,
         "heads left out of the mask": 9,
+        "slot * stride_cache_offset": 10,
+        "cache strides worked out from the shape": 11,
+        "tile mask & slot >= 0": 12,
     }
 
     @triton.jit
@@ -98,13 +101,20 @@ if kernels.TRITON_AVAILABLE:
             slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
         else:
             slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if MISTAKE != 1:
+        if MISTAKE == 12:
+            in_tile = in_tile & (slot >= 0)  # the pitfall the exercise warns of (no early return)
+        elif MISTAKE != 1:
             if slot < 0:
                 return
         if MISTAKE == 4:
             row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
         elif MISTAKE == 5:
             row = slot * stride_cache_block + heads * stride_cache_head + dims  # the slot as a block id
+        elif MISTAKE == 10:
+            row = slot * stride_cache_offset + heads * stride_cache_head + dims  # no block/offset split
+        elif MISTAKE == 11:  # "the cache is [num_blocks, block_size, heads, head_dim]": its strides from the shape
+            row = (slot // BLOCK_SIZE) * (BLOCK_SIZE * num_kv_heads * head_dim)
+            row = row + (slot % BLOCK_SIZE) * (num_kv_heads * head_dim) + heads * head_dim + dims
         else:
             row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
             row = row + heads * stride_cache_head + dims
@@ -211,6 +221,23 @@ def test_ch07_store_kv_a_missing_mask_is_named(mistake, case, lanes):
     message = rejects(check_store_kv, _store_kv_with(mistake), "where the tile's padding lanes fall")
     assert case in message and lanes in message and "mask=in_tile" in message
     assert "slot // BLOCK_SIZE" not in message
+
+
+@needs_triton
+@pytest.mark.parametrize("mistake", ["slot * stride_cache_offset", "cache strides worked out from the shape"])
+def test_ch07_store_kv_a_cache_whose_blocks_are_not_packed_needs_stride_cache_block(mistake):
+    """Both passed: every cache of the check was contiguous, where slot * stride_cache_offset is right."""
+    message = rejects(check_store_kv, _store_kv_with(mistake), "you ignored stride_cache_block")
+    assert "views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor" in message
+    assert "landed at element 80 of k_cache instead of 144" in message  # token 0, slot 5
+    assert "blocks are 128 elements apart, not block_size * stride_cache_offset = 64" in message
+
+
+@needs_triton
+def test_ch07_store_kv_a_tile_mask_anded_with_the_slot_condition_is_named():
+    """The old hint said only "build it from comparisons combined with & and |", which the learner had done."""
+    message = rejects(check_store_kv, _store_kv_with("tile mask & slot >= 0"), "in_tile & (slot >= 0)")
+    assert "if slot < 0: return" in message and "tl.where(slot >= 0, in_tile, False)" in message
 
 
 @needs_triton

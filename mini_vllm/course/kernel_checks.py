@@ -352,6 +352,67 @@ def _store_case(
     )
 
 
+def _store_into_interleaved_caches(store_kv: Callable, check: Checker) -> None:
+    """K and V caches that are views into one ``[num_blocks, 2, block_size, heads, head_dim]`` tensor.
+
+    A block's K and V sit side by side (FlashInfer's layout), so the caches'
+    block stride is twice ``block_size * stride_cache_offset``: a kernel that
+    ignores ``stride_cache_block`` (``slot * stride_cache_offset``, or strides
+    computed from the shape) is right on every contiguous cache and wrong
+    here. The expected caches are written in plain PyTorch
+    (``kernels.reference.store_kv`` takes contiguous caches only). The case
+    is not counted: a passing check prints the same counts as before it was added.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = 4, 4, 2, 8
+    slots = [5, 0, 13, 10]
+    device = _device()
+    generator = torch.Generator().manual_seed(7)
+    key = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
+    value = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
+    shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+    # Room after the tensor: a store addressed as if the blocks were packed tighter or looser stays in it.
+    buffer = torch.full((2 * math.prod(shape),), SENTINEL, device=device)
+    kv = buffer[: math.prod(shape)].view(shape)
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    expected = buffer.clone()
+    expected_kv = expected[: math.prod(shape)].view(shape)
+    for token, slot in enumerate(slots):
+        expected_kv[slot // block_size, 0, slot % block_size] = key[token]
+        expected_kv[slot // block_size, 1, slot % block_size] = value[token]
+    where = (
+        f"K and V caches that are views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor "
+        f"(a block's K and V side by side), block_size={block_size}, num_kv_heads={num_kv_heads}, "
+        f"head_dim={head_dim}, slots={slots}"
+    )
+    _call_kernel_launcher(store_kv, key, value, k_cache, v_cache, torch.tensor(slots, device=device), what=where)
+    if torch.equal(buffer, expected):
+        return
+    row = num_kv_heads * head_dim
+    block_stride, offset_stride = k_cache.stride(0), k_cache.stride(1)
+    packed = block_size * offset_stride
+    for token, slot in enumerate(slots):
+        block, offset = divmod(slot, block_size)
+        if torch.equal(k_cache[block, offset], key[token]):
+            continue
+        if torch.equal(buffer[slot * row : slot * row + row], key[token].reshape(-1)):
+            check.fail(
+                f"{where}: token {token}'s key (slot {slot} = block {block}, offset {offset}) landed at element "
+                f"{slot * row} of k_cache instead of {block * block_stride + offset * offset_stride} "
+                f"(block {block} * stride_cache_block {block_stride} + offset {offset} * {offset_stride})",
+                f"you ignored stride_cache_block: here the blocks are {block_stride} elements apart, not "
+                f"block_size * stride_cache_offset = {packed}. Address the cache with block * stride_cache_block "
+                "+ offset * stride_cache_offset + heads * stride_cache_head + dims (block = slot // BLOCK_SIZE, "
+                "offset = slot % BLOCK_SIZE); slot * stride_cache_offset, or strides worked out from the shape, "
+                "are right only when the blocks are packed one after the other",
+            )
+        break
+    check.fail(
+        f"{where}: the caches differ from what storing each token's K (V) row in its slot gives",
+        "use the strides the launcher passes (stride_cache_block, stride_cache_offset, stride_cache_head): "
+        "a cache's blocks need not be packed one after the other",
+    )
+
+
 def _next_power_of_2(n: int) -> int:
     """``triton.next_power_of_2``: the launcher's HEADS_PAD and HEAD_DIM_PAD."""
     return 1 << max(0, n - 1).bit_length()
@@ -498,6 +559,7 @@ def check_store_kv(store_kv: Callable) -> None:
         num_kv_heads=2,
         head_dim=8,
     )
+    _store_into_interleaved_caches(store_kv, check)
     _store_past_two_to_the_31(store_kv, check)
     rng = check.rng
     for index in range(25):
