@@ -260,6 +260,8 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
+    if scale is None and mistake == "default scale 1/head_dim":
+        scale = 1.0 / head_dim
     if scale is None or mistake == "ignores scale":
         scale = head_dim**-0.5
     if mistake == "no scale":
@@ -273,10 +275,14 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     running_max = torch.full((num_q_heads,), float("-inf"), dtype=dtype)
     running_sum = torch.zeros(num_q_heads, dtype=dtype)
     acc = torch.zeros(num_q_heads, head_dim, dtype=dtype)
-    num_blocks = math.ceil(seq_len / block_size)
+    num_blocks = seq_len // block_size if mistake == "floor division" else math.ceil(seq_len / block_size)
     for i in range(num_blocks):
         block = i if mistake == "logical ids" else int(block_table[i])
         valid = min(block_size, seq_len - i * block_size)
+        if mistake == "last block seq_len % block_size" and i == num_blocks - 1:
+            valid = seq_len % block_size  # 0 when the last block is full
+            if valid == 0:
+                continue
         if mistake in ("no mask", "masks scores only"):
             valid_rows = block_size
         else:
@@ -362,6 +368,33 @@ def test_ch07_paged_decode_a_missing_rescale_is_named(mistake, left_out):
     # the separating inputs: right when the max never changes, wrong where it grows
     assert "(the running max never changes) your output is right" in message
     assert "max grows in the sequence's block" in message and "exp(old_max - new_max)" in message
+
+
+@pytest.mark.parametrize(
+    "mistake, case, expected_message",
+    [
+        (
+            "last block seq_len % block_size",
+            "one full block, block_table [0]",
+            "last block is full here (seq_len 4 is a multiple of block_size 4), and your loop took none of its tokens",
+        ),
+        ("default scale 1/head_dim", "one full block, block_table [0]", "your default scale is 1/head_dim (1/8)"),
+        (
+            "floor division",
+            "a partial last block (unused slots hold 100.0)",
+            "you left out the partial last block: its 2 token(s) (positions 8..9)",
+        ),
+    ],
+)
+def test_ch07_paged_decode_names_the_last_block_and_scale_mistakes(mistake, case, expected_message):
+    """The old messages: "slots past seq_len ... hold NaN" for a full last block counted as 0 tokens (there
+    are no such slots), and "compare your loop with the reference" for the other two."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    message = rejects(check_paged_decode, wrong, expected_message)
+    assert case in message and "compare your loop" not in message and "past seq_len" not in message
 
 
 def test_ch07_paged_decode_half_precision_arithmetic_is_told_to_accumulate_in_float32():

@@ -763,7 +763,28 @@ def _decode_case(
         return
     hint = "compare your loop with kernels.reference.paged_attention on this case"
     extreme = case.very_negative or (scale is not None and scale >= 10)
-    if extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
+    full_blocks = case.seq_len // case.block_size * case.block_size  # the tokens in full blocks
+    if case.seq_len % case.block_size == 0 and _first_tokens_only(got, case, used_scale, full_blocks - case.block_size):
+        hint = (
+            f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
+            f"{case.block_size}), and your loop took none of its tokens"
+            + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
+            + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
+            "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
+        )
+    elif case.seq_len % case.block_size and _first_tokens_only(got, case, used_scale, full_blocks):
+        hint = (
+            f"you left out the partial last block: its {case.seq_len - full_blocks} token(s) (positions "
+            f"{full_blocks}..{case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
+            f"{math.ceil(case.seq_len / case.block_size)} blocks (math.ceil, or (seq_len + block_size - 1) // "
+            f"block_size), not seq_len // block_size = {case.seq_len // case.block_size}"
+        )
+    elif scale is None and _close(got, case.dense(1.0 / case.head_dim)):
+        hint = (
+            f"your default scale is 1/head_dim (1/{case.head_dim}); with scale=None the scores are multiplied "
+            f"by 1/sqrt(head_dim) = {case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
+        )
+    elif extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
         hint = (
             "the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
             "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
@@ -914,6 +935,18 @@ def _missing_rescale(paged_decode: Callable, case: _DecodeCase, scale, kwargs: d
         "exp(old_max - new_max) before adding the block's terms (rescale = torch.exp(running_max - new_max); "
         "acc = acc * rescale[:, None] + ...; running_sum = running_sum * rescale + ...)"
     )
+
+
+def _first_tokens_only(got: torch.Tensor, case: _DecodeCase, scale, num_tokens: int) -> bool:
+    """True when ``got`` is what attending to the sequence's first ``num_tokens`` tokens only gives.
+
+    With no tokens at all a loop divides 0 by 0: every element NaN.
+    """
+    if num_tokens <= 0:
+        return bool(torch.isnan(got.float()).all())
+    if num_tokens >= case.seq_len:
+        return False
+    return _close(got, case.dense(scale, keys=case.keys[:num_tokens], values=case.values[:num_tokens]))
 
 
 def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:
