@@ -434,7 +434,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
     """The exercise's solution, with one optional mistake switched on."""
     manager = scheduler.kv_cache_manager
     skipped = []
-    while scheduler.waiting and token_budget > 0:
+    while scheduler.waiting and (token_budget > 0 or mistake == "no budget guard"):
         if len(scheduler.running) >= scheduler.max_num_seqs and mistake != "ignores max_num_seqs":
             break
         request = scheduler.waiting[0]
@@ -442,6 +442,8 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if mistake == "ignores hits":
             computed_blocks, num_computed_tokens = [], 0
         num_new_tokens = request.num_tokens - num_computed_tokens
+        if mistake == "new tokens worked out before the hit":
+            num_new_tokens = request.num_tokens - request.num_computed_tokens  # 0 computed yet: the hit not counted
         if mistake != "no chunking":
             num_new_tokens = min(num_new_tokens, token_budget)
         if mistake == "hits not passed to allocate_slots":
@@ -490,6 +492,28 @@ def test_ch08_schedule_waiting_rejects_typical_mistakes(mistake, expected_messag
         return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
 
     rejects(check_schedule_waiting, wrong, expected_message, regex=True)
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        (
+            "new tokens worked out before the hit",
+            "'B' has 11 tokens, 8 of them found in the prefix cache: only 3 are left to compute, and you scheduled "
+            "11. Count the hit's tokens as computed before you work out the new ones",
+        ),
+        ("no budget guard", "the token budget was spent (or was 0 to begin with) and your loop went on admitting"),
+    ],
+)
+def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budget_guard(mistake, expected_message):
+    """The old hints: "chunked prefill: ... min(remaining tokens, token_budget)" (the budget was not the problem)
+    and "a ValueError: ... your code asked for more than there is, or did the same thing twice"."""
+
+    def wrong(scheduler, token_budget, output):
+        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
+
+    message = rejects(check_schedule_waiting, wrong, expected_message)
+    assert "chunked prefill" not in message and "did the same thing twice" not in message
 
 
 def test_ch08_schedule_waiting_rejects_a_wrong_return_value():
