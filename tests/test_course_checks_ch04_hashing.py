@@ -160,3 +160,74 @@ def test_ch04_hash_request_tokens_rejects_extra_key_mistakes(wrong, expected_mes
 def test_ch04_hash_request_tokens_names_the_first_differing_block():
     with pytest.raises(AssertionError, match=r"block 1 \(tokens 16\.\.31\) is the first whose hash differs"):
         check_hash_request_tokens(_lora_only_in_block_zero)
+
+
+def _md5_digest(parent, token_ids, extra_keys=None):
+    """A 128-bit hash (xxh3-128 gives 16 bytes too): bytes, but not 32 of them."""
+    parent = hashing.NONE_HASH if parent is None else parent
+    return hashlib.md5(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest()
+
+
+def test_ch04_hash_block_tokens_names_a_16_byte_digest_by_its_length():
+    """The old message said "returned b'...' (bytes), not 32 bytes", with a hint about .hexdigest() and hash()."""
+    message = rejects(check_hash_block_tokens, _md5_digest, "returned 16 bytes, not 32: SHA-256's digest is 32 bytes")
+    assert "hexdigest" not in message
+
+
+def _block_extra_keys_arguments_swapped(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        keys = hashing.block_extra_keys(i, lora_name, cache_salt)  # (index, lora_name, cache_salt)
+        parent = hashing.hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys)
+        hashes.append(parent)
+    return hashes
+
+
+def _extra_keys_as_a_list(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        keys = []
+        if lora_name is not None:
+            keys.append(("lora", lora_name, None))
+        if cache_salt and i == 0:
+            keys.append(("cache_salt", cache_salt))
+        parent = hashing.hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys or None)
+        hashes.append(parent)
+    return hashes
+
+
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        (_block_extra_keys_arguments_swapped, "you passed lora_name before cache_salt"),
+        (_extra_keys_as_a_list, "your extra keys are a list; they must be a tuple"),
+    ],
+)
+def test_ch04_hash_request_tokens_names_the_extra_keys_misuse(wrong, expected_message):
+    """Both got "the salt goes into block 0's extra keys only", which each of them did."""
+    message = rejects(check_hash_request_tokens, wrong, expected_message)
+    assert "block 0's extra keys only" not in message
+
+
+def test_ch04_hash_request_tokens_blames_the_learners_own_hash_block_tokens_when_it_is_wrong():
+    """The exercise's loop calls the notebook's hash_block_tokens: a right loop over a wrong hash was told
+    "block 0 is hash_block_tokens(None, token_ids[0:16], None)", which is what it did."""
+    notebook = {}
+    exec(  # the two exercise cells: a hash without NONE_HASH (it failed its own check), a right loop
+        "import hashlib, pickle\n"
+        "from mini_vllm.hashing import block_extra_keys\n"
+        "def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):\n"
+        "    payload = pickle.dumps((parent_block_hash, tuple(token_ids), extra_keys), protocol=5)\n"
+        "    return hashlib.sha256(payload).digest()\n"
+        "def hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None):\n"
+        "    hashes, parent = [], None\n"
+        "    for i in range(len(token_ids) // block_size):\n"
+        "        block = token_ids[i * block_size : (i + 1) * block_size]\n"
+        "        parent = hash_block_tokens(parent, block, block_extra_keys(i, cache_salt, lora_name))\n"
+        "        hashes.append(parent)\n"
+        "    return hashes\n",
+        notebook,
+    )
+    message = rejects(check_hash_request_tokens, notebook["hash_request_tokens"], "does not pass its check yet")
+    assert "fix hash_block_tokens first" in message and "hash_block_tokens(None, range(16))" in message
+    assert "block 0 is hash_block_tokens(None" not in message

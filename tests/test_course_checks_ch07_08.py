@@ -62,6 +62,9 @@ if kernels.TRITON_AVAILABLE:
         "no mask on the loads and stores": 7,
         "head_dim left out of the mask": 8,
         "heads left out of the mask": 9,
+        "slot * stride_cache_offset": 10,
+        "cache strides worked out from the shape": 11,
+        "tile mask & slot >= 0": 12,
     }
 
     @triton.jit
@@ -98,13 +101,20 @@ if kernels.TRITON_AVAILABLE:
             slot = tl.load(slot_mapping_ptr + token)  # int32 when slot_mapping is int32
         else:
             slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-        if MISTAKE != 1:
+        if MISTAKE == 12:
+            in_tile = in_tile & (slot >= 0)  # the pitfall the exercise warns of (no early return)
+        elif MISTAKE != 1:
             if slot < 0:
                 return
         if MISTAKE == 4:
             row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
         elif MISTAKE == 5:
             row = slot * stride_cache_block + heads * stride_cache_head + dims  # the slot as a block id
+        elif MISTAKE == 10:
+            row = slot * stride_cache_offset + heads * stride_cache_head + dims  # no block/offset split
+        elif MISTAKE == 11:  # "the cache is [num_blocks, block_size, heads, head_dim]": its strides from the shape
+            row = (slot // BLOCK_SIZE) * (BLOCK_SIZE * num_kv_heads * head_dim)
+            row = row + (slot % BLOCK_SIZE) * (num_kv_heads * head_dim) + heads * head_dim + dims
         else:
             row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
             row = row + heads * stride_cache_head + dims
@@ -214,6 +224,23 @@ def test_ch07_store_kv_a_missing_mask_is_named(mistake, case, lanes):
 
 
 @needs_triton
+@pytest.mark.parametrize("mistake", ["slot * stride_cache_offset", "cache strides worked out from the shape"])
+def test_ch07_store_kv_a_cache_whose_blocks_are_not_packed_needs_stride_cache_block(mistake):
+    """Both passed: every cache of the check was contiguous, where slot * stride_cache_offset is right."""
+    message = rejects(check_store_kv, _store_kv_with(mistake), "you ignored stride_cache_block")
+    assert "views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor" in message
+    assert "landed at element 80 of k_cache instead of 144" in message  # token 0, slot 5
+    assert "blocks are 128 elements apart, not block_size * stride_cache_offset = 64" in message
+
+
+@needs_triton
+def test_ch07_store_kv_a_tile_mask_anded_with_the_slot_condition_is_named():
+    """The old hint said only "build it from comparisons combined with & and |", which the learner had done."""
+    message = rejects(check_store_kv, _store_kv_with("tile mask & slot >= 0"), "in_tile & (slot >= 0)")
+    assert "if slot < 0: return" in message and "tl.where(slot >= 0, in_tile, False)" in message
+
+
+@needs_triton
 def test_ch07_store_kv_a_store_past_num_tokens_is_named():
     """Without the bait slot after slot_mapping, the extra programs read garbage slots (the process could crash)."""
     message = rejects(check_store_kv, _store_kv_with_a_power_of_two_grid, "stored a token past num_tokens")
@@ -233,6 +260,8 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
+    if scale is None and mistake == "default scale 1/head_dim":
+        scale = 1.0 / head_dim
     if scale is None or mistake == "ignores scale":
         scale = head_dim**-0.5
     if mistake == "no scale":
@@ -246,10 +275,14 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     running_max = torch.full((num_q_heads,), float("-inf"), dtype=dtype)
     running_sum = torch.zeros(num_q_heads, dtype=dtype)
     acc = torch.zeros(num_q_heads, head_dim, dtype=dtype)
-    num_blocks = math.ceil(seq_len / block_size)
+    num_blocks = seq_len // block_size if mistake == "floor division" else math.ceil(seq_len / block_size)
     for i in range(num_blocks):
         block = i if mistake == "logical ids" else int(block_table[i])
         valid = min(block_size, seq_len - i * block_size)
+        if mistake == "last block seq_len % block_size" and i == num_blocks - 1:
+            valid = seq_len % block_size  # 0 when the last block is full
+            if valid == 0:
+                continue
         if mistake in ("no mask", "masks scores only"):
             valid_rows = block_size
         else:
@@ -337,6 +370,33 @@ def test_ch07_paged_decode_a_missing_rescale_is_named(mistake, left_out):
     assert "max grows in the sequence's block" in message and "exp(old_max - new_max)" in message
 
 
+@pytest.mark.parametrize(
+    "mistake, case, expected_message",
+    [
+        (
+            "last block seq_len % block_size",
+            "one full block, block_table [0]",
+            "last block is full here (seq_len 4 is a multiple of block_size 4), and your loop took none of its tokens",
+        ),
+        ("default scale 1/head_dim", "one full block, block_table [0]", "your default scale is 1/head_dim (1/8)"),
+        (
+            "floor division",
+            "a partial last block (unused slots hold 100.0)",
+            "you left out the partial last block: its 2 token(s) (positions 8..9)",
+        ),
+    ],
+)
+def test_ch07_paged_decode_names_the_last_block_and_scale_mistakes(mistake, case, expected_message):
+    """The old messages: "slots past seq_len ... hold NaN" for a full last block counted as 0 tokens (there
+    are no such slots), and "compare your loop with the reference" for the other two."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    message = rejects(check_paged_decode, wrong, expected_message)
+    assert case in message and "compare your loop" not in message and "past seq_len" not in message
+
+
 def test_ch07_paged_decode_half_precision_arithmetic_is_told_to_accumulate_in_float32():
     """float16/bfloat16 arithmetic passed the old 2e-2 tolerance; it is several ulps off the float32 result."""
 
@@ -374,7 +434,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
     """The exercise's solution, with one optional mistake switched on."""
     manager = scheduler.kv_cache_manager
     skipped = []
-    while scheduler.waiting and token_budget > 0:
+    while scheduler.waiting and (token_budget > 0 or mistake == "no budget guard"):
         if len(scheduler.running) >= scheduler.max_num_seqs and mistake != "ignores max_num_seqs":
             break
         request = scheduler.waiting[0]
@@ -382,6 +442,8 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if mistake == "ignores hits":
             computed_blocks, num_computed_tokens = [], 0
         num_new_tokens = request.num_tokens - num_computed_tokens
+        if mistake == "new tokens worked out before the hit":
+            num_new_tokens = request.num_tokens - request.num_computed_tokens  # 0 computed yet: the hit not counted
         if mistake != "no chunking":
             num_new_tokens = min(num_new_tokens, token_budget)
         if mistake == "hits not passed to allocate_slots":
@@ -430,6 +492,28 @@ def test_ch08_schedule_waiting_rejects_typical_mistakes(mistake, expected_messag
         return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
 
     rejects(check_schedule_waiting, wrong, expected_message, regex=True)
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        (
+            "new tokens worked out before the hit",
+            "'B' has 11 tokens, 8 of them found in the prefix cache: only 3 are left to compute, and you scheduled "
+            "11. Count the hit's tokens as computed before you work out the new ones",
+        ),
+        ("no budget guard", "the token budget was spent (or was 0 to begin with) and your loop went on admitting"),
+    ],
+)
+def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budget_guard(mistake, expected_message):
+    """The old hints: "chunked prefill: ... min(remaining tokens, token_budget)" (the budget was not the problem)
+    and "a ValueError: ... your code asked for more than there is, or did the same thing twice"."""
+
+    def wrong(scheduler, token_budget, output):
+        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
+
+    message = rejects(check_schedule_waiting, wrong, expected_message)
+    assert "chunked prefill" not in message and "did the same thing twice" not in message
 
 
 def test_ch08_schedule_waiting_rejects_a_wrong_return_value():

@@ -44,6 +44,28 @@ def test_ch09_prompt_fix_accepts_another_valid_fix():
     check_prompt_fix(time_after_the_tools)
 
 
+@pytest.mark.parametrize("layout", ["compact json", "one json array", "plain text", "names listed first"])
+def test_ch09_prompt_fix_accepts_any_layout_that_keeps_each_tool_together(layout):
+    """The check finds each tool's fields together in any stable serialization, not only json.dumps per line."""
+
+    def build_messages(system_prompt, tools, user_request, now):
+        ordered = sorted(tools, key=lambda tool: tool["name"])
+        if layout == "compact json":
+            lines = [json.dumps(tool, sort_keys=True, separators=(",", ":")) for tool in ordered]
+        elif layout == "one json array":
+            lines = [json.dumps(ordered, sort_keys=True)]
+        else:
+            lines = ["Tools: " + ", ".join(tool["name"] for tool in ordered)] if layout == "names listed first" else []
+            for tool in ordered:
+                lines.append(f"- {tool['name']}: {tool['description']}")
+                lines += [f"    {key}: {value}" for key, value in sorted(tool["parameters"].items())]
+        return _messages(
+            "\n".join([system_prompt, *lines]), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}"
+        )
+
+    check_prompt_fix(build_messages)
+
+
 def test_ch09_prompt_fix_reference_raises_the_hit_rate_far_above_the_starter():
     requests = make_requests(8)
     _, _, before = measure(starter_build_messages, requests)
@@ -90,6 +112,24 @@ def _keeps_the_minute_at_the_top(system_prompt, tools, user_request, now):
     return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
 
 
+def _sorts_the_fields_separately(system_prompt, tools, user_request, now):
+    """Names, descriptions and parameters each sorted on their own, then zipped: every tool gets another's fields."""
+    names = sorted(tool["name"] for tool in tools)
+    descriptions = sorted(tool["description"] for tool in tools)
+    parameters = sorted(json.dumps(tool["parameters"], sort_keys=True) for tool in tools)
+    lines = [system_prompt, "Tools:"]
+    for name, description, params in zip(names, descriptions, parameters):
+        lines.append(
+            f'{{"description": {json.dumps(description)}, "name": {json.dumps(name)}, "parameters": {params}}}'
+        )
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def _writes_the_time_with_isoformat(system_prompt, tools, user_request, now):
+    lines = [system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.isoformat()}\n{user_request}")
+
+
 def _returns_a_string(system_prompt, tools, user_request, now):
     return f"{system_prompt}\n{user_request}\n{now}"
 
@@ -104,6 +144,8 @@ def _returns_a_string(system_prompt, tools, user_request, now):
         (_keeps_the_tools_order, "tools are serialized differently"),
         (_puts_the_user_request_first, "user's request comes before the stable part"),
         (_drops_a_tool, "lost some of its definition"),
+        (_sorts_the_fields_separately, r"tool 'play_sound' is not kept together .* next to the parameters of 'save_st"),
+        (_writes_the_time_with_isoformat, r"is in the prompt as '2026-11-30T\d\d:\d\d:\d\d', not in the format"),
         (_returns_a_string, "list of"),
         (starter_build_messages, "timestamp still comes before"),
     ],

@@ -301,7 +301,10 @@ def likely_mistake(error: BaseException) -> str:
     if "mask" in text and "dtype" in text:
         return (
             "a Triton mask must be boolean: build it from comparisons combined with & and |, e.g. "
-            "(heads < num_kv_heads) & (dims < head_dim); multiplying or adding masks gives integers"
+            "(heads < num_kv_heads) & (dims < head_dim); multiplying or adding masks gives integers. "
+            "Combining the tile mask with a scalar condition, in_tile & (slot >= 0), gives an integer mask in "
+            "Triton's interpreter too: skip the padding token with `if slot < 0: return` instead, or write "
+            "tl.where(slot >= 0, in_tile, False)"
         )
     if isinstance(error, TypeError):
         if "generator" in text:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..hashing import NONE_HASH
+from ..hashing import NONE_HASH, block_extra_keys
 from ..hashing import hash_block_tokens as reference_hash_block_tokens
 from ..hashing import hash_request_tokens as reference_hash_request_tokens
-from ._harness import Checker, guarded_check, snapshot
+from ._harness import CheckFailure, Checker, guarded_check, snapshot
 
 EXACT_HINT = (
     "hash hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest(), "
@@ -41,6 +41,12 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
         "token_ids",
         "the token ids are the request's own: hash a copy (tuple(token_ids)), never append to or sort the list",
     )
+    if isinstance(first, bytes) and len(first) != 32:  # counted with the case below: the same pass line
+        check.fail(
+            f"hash_block_tokens(None, range(16)) returned {len(first)} bytes, not 32: SHA-256's digest is 32 bytes",
+            f"hash with hashlib.sha256(...).digest(): a {8 * len(first)}-bit hash (xxhash, MD5, a truncated "
+            f"digest) gives {len(first)} bytes, and the engine's block hashes are SHA-256",
+        )
     check.expect(
         isinstance(first, bytes) and len(first) == 32,
         f"hash_block_tokens(None, range(16)) returned {first!r} ({type(first).__name__}), not 32 bytes",
@@ -105,10 +111,78 @@ def _first_difference(got: Sequence[bytes], expected: Sequence[bytes]) -> int | 
     return None
 
 
+def _chain(token_ids: list, block_size: int, keys_of: Callable[[int], object]) -> list[bytes]:
+    """The reference chain of hashes, with block i's extra keys ``keys_of(i)``."""
+    hashes, parent = [], None
+    for i in range(len(token_ids) // block_size):
+        parent = reference_hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys_of(i))
+        hashes.append(parent)
+    return hashes
+
+
+def _extra_keys_mistake(got: list, args: tuple) -> str:
+    """A hint when ``got`` is the chain that a known misuse of the extra keys gives ("" if none is)."""
+    token_ids, block_size, cache_salt, lora_name = args
+    if cache_salt is None and lora_name is None:
+        return ""
+    swapped = _chain(token_ids, block_size, lambda i: block_extra_keys(i, lora_name, cache_salt))
+    if got == swapped:
+        return (
+            "block_extra_keys takes (block_index, cache_salt, lora_name), in that order: you passed lora_name "
+            "before cache_salt, so the salt became a LoRA key (in every block) and the LoRA name a salt"
+        )
+
+    def as_list(i: int):
+        keys = block_extra_keys(i, cache_salt, lora_name)
+        return None if keys is None else list(keys)
+
+    if got == _chain(token_ids, block_size, as_list):
+        return (
+            "your extra keys are a list; they must be a tuple (block_extra_keys returns one): pickle writes a "
+            "list differently from a tuple, so the hash differs from the engine's for the same keys. Build a "
+            "tuple (tuple(keys)), or call block_extra_keys(index, cache_salt, lora_name)"
+        )
+    return ""
+
+
+def _broken_block_hasher(hash_request_tokens: Callable) -> str:
+    """How the ``hash_block_tokens`` that the learner's loop calls differs from the reference ("" if it does not).
+
+    The exercise's loop calls the learner's own ``hash_block_tokens`` (a global of the notebook):
+    when that one is wrong, every chain is, however right the loop.
+    """
+    mine = getattr(hash_request_tokens, "__globals__", {}).get("hash_block_tokens")
+    if not callable(mine) or mine is reference_hash_block_tokens:
+        return ""
+    parent = reference_hash_block_tokens(None, [9] * 16)
+    block = list(range(16))
+    for shown, args in (
+        ("hash_block_tokens(None, range(16))", (None, block, None)),
+        ("hash_block_tokens(parent, range(16))", (parent, block, None)),
+        ("hash_block_tokens(None, range(16), extra_keys)", (None, block, (("cache_salt", "s"),))),
+    ):
+        try:
+            same = mine(*args) == reference_hash_block_tokens(*args)
+        except Exception:  # noqa: BLE001 - a crash is as wrong as another hash
+            same = False
+        if not same:
+            return shown
+    return ""
+
+
 def _compare_chains(
-    check: Checker, got: list, expected: list, case: str, block_size: int, hint: str, random_case: bool = False
+    check: Checker,
+    got: list,
+    expected: list,
+    case: str,
+    block_size: int,
+    hint: str,
+    random_case: bool = False,
+    args: tuple | None = None,
 ) -> None:
     """Equal lists, or a message naming the first block whose hash differs."""
+    if got != expected and args is not None and len(got) == len(expected):
+        hint = _extra_keys_mistake(got, args) or hint
     if len(got) != len(expected):
         hint = (
             f"only FULL blocks get a hash: len(token_ids) // block_size = {len(expected)} of them here "
@@ -125,6 +199,47 @@ def _compare_chains(
 @guarded_check(part="hash_request_tokens")
 def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     """The learner's ``hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None)``."""
+    try:
+        _check_hash_request_tokens(hash_request_tokens)
+    except CheckFailure as failure:
+        broken = _broken_block_hasher(hash_request_tokens)
+        if not broken:
+            raise
+        yours = hash_request_tokens.__globals__["hash_block_tokens"]
+        case, _, hint = failure.message.partition("\n    hint: ")
+        first_block = f"{broken} differs from the engine's hash"
+        if _loop_is_right_with(hash_request_tokens, yours):
+            hint = (
+                f"your loop calls your hash_block_tokens, which does not pass its check yet ({first_block}); "
+                "with it, your loop gives the chain it should: fix hash_block_tokens first (run "
+                "check_hash_block_tokens until it passes), then run this check again"
+            )
+        else:
+            hint += (
+                f"{'; ' if hint else ''}and your hash_block_tokens does not pass its check yet ({first_block}): "
+                "fix it first"
+            )
+        raise CheckFailure(f"{case}\n    hint: {hint}", failure.learner_traceback) from None
+
+
+def _loop_is_right_with(hash_request_tokens: Callable, hash_block_tokens: Callable) -> bool:
+    """True when the learner's loop gives the chain a right loop gives with ``hash_block_tokens``."""
+    cases = ((list(range(48)), 16, None, None), (list(range(23)), 5, "s", None), (list(range(12)), 4, None, "l"))
+    try:
+        for token_ids, block_size, cache_salt, lora_name in cases:
+            expected, parent = [], None
+            for i in range(len(token_ids) // block_size):
+                block = token_ids[i * block_size : (i + 1) * block_size]
+                parent = hash_block_tokens(parent, block, block_extra_keys(i, cache_salt, lora_name))
+                expected.append(parent)
+            if list(hash_request_tokens(list(token_ids), block_size, cache_salt, lora_name)) != expected:
+                return False
+    except Exception:  # noqa: BLE001 - no verdict on the loop
+        return False
+    return True
+
+
+def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     check = Checker("hash_request_tokens")
     learner = check.wrap(hash_request_tokens, "hash_request_tokens", "a list with one hash per full block")
 
@@ -227,7 +342,9 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         ),
     ]
     for case, args, hint in cases:
-        _compare_chains(check, hash_request_tokens(*args), reference_hash_request_tokens(*args), case, args[1], hint)
+        _compare_chains(
+            check, hash_request_tokens(*args), reference_hash_request_tokens(*args), case, args[1], hint, args=args
+        )
     for _ in range(60):
         random_tokens = [check.rng.randrange(3) for _ in range(check.rng.randint(1, 70))]
         block_size = check.rng.choice([2, 3, 4, 6, 16])
@@ -242,5 +359,6 @@ def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
             block_size,
             "compare with block_extra_keys(index, cache_salt, lora_name) and the chain",
             random_case=True,
+            args=(random_tokens, block_size, salt, lora),
         )
     check.passed()

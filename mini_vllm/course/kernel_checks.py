@@ -352,6 +352,67 @@ def _store_case(
     )
 
 
+def _store_into_interleaved_caches(store_kv: Callable, check: Checker) -> None:
+    """K and V caches that are views into one ``[num_blocks, 2, block_size, heads, head_dim]`` tensor.
+
+    A block's K and V sit side by side (FlashInfer's layout), so the caches'
+    block stride is twice ``block_size * stride_cache_offset``: a kernel that
+    ignores ``stride_cache_block`` (``slot * stride_cache_offset``, or strides
+    computed from the shape) is right on every contiguous cache and wrong
+    here. The expected caches are written in plain PyTorch
+    (``kernels.reference.store_kv`` takes contiguous caches only). The case
+    is not counted: a passing check prints the same counts as before it was added.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = 4, 4, 2, 8
+    slots = [5, 0, 13, 10]
+    device = _device()
+    generator = torch.Generator().manual_seed(7)
+    key = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
+    value = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
+    shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+    # Room after the tensor: a store addressed as if the blocks were packed tighter or looser stays in it.
+    buffer = torch.full((2 * math.prod(shape),), SENTINEL, device=device)
+    kv = buffer[: math.prod(shape)].view(shape)
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    expected = buffer.clone()
+    expected_kv = expected[: math.prod(shape)].view(shape)
+    for token, slot in enumerate(slots):
+        expected_kv[slot // block_size, 0, slot % block_size] = key[token]
+        expected_kv[slot // block_size, 1, slot % block_size] = value[token]
+    where = (
+        f"K and V caches that are views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor "
+        f"(a block's K and V side by side), block_size={block_size}, num_kv_heads={num_kv_heads}, "
+        f"head_dim={head_dim}, slots={slots}"
+    )
+    _call_kernel_launcher(store_kv, key, value, k_cache, v_cache, torch.tensor(slots, device=device), what=where)
+    if torch.equal(buffer, expected):
+        return
+    row = num_kv_heads * head_dim
+    block_stride, offset_stride = k_cache.stride(0), k_cache.stride(1)
+    packed = block_size * offset_stride
+    for token, slot in enumerate(slots):
+        block, offset = divmod(slot, block_size)
+        if torch.equal(k_cache[block, offset], key[token]):
+            continue
+        if torch.equal(buffer[slot * row : slot * row + row], key[token].reshape(-1)):
+            check.fail(
+                f"{where}: token {token}'s key (slot {slot} = block {block}, offset {offset}) landed at element "
+                f"{slot * row} of k_cache instead of {block * block_stride + offset * offset_stride} "
+                f"(block {block} * stride_cache_block {block_stride} + offset {offset} * {offset_stride})",
+                f"you ignored stride_cache_block: here the blocks are {block_stride} elements apart, not "
+                f"block_size * stride_cache_offset = {packed}. Address the cache with block * stride_cache_block "
+                "+ offset * stride_cache_offset + heads * stride_cache_head + dims (block = slot // BLOCK_SIZE, "
+                "offset = slot % BLOCK_SIZE); slot * stride_cache_offset, or strides worked out from the shape, "
+                "are right only when the blocks are packed one after the other",
+            )
+        break
+    check.fail(
+        f"{where}: the caches differ from what storing each token's K (V) row in its slot gives",
+        "use the strides the launcher passes (stride_cache_block, stride_cache_offset, stride_cache_head): "
+        "a cache's blocks need not be packed one after the other",
+    )
+
+
 def _next_power_of_2(n: int) -> int:
     """``triton.next_power_of_2``: the launcher's HEADS_PAD and HEAD_DIM_PAD."""
     return 1 << max(0, n - 1).bit_length()
@@ -498,6 +559,7 @@ def check_store_kv(store_kv: Callable) -> None:
         num_kv_heads=2,
         head_dim=8,
     )
+    _store_into_interleaved_caches(store_kv, check)
     _store_past_two_to_the_31(store_kv, check)
     rng = check.rng
     for index in range(25):
@@ -701,7 +763,28 @@ def _decode_case(
         return
     hint = "compare your loop with kernels.reference.paged_attention on this case"
     extreme = case.very_negative or (scale is not None and scale >= 10)
-    if extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
+    full_blocks = case.seq_len // case.block_size * case.block_size  # the tokens in full blocks
+    if case.seq_len % case.block_size == 0 and _first_tokens_only(got, case, used_scale, full_blocks - case.block_size):
+        hint = (
+            f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
+            f"{case.block_size}), and your loop took none of its tokens"
+            + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
+            + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
+            "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
+        )
+    elif case.seq_len % case.block_size and _first_tokens_only(got, case, used_scale, full_blocks):
+        hint = (
+            f"you left out the partial last block: its {case.seq_len - full_blocks} token(s) (positions "
+            f"{full_blocks}..{case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
+            f"{math.ceil(case.seq_len / case.block_size)} blocks (math.ceil, or (seq_len + block_size - 1) // "
+            f"block_size), not seq_len // block_size = {case.seq_len // case.block_size}"
+        )
+    elif scale is None and _close(got, case.dense(1.0 / case.head_dim)):
+        hint = (
+            f"your default scale is 1/head_dim (1/{case.head_dim}); with scale=None the scores are multiplied "
+            f"by 1/sqrt(head_dim) = {case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
+        )
+    elif extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
         hint = (
             "the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
             "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
@@ -852,6 +935,18 @@ def _missing_rescale(paged_decode: Callable, case: _DecodeCase, scale, kwargs: d
         "exp(old_max - new_max) before adding the block's terms (rescale = torch.exp(running_max - new_max); "
         "acc = acc * rescale[:, None] + ...; running_sum = running_sum * rescale + ...)"
     )
+
+
+def _first_tokens_only(got: torch.Tensor, case: _DecodeCase, scale, num_tokens: int) -> bool:
+    """True when ``got`` is what attending to the sequence's first ``num_tokens`` tokens only gives.
+
+    With no tokens at all a loop divides 0 by 0: every element NaN.
+    """
+    if num_tokens <= 0:
+        return bool(torch.isnan(got.float()).all())
+    if num_tokens >= case.seq_len:
+        return False
+    return _close(got, case.dense(scale, keys=case.keys[:num_tokens], values=case.values[:num_tokens]))
 
 
 def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:

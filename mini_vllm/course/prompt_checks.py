@@ -194,6 +194,97 @@ def _tool_strings(tool: dict) -> list[str]:
     return strings
 
 
+def _tool_fields(tool: dict) -> dict[str, str]:
+    """The parts of a tool that no other tool shares, by what they are: its name, description, parameters."""
+    fields = {tool["name"]: "name", tool["description"]: "description"}
+    fields.update({description: "parameters" for description in tool["parameters"].values()})
+    return fields
+
+
+def _tool_not_together(content: str, tool: dict, tools: list[dict]) -> str:
+    """How ``tool`` is split up in ``content`` ("" when it is kept together).
+
+    Format-free: somewhere in ``content`` a stretch must hold the tool's name,
+    its description and each of its parameters (name and description) with no
+    other tool's name, description or parameter description inside it. When
+    none does, say which other tool's fields sit next to the tool's name.
+    """
+    own = _tool_fields(tool)
+    occurrences = [_spans(content, field) for field in own]
+    others = [
+        (other["name"], kind, span)
+        for other in tools
+        if other["name"] != tool["name"]
+        for field, kind in _tool_fields(other).items()
+        for span in _spans(content, field)
+    ]
+    windows = []
+    for combination in _combinations(occurrences):
+        start, end = min(s[0] for s in combination), max(s[1] for s in combination)
+        inside = [(name, kind) for name, kind, span in others if start <= span[0] and span[1] <= end]
+        # The parameters' names sit just before (or after) their descriptions: a little slack.
+        stretch = content[max(0, start - 40) : end + 40]
+        named = all(parameter in stretch for parameter in tool["parameters"])
+        windows.append((len(inside) + (not named), end - start, inside, combination))
+    if not windows or min(windows)[0] == 0:
+        return ""
+    _, _, inside, combination = min(windows)
+    name_span = combination[0]  # the tool's name comes first in _tool_fields
+    near = {}
+    for kind in ("description", "parameters"):
+        candidates = [(abs(span[0] - name_span[0]), name) for name, k, span in others if k == kind]
+        candidates += [
+            (abs(span[0] - name_span[0]), tool["name"])
+            for field, k in own.items()
+            if k == kind
+            for span in _spans(content, field)
+        ]
+        nearest = min(candidates)[1] if candidates else tool["name"]
+        if nearest != tool["name"]:
+            near[kind] = nearest
+    if near:
+        return (
+            "its name sits next to "
+            + " and ".join(f"the {kind} of {name!r}" for kind, name in near.items())
+            + " (its own are elsewhere)"
+        )
+    if inside:
+        return f"between its name, description and parameters sit fields of {inside[0][0]!r}"
+    return "its parameters' names are not next to their descriptions"
+
+
+def _combinations(occurrences: list[list[tuple[int, int]]], limit: int = 256) -> list[tuple]:
+    """One occurrence of each field, every way (at most ``limit`` ways: a field written many times is rare)."""
+    combinations: list[tuple] = [()]
+    for spans in occurrences:
+        combinations = [c + (s,) for c in combinations for s in spans][:limit]
+    return combinations
+
+
+# The whole current time, to the second, written another way than TIME_FORMAT.
+_OTHER_TIME_FORMATS = (
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y/%m/%d %H:%M:%S",
+    "%d/%m/%Y %H:%M:%S",
+    "%m/%d/%Y %H:%M:%S",
+    "%d.%m.%Y %H:%M:%S",
+    "%Y-%m-%d, %H:%M:%S",
+    "%H:%M:%S %Y-%m-%d",
+    "%a %b %d %H:%M:%S %Y",
+    "%a %b %e %H:%M:%S %Y",
+    "%Y%m%dT%H%M%S",
+    "%I:%M:%S %p",
+)
+
+
+def _time_in_another_format(content: str, now: datetime) -> str:
+    """The current time as ``content`` writes it, when that is another format than TIME_FORMAT ("" if none)."""
+    for written in (now.isoformat(), *(now.strftime(fmt) for fmt in _OTHER_TIME_FORMATS)):
+        if written in content:
+            return written
+    return ""
+
+
 def _first_difference(a: str, b: str) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -350,10 +441,21 @@ def _check_scenario(
         )
         content = "\n".join(m["content"] for m in messages)
         timestamp = request["now"].strftime(TIME_FORMAT)
+        other_format = "" if timestamp in content else _time_in_another_format(content, request["now"])
         check.expect(
             timestamp in content,
-            f"{label}, request {i}: the current time {timestamp!r} is missing from the prompt",
-            "the model still needs the current time: keep it, written with now.strftime('%Y-%m-%d %H:%M:%S'); "
+            f"{label}, request {i}: the current time {timestamp!r} is "
+            + (
+                f"in the prompt as {other_format!r}, not in the format the app needs"
+                if other_format
+                else "missing from the prompt"
+            ),
+            (
+                f"write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r}"
+                + (" (now.isoformat() puts a 'T' between the date and the time)" if "T" in other_format else "")
+            )
+            if other_format
+            else "the model still needs the current time: keep it, written with now.strftime('%Y-%m-%d %H:%M:%S'); "
             "move it, do not drop it (nor round it)",
             random_case=random_case,
         )
@@ -376,6 +478,15 @@ def _check_scenario(
                 "every tool must stay in the prompt with its name, description and parameters",
                 random_case=random_case,
             )
+            apart = _tool_not_together(content, tool, request["tools"])
+            if apart:  # counted with the case above: a passing check prints the same counts
+                check.fail(
+                    f"{label}, request {i}: tool {tool['name']!r} is not kept together in the prompt: {apart}",
+                    "each tool must stay one unit, its name, description and parameters together, or the model "
+                    "calls a tool with another tool's parameters. Did you sort the names, descriptions or "
+                    "parameters separately? Sort the tools themselves (sorted(tools, key=lambda tool: "
+                    "tool['name'])) and serialize each one whole (json.dumps(tool, sort_keys=True))",
+                )
     texts, sim = _replay(messages_list, tokenizer)
     _, _, reference = measure(reference_build_messages, requests, tokenizer)
     needed = reference.hit_rate - 0.05

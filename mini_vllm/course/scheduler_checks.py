@@ -22,7 +22,7 @@ from typing import Any
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
 from ..scheduler import Scheduler
-from ._harness import Checker, _short, call_learner, guarded_check
+from ._harness import CheckFailure, Checker, _short, guarded_check, learner_error
 from .fixtures import pool_state
 
 
@@ -65,17 +65,25 @@ class _CheckedScheduler(Scheduler):
             self.budget_returned = super().schedule_waiting(token_budget, output)
             return self.budget_returned
         waiting = [r.request_id for r in self.waiting]
-        self.budget_returned = call_learner(
-            self.learner_fn,
-            self,
-            token_budget,
-            output,
-            name="schedule_waiting",
-            what=f"{self.describe_step()}: schedule_waiting(scheduler, token_budget={token_budget}, output) with "
+        what = (
+            f"{self.describe_step()}: schedule_waiting(scheduler, token_budget={token_budget}, output) with "
             f"waiting={waiting}, running={[r.request_id for r in self.running]}, "
-            f"{self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks",
-            expected="the budget left, after admitting waiting requests in order while they fit",
+            f"{self.kv_cache_manager.block_pool.get_num_free_blocks()} free blocks"
         )
+        expected = "the budget left, after admitting waiting requests in order while they fit"
+        try:
+            self.budget_returned = self.learner_fn(self, token_budget, output)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as error:  # noqa: BLE001 - reported with the step that triggered it
+            hint = ""
+            if isinstance(error, ValueError) and "num_new_tokens must be positive, got 0" in str(error):
+                hint = (
+                    "allocate_slots was asked for 0 new tokens: the token budget was spent (or was 0 to begin "
+                    "with) and your loop went on admitting. Stop admitting once the budget is used up: loop "
+                    "while scheduler.waiting and token_budget > 0 (and fewer than max_num_seqs are running)"
+                )
+            raise learner_error("schedule_waiting", what, error, expected, hint) from None
         return self.budget_returned
 
 
@@ -138,6 +146,7 @@ class _Run:
             "num_computed_tokens": {rid: r.num_computed_tokens for rid, r in self.requests.items()},
             "num_cached_tokens": {rid: r.num_cached_tokens for rid, r in self.requests.items()},
             "num_preemptions": {rid: r.num_preemptions for rid, r in self.requests.items()},
+            "num_tokens": {rid: r.num_tokens for rid, r in self.requests.items()},
             "pool": pool_state(pool),
             "prefix_cache_stats": (stats.requests, stats.queries, stats.hits),
             "budget_returned": self.scheduler.budget_returned,
@@ -207,6 +216,14 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) "
                 f"({want_new} new tokens after {want_computed} cached); yours: [{computed}, {computed + new})"
             )
+            if computed == want_computed > 0 and new > want_new and computed + new > got["num_tokens"][rid]:
+                return problem, (
+                    f"'{rid}' has {got['num_tokens'][rid]} tokens, {want_computed} of them found in the prefix "
+                    f"cache: only {got['num_tokens'][rid] - want_computed} are left to compute, and you scheduled "
+                    f"{new}. Count the hit's tokens as computed before you work out the new ones: num_new_tokens = "
+                    "min(request.num_tokens - num_computed_tokens, token_budget), with num_computed_tokens from "
+                    "get_computed_blocks (request.num_computed_tokens is still 0 before admission)"
+                )
             if computed == 0 and want_computed > 0:
                 return problem, (
                     f"get_computed_blocks found {want_computed} cached tokens: start from there "
