@@ -13,6 +13,8 @@ flags every kind of difference, so the equalities above can fail.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -309,6 +311,26 @@ def test_the_driver_builds_chat_turns_like_the_runner():
     for prompt in ({"prompt_token_ids": [7, 8]}, {"continue_chat": [9]}):
         assert run_vllm.resolve_prompt(prompt, previous) == _resolve_prompt(prompt, previous)
     assert run_vllm.resolve_prompt({"continue_chat": [9]}, previous) == [1, 2, 3, 4, 5, 9]
+
+
+def test_the_driver_refuses_an_unknown_configuration_before_starting_vllm(tmp_path, monkeypatch):
+    """``"comparable"`` (eager, synchronous, in-process) or ``"default"`` (vLLM's own): nothing else."""
+    sys.path.insert(0, str(Path(DRIVER).parent))
+    try:
+        import run_vllm
+    finally:
+        sys.path.pop(0)
+    assert run_vllm.CONFIGURATIONS == ("comparable", "default")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"configuration": "fast", "engines": []}))
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    monkeypatch.setattr(os, "environ", environment)  # what the driver sets stays in this test
+    assert run_vllm.main(["run_vllm.py", str(job), str(tmp_path / "out.json")]) == 2
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # refused before vLLM's settings were touched
+    run_vllm._set_environment(1, "default")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ  # vLLM's default: the engine core in its own process
+    run_vllm._set_environment(1, "comparable")
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 # -- without vLLM: the committed results and the installer's way out -------------------------
