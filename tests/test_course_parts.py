@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import runpy
 import textwrap
+import traceback
 from pathlib import Path
 
 import pytest
@@ -296,6 +297,9 @@ def test_a_part_that_raises_in_the_forward_pass_is_raised_as_itself(parts_folder
     with pytest.raises(IndexError, match="my off-by-one") as caught:
         mine.generate(PROMPTS[:2], GREEDY)
     assert any("your part 'slot_mapping'" in note for note in caught.value.__notes__)
+    # The traceback goes from the call to the learner's function: none of the engine's frames in between.
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert names[-2:] == ["generate", "broken_slot_mapping"], names
     assert mine.llm_engine.kv_cache_manager.block_pool.get_num_free_blocks() == _engine_args()["num_blocks"]
     assert not mine.llm_engine.has_unfinished_requests()
     # A reference engine built the same way raises nothing: the part, not the workload, was wrong.

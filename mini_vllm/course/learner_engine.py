@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 import random
+from types import TracebackType
 from typing import Any
 
 from ..engine_parts import EngineParts
 from ..llm import LLM
+from ._harness import _is_learner_file
 from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts, parts_dir
 
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
@@ -62,8 +64,17 @@ class LearnerLLM(LLM):
             note = part_error_note(key)
             if hasattr(error, "add_note"):
                 error.add_note(note)
-            raise error
+            raise error.with_traceback(_from_the_learners_code(error.__traceback__))
         return outputs
+
+
+def _from_the_learners_code(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the learner's first frame on: the engine's frames above it (the step, the model,
+    the attention backend) tell a learner nothing. Unchanged when no frame is the learner's."""
+    start = tb
+    while start is not None and not _is_learner_file(start.tb_frame.f_code.co_filename):
+        start = start.tb_next
+    return start or tb
 
 
 def part_error_note(key: str) -> str:
