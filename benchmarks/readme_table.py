@@ -105,7 +105,7 @@ def table(results: dict) -> str:
         default = r.get("vllm_default")
         if default:
             lines.append(
-                f"| {name}: vs vLLM {r['vllm_version']} as it runs by default ({default['vllm_configuration']}) | "
+                f"| {name}: vs vLLM {r['vllm_version']} {default['vllm_configuration']} | "
                 f"throughput **{default['throughput_ratio']:.2f}×** ({r['mini']['throughput_tok_s']:.0f} vs "
                 f"{default['vllm']['throughput_tok_s']:.0f} tok/s{_rounds(default, 'throughput_ratio_range')}); "
                 f"TTFT cold {default['ttft_cold_ratio']:.2f}× ({r['mini']['ttft_cold_ms']:.0f} vs "
