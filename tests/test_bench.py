@@ -243,3 +243,13 @@ def test_both_tables_show_vllm_in_its_default_configuration_and_the_goals_of_the
     assert "throughput ≥ 1.0× **missed**" in goals and "TTFT cold ≤ 1.1× ✓" in goals
     section["throughput_ratio"] = 1.02
     assert "throughput ≥ 1.0× ✓" in readme_table.table(results)
+
+
+def test_the_cpu_is_described_by_its_model_cores_and_avx512(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    assert bench.cpu_description(cpuinfo).startswith("AMD EPYC, ") and bench.cpu_description(cpuinfo).endswith(
+        "with AVX-512"
+    )
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
+    assert bench.cpu_description(cpuinfo).endswith("without AVX-512")

@@ -205,6 +205,18 @@ def _device_name(llm: LLM) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def cpu_description(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """This CPU as the figures depend on it: its model name, core count and whether it has AVX-512."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    avx512 = "with AVX-512" if "avx512f" in flags else "without AVX-512"
+    return f"{model or platform.machine()}, {os.cpu_count()} cores, {avx512}"
+
+
 # -- 1. shared prefix ------------------------------------------------------------
 def _random_prompt(rng: random.Random, vocab_size: int, num_tokens: int) -> list[int]:
     """Token ids that share no block with any chat prompt (and, with high odds, with each other)."""
@@ -1259,6 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         results["serving"] = {name: bench_serving_http(model_settings) for name, model_settings in models}
     results["threads"] = torch.get_num_threads()
     results["device"] = _device_name(LLM(device=args.device, num_blocks=8))
+    results["cpu"] = cpu_description()
     results["quick"] = args.quick
     results["model"] = model_name(args.model)
     results["date"] = time.strftime("%Y-%m-%d")
