@@ -9,6 +9,7 @@ cache (chapter 04 looks them up in a running engine's map).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from ..hashing import NONE_HASH, block_extra_keys
@@ -111,11 +112,16 @@ def _first_difference(got: Sequence[bytes], expected: Sequence[bytes]) -> int | 
     return None
 
 
-def _chain(token_ids: list, block_size: int, keys_of: Callable[[int], object]) -> list[bytes]:
-    """The reference chain of hashes, with block i's extra keys ``keys_of(i)``."""
+def _chain(
+    token_ids: list,
+    block_size: int,
+    keys_of: Callable[[int], object],
+    hash_block_tokens: Callable = reference_hash_block_tokens,
+) -> list[bytes]:
+    """The chain a right loop builds with ``hash_block_tokens``, block i's extra keys being ``keys_of(i)``."""
     hashes, parent = [], None
     for i in range(len(token_ids) // block_size):
-        parent = reference_hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys_of(i))
+        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], keys_of(i))
         hashes.append(parent)
     return hashes
 
@@ -227,11 +233,8 @@ def _loop_is_right_with(hash_request_tokens: Callable, hash_block_tokens: Callab
     cases = ((list(range(48)), 16, None, None), (list(range(23)), 5, "s", None), (list(range(12)), 4, None, "l"))
     try:
         for token_ids, block_size, cache_salt, lora_name in cases:
-            expected, parent = [], None
-            for i in range(len(token_ids) // block_size):
-                block = token_ids[i * block_size : (i + 1) * block_size]
-                parent = hash_block_tokens(parent, block, block_extra_keys(i, cache_salt, lora_name))
-                expected.append(parent)
+            keys_of = functools.partial(block_extra_keys, cache_salt=cache_salt, lora_name=lora_name)
+            expected = _chain(token_ids, block_size, keys_of, hash_block_tokens)
             if list(hash_request_tokens(list(token_ids), block_size, cache_salt, lora_name)) != expected:
                 return False
     except Exception:  # noqa: BLE001 - no verdict on the loop
