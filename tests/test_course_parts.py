@@ -368,11 +368,13 @@ def test_a_helper_bound_to_a_second_name_is_kept_under_that_name_too(parts_folde
 def test_an_engine_constant_is_kept_as_its_import_not_as_this_processes_value(parts_folder, tmp_path):
     """NONE_HASH follows PYTHONHASHSEED: a kept hash function must import it, or it stops matching the engine."""
     notebook = """
+from mini_vllm.block_pool import BlockRemoved  # re-exported there: its own module is mini_vllm.events
 from mini_vllm.hashing import NONE_HASH, hash_block_tokens as engine_hash
 from mini_vllm.course import check_hash_block_tokens
 
 
 def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
+    assert BlockRemoved is not None
     return engine_hash(NONE_HASH if parent_block_hash is None else parent_block_hash, token_ids, extra_keys)
 
 
@@ -381,6 +383,7 @@ check_hash_block_tokens(hash_block_tokens)
     _play_notebook(tmp_path, notebook)
     source = (parts_folder / "hash_block_tokens.py").read_text()
     assert "from mini_vllm.hashing import NONE_HASH" in source and "NONE_HASH = b" not in source
+    assert "from mini_vllm.events import BlockRemoved" in source  # a class: from its own module
 
 
 def test_a_kept_file_without_the_parts_name_falls_back_to_the_reference(parts_folder, capsys):

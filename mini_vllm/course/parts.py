@@ -313,12 +313,12 @@ def _freeze_global(name: str, value: Any, imports: list[str], definitions: list[
         module = value.__name__
         imports.append(f"import {module}" if module == name else f"import {module} as {name}")
         return
-    origin = _engine_module_defining(name, value)
-    if origin is not None:  # NONE_HASH: the engine's own value in every process, not this one's copy
-        imports.append(f"from {origin} import {name}")
-        return
     if _is_constant(value):
-        definitions.append(f"{name} = {value!r}\n")
+        origin = _engine_module_defining(name, value)
+        if origin is not None:  # NONE_HASH: the engine's own value in every process, not this one's copy
+            imports.append(f"from {origin} import {name}")
+        else:
+            definitions.append(f"{name} = {value!r}\n")
         return
     module = getattr(getattr(value, "fn", value), "__module__", None)
     if module == "__main__":
@@ -332,11 +332,12 @@ def _freeze_global(name: str, value: Any, imports: list[str], definitions: list[
 
 
 def _engine_module_defining(name: str, value: Any) -> str | None:
-    """The engine or kernels module whose ``name`` is this very object, if one is loaded.
+    """The engine or kernels module whose ``name`` is this very constant, if one is loaded.
 
     A constant the notebook imported from the engine is kept as that import: a
     value that depends on the process (``NONE_HASH`` follows ``PYTHONHASHSEED``)
-    would be wrong frozen into the file.
+    would be wrong frozen into the file. (Functions and classes are imported
+    from their own ``__module__``.)
     """
     for module_name, module in sorted(sys.modules.items()):
         if module_name.split(".")[0] in ("mini_vllm", "kernels") and not module_name.startswith("mini_vllm.course"):
