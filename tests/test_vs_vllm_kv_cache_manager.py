@@ -56,13 +56,14 @@ import pytest
 from known_mistakes import free_one_at_a_time
 
 from mini_vllm.block_pool import BlockPool
+from mini_vllm.tools import paths
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
 from prerequisites import missing, under_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-DRIVER = ROOT / "mini_vllm" / "vllm_side" / "kv_cache_manager_driver.py"
+DRIVER = paths.VLLM_SIDE_DIR / "kv_cache_manager_driver.py"
 NUM_WORKLOADS = 40
 # "installed": .venv-vllm's own vLLM; a version: that release's wheel files (benchmarks/get_vllm_source.sh).
 VLLM_RELEASES = ["installed", "0.33.0"]

@@ -298,6 +298,11 @@ def _put_status(page, name: str, path: str) -> tuple[int, str]:
     )
 
 
+def _dialogs(page) -> list[str]:
+    """The text of every JupyterLab dialog on the page (a "file changed on disk" one eats keystrokes)."""
+    return [text[:300] for text in page.locator(".jp-Dialog").all_inner_texts()]
+
+
 def _learner(page, base: str, name: str, home: Path) -> None:
     source, says, _ = LEARNERS[name]
     # Logged in: the hub started their server, which opened their own chapter 00.
@@ -402,7 +407,8 @@ def _workshop_then_grade(workdir: Path, sync_playwright) -> None:
                     except Exception as err:
                         page.screenshot(path=str(SCREENSHOTS / "workshop_failure.png"), full_page=True)
                         raise AssertionError(
-                            f"{name}: {err}\n--- the page showed:\n{page.inner_text('body')[:3000]}"
+                            f"{name}: {err}\n--- JupyterLab dialogs open: {_dialogs(page)!r}"
+                            f"\n--- the page showed:\n{page.inner_text('body')[:3000]}"
                         ) from err
             finally:
                 browser.close()
