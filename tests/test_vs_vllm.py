@@ -299,12 +299,18 @@ def test_the_vllm_driver_imports_only_vllm_and_the_standard_library():
     assert not _only_vllm_and_stdlib(_imported_modules("import torch"))
 
 
-def test_the_driver_builds_chat_turns_like_the_runner():
+def _driver():
+    """``run_vllm.py`` as a module (it imports only the standard library until it starts vLLM)."""
     sys.path.insert(0, str(Path(DRIVER).parent))
     try:
         import run_vllm
     finally:
         sys.path.pop(0)
+    return run_vllm
+
+
+def test_the_driver_builds_chat_turns_like_the_runner():
+    run_vllm = _driver()
     from mini_vllm.tools.compare_vllm import _resolve_prompt
 
     previous = ([1, 2, 3], [4, 5])
@@ -315,11 +321,7 @@ def test_the_driver_builds_chat_turns_like_the_runner():
 
 def test_the_driver_refuses_an_unknown_configuration_before_starting_vllm(tmp_path, monkeypatch):
     """``"comparable"`` (eager, synchronous, in-process) or ``"default"`` (vLLM's own): nothing else."""
-    sys.path.insert(0, str(Path(DRIVER).parent))
-    try:
-        import run_vllm
-    finally:
-        sys.path.pop(0)
+    run_vllm = _driver()
     assert run_vllm.CONFIGURATIONS == ("comparable", "default")
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"configuration": "fast", "engines": []}))
