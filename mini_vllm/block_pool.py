@@ -127,38 +127,47 @@ class FreeKVCacheBlockQueue:
 
     def append(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the tail: it will be reused (evicted) last."""
-        self._insert_after(self.fake_tail.prev_free_block, block)
+        self._insert_run_after(self.fake_tail.prev_free_block, (block,))
 
     def appendleft(self, block: KVCacheBlock) -> None:
         """Put ``block`` at the head: it will be reused first."""
-        self._insert_after(self.fake_head, block)
+        self._insert_run_after(self.fake_head, (block,))
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Append several blocks to the tail, in the order given."""
-        for block in blocks:
-            self.append(block)
+        self._insert_run_after(self.fake_tail.prev_free_block, blocks)
 
     def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Put several blocks at the head, in the order given: ``blocks[0]`` becomes the head.
 
-        (``appendleft`` one at a time would reverse them.) O(1) per block:
-        each goes right after the previous one.
+        (``appendleft`` one at a time would reverse them.) O(1) per block.
         """
-        previous = self.fake_head
-        for block in blocks:
-            self._insert_after(previous, block)
-            previous = block
+        self._insert_run_after(self.fake_head, blocks)
 
-    def _insert_after(self, previous: KVCacheBlock | None, block: KVCacheBlock) -> None:
-        if block.prev_free_block is not None or block.next_free_block is not None:
-            raise ValueError(f"block {block.block_id} is already in the free queue")
+    def _insert_run_after(self, previous: KVCacheBlock | None, blocks: Iterable[KVCacheBlock]) -> None:
+        """Link ``blocks``, in order, between ``previous`` and the block after it: O(1) per block.
+
+        One pass for the whole run (as vLLM's ``append_n``): each block is
+        linked to the one before it, and the run's last block to ``previous``'s
+        old successor once, at the end -- also when a block turns out to be in
+        the queue already (ValueError), so the queue stays a valid list holding
+        the blocks linked before it.
+        """
         assert previous is not None and previous.next_free_block is not None
         following = previous.next_free_block
-        previous.next_free_block = block
-        block.prev_free_block = previous
-        block.next_free_block = following
-        following.prev_free_block = block
-        self.num_free_blocks += 1
+        num_linked = 0
+        try:
+            for block in blocks:
+                if block.prev_free_block is not None or block.next_free_block is not None:
+                    raise ValueError(f"block {block.block_id} is already in the free queue")
+                previous.next_free_block = block
+                block.prev_free_block = previous
+                previous = block
+                num_linked += 1
+        finally:
+            previous.next_free_block = following
+            following.prev_free_block = previous
+            self.num_free_blocks += num_linked
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         """All free blocks, head to tail (for tests and widgets; O(n))."""
@@ -567,8 +576,10 @@ class BlockPool:
                     blocks_to_evict_first.append(block)
                 else:
                     blocks_to_evict_last.append(block)
-        self.free_block_queue.prepend_n(blocks_to_evict_first)
-        self.free_block_queue.append_n(blocks_to_evict_last)
+        if blocks_to_evict_first:
+            self.free_block_queue.prepend_n(blocks_to_evict_first)
+        if blocks_to_evict_last:
+            self.free_block_queue.append_n(blocks_to_evict_last)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix. Refused (False) while any block is in use."""

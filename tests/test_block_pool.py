@@ -191,6 +191,24 @@ def test_prepend_n_keeps_the_order_and_the_links():
         queue.prepend_n([blocks[3]])
 
 
+@pytest.mark.parametrize("method", ["append_n", "prepend_n"])
+def test_a_run_refused_midway_leaves_a_valid_queue(method):
+    """A block already in the queue stops the run: the blocks linked before it stay, the list stays whole."""
+    blocks, queue = make_queue(5)
+    for block in blocks[:2]:
+        queue.remove(block)
+    with pytest.raises(ValueError, match="block 4 is already in the free queue"):
+        getattr(queue, method)([blocks[0], blocks[4], blocks[1]])
+    expected = [2, 3, 4, 0] if method == "append_n" else [0, 2, 3, 4]
+    assert ids(queue.get_all_free_blocks()) == expected and queue.num_free_blocks == 4
+    backwards, block = [], queue.fake_tail.prev_free_block
+    while block is not queue.fake_head:
+        backwards.append(block.block_id)
+        block = block.prev_free_block
+    assert backwards == expected[::-1]
+    assert blocks[1].prev_free_block is None and blocks[1].next_free_block is None
+
+
 def test_shared_block_is_freed_only_at_ref_cnt_zero():
     pool = BlockPool(2)
     blocks = pool.get_new_blocks(1)

@@ -62,6 +62,6 @@ def test_show_interface_keeps_signatures_and_docstrings_and_drops_bodies():
     assert cls.startswith("class FreeKVCacheBlockQueue:") and "Invariants" in cls
     for method in ("__init__", "popleft", "remove", "append", "appendleft", "get_all_free_blocks", "__len__"):
         assert f"def {method}(" in cls
-    assert "_insert_after" not in cls and "fake_head.next_free_block" not in cls  # no private helper, no body
+    assert "_insert_run_after" not in cls and "fake_head.next_free_block" not in cls  # no private helper, no body
     compile(cls, "<interface>", "exec")  # still valid Python
     assert "interface only" in show_interface(FreeKVCacheBlockQueue)._repr_html_()
