@@ -354,17 +354,26 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+# Below this many rows (a decode step of one to three sequences) the plain multiply, MKL's
+# matrix-vector path over the checkpoint layout, streams the weight faster than oneDNN's
+# packed copy; from four rows on, the packed copy wins (measured on the course's CPUs:
+# benchmarks/README.md, "Where the decode step's time goes").
+PACKED_MIN_ROWS = 4
+
+
 class Linear(nn.Linear):
     """``nn.Linear``, plus an optional copy of its weight laid out for oneDNN (CPU, float32).
 
     On a CPU, PyTorch's default matrix multiply (MKL's ``sgemm``) re-reads the
     weight in its checkpoint layout at every call. oneDNN can first *reorder*
     the weight once into the blocked layout its kernels stream from, which on
-    this course's CPUs makes a decode step's multiplies ~1.5-2.5x faster (vLLM's
-    CPU backend does the same). :meth:`pack_for_cpu` makes that copy (the model
-    runner calls it once, after loading). The parameter stays the source of
-    truth: when it is replaced or changed in place (its version counter moves),
-    the packed copy is ignored and the plain multiply runs.
+    this course's CPUs makes multiplies of a few rows and more ~1.5-2.5x faster
+    (vLLM's CPU backend does the same). :meth:`pack_for_cpu` makes that copy
+    (the model runner calls it once, after loading); inputs of fewer than
+    ``PACKED_MIN_ROWS`` rows keep the plain multiply, which is faster there.
+    The parameter stays the source of truth: when it is replaced or changed in
+    place (its version counter moves), the packed copy is ignored and the plain
+    multiply runs.
     """
 
     packed_weight = None  # the oneDNN copy, or None
@@ -388,7 +397,7 @@ class Linear(nn.Linear):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_weight is None or x.dim() != 2:
+        if self.packed_weight is None or x.dim() != 2 or x.shape[0] < PACKED_MIN_ROWS:
             return super().forward(x)
         source, version = self._packed_from
         packed_is_current = source is self.weight and version == self.weight._version

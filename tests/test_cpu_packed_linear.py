@@ -44,3 +44,17 @@ def test_a_changed_weight_is_not_served_from_a_stale_packed_copy():
 def test_not_packed_off_float32():
     layer = make_linear().to(torch.bfloat16)
     assert not layer.pack_for_cpu() and layer.packed_weight is None
+
+
+def test_few_rows_take_the_plain_multiply_and_more_the_packed_copy():
+    """Below ``PACKED_MIN_ROWS`` rows (a decode step of a few sequences) MKL's plain multiply runs;
+    from there on the packed copy. Proved by packing a zero weight: only the packed path gives zeros."""
+    from mini_vllm.model import PACKED_MIN_ROWS
+
+    layer = make_linear(bias=False)
+    assert layer.pack_for_cpu()
+    layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(layer.weight), None)
+    for rows in (1, PACKED_MIN_ROWS - 1):
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight))
+    assert layer(torch.randn(PACKED_MIN_ROWS, 48)).abs().max() == 0

@@ -75,16 +75,12 @@ def test_a_query_chunk_that_sees_too_few_keys_is_caught(monkeypatch):
 
 
 def test_a_gather_that_reads_past_a_sequence_is_caught(monkeypatch):
-    """The known-wrong variant: gather whole blocks for a batch too (rows past a shorter sequence's
-    end are its unwritten slots and padding block 0, NaN here) -- the comparison must fail."""
+    """The known-wrong variant: gather a sequence's whole blocks without cutting them at its length
+    (the rows past its end are unwritten slots, NaN here) -- the comparison must fail."""
 
-    def whole_blocks(k_cache, v_cache, block_tables, seq_lens, max_seq_len):
-        num_seqs, block_size = block_tables.shape[0], k_cache.shape[1]
-        block_ids = block_tables[:, : (max_seq_len + block_size - 1) // block_size].flatten().long()
-        return tuple(
-            cache.index_select(0, block_ids).view(num_seqs, -1, *cache.shape[2:])[:, :max_seq_len]
-            for cache in (k_cache, v_cache)
-        )
+    def whole_blocks(k_cache, v_cache, block_table, seq_len):
+        block_ids = block_table[: (seq_len + k_cache.shape[1] - 1) // k_cache.shape[1]].long()
+        return tuple(cache.index_select(0, block_ids).flatten(0, 1) for cache in (k_cache, v_cache))
 
     monkeypatch.setattr(torch_backend, "gather_kv", whole_blocks)
     actual, expected = forward_both(*CASES["decode batch"])
