@@ -207,6 +207,10 @@ def _yields_slots(block_ids, start, end, block_size):
         yield block_ids[p // block_size] * block_size + p % block_size
 
 
+def _slots_as_text(block_ids, start, end, block_size):
+    return [str(block_ids[p // block_size] * block_size + p % block_size) for p in range(start, end)]
+
+
 def _reads_one_block_too_far(block_ids, start, end, block_size):
     return [block_ids[p // block_size + 1] * block_size + p % block_size for p in range(start, end)]
 
@@ -217,6 +221,7 @@ def _reads_one_block_too_far(block_ids, start, end, block_size):
         (_bit_tricks, "power of two"),
         (_extends_the_table, "changed the block table"),
         (_yields_slots, "returned a generator, not a list"),
+        (_slots_as_text, "the list holds a str ('112'); expected int slot numbers"),
         (_reads_one_block_too_far, "raised IndexError"),
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],

@@ -516,6 +516,15 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
     assert "chunked prefill" not in message and "did the same thing twice" not in message
 
 
+def test_ch08_a_fixed_scenario_catches_the_missing_budget_guard():
+    """Not left to a random scenario: the fixed one in which a prompt spends the whole budget catches it."""
+
+    def wrong(scheduler, token_budget, output):
+        return _schedule_waiting(scheduler, token_budget, output, mistake="no budget guard")
+
+    rejects(check_schedule_waiting, wrong, "an 8-token prompt spends the whole budget of 8")
+
+
 def test_ch08_schedule_waiting_rejects_a_wrong_return_value():
     def returns_the_budget_it_got(scheduler, token_budget, output):
         _schedule_waiting(scheduler, token_budget, output)

@@ -146,8 +146,8 @@ class Checker:
             wrong = [item for item in value if not isinstance(item, item_type)]
             if wrong:
                 self.fail(
-                    f"{case}: the list holds {describe_type(wrong[0])} items ({_short(wrong[0], 80)}), "
-                    f"expected {item_name or item_type.__name__}",
+                    f"{case}: the list holds {describe_type(wrong[0])} ({_short(wrong[0], 80)}); "
+                    f"expected {item_name or item_type.__name__ + ' items'}",
                 )
         return value
 

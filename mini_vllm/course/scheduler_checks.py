@@ -221,20 +221,21 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                     f"'{rid}' has {got['num_tokens'][rid]} tokens, {want_computed} of them found in the prefix "
                     f"cache: only {got['num_tokens'][rid] - want_computed} are left to compute, and you scheduled "
                     f"{new}. Count the hit's tokens as computed before you work out the new ones: num_new_tokens = "
-                    "min(request.num_tokens - num_computed_tokens, token_budget), with num_computed_tokens from "
-                    "get_computed_blocks (request.num_computed_tokens is still 0 before admission)"
+                    "min(request.num_tokens - num_new_local_computed_tokens, token_budget), with "
+                    "num_new_local_computed_tokens from get_computed_blocks (request.num_computed_tokens is still 0 "
+                    "before admission)"
                 )
             if computed == 0 and want_computed > 0:
                 return problem, (
                     f"get_computed_blocks found {want_computed} cached tokens: start from there "
-                    "(pass num_computed_tokens to schedule_request) and compute only the rest"
+                    "(pass num_new_local_computed_tokens to schedule_request) and compute only the rest"
                 )
             if new > want_new and want_computed + want_new < computed + new:
                 return problem, (
                     "chunked prefill: a prompt longer than the token budget left gets only "
                     "min(remaining tokens, token_budget) tokens now, the rest in later steps"
                 )
-            return problem, "num_new_tokens = min(num_tokens - num_computed_tokens, token_budget)"
+            return problem, "num_new_tokens = min(request.num_tokens - num_new_local_computed_tokens, token_budget)"
         if blocks != want_blocks:
             problem = f"{where}: '{rid}' should have the block table {list(want_blocks)}; yours: {list(blocks)}"
             if want_computed and tuple(blocks[: len(want_blocks)]) != tuple(
@@ -243,7 +244,7 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 return problem, (
                     f"its first {want_computed // scenario.block_size} blocks are cache hits shared with another "
                     "request: pass the hit blocks and their token count to allocate_slots "
-                    "(allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)), "
+                    "(allocate_slots(request, num_new_tokens, num_new_local_computed_tokens, new_computed_blocks)), "
                     "or they are allocated a second time and not shared"
                 )
             return problem, "allocate the slots with kv_cache_manager.allocate_slots, once per admitted request"
@@ -388,6 +389,14 @@ def fixed_scenarios() -> list[Scenario]:
             max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
+        ),
+        Scenario(
+            "an 8-token prompt spends the whole budget of 8: the request behind it waits",
+            num_blocks=12,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=8,
+            arrivals=[Arrival(0, "P", _tokens(1, 8), 2), Arrival(0, "Q", _tokens(50, 4), 2)],
         ),
         Scenario(
             "preemption and re-admission",
