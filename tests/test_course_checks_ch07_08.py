@@ -437,7 +437,11 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
     while scheduler.waiting and (token_budget > 0 or mistake == "no budget guard"):
         if len(scheduler.running) >= scheduler.max_num_seqs and mistake != "ignores max_num_seqs":
             break
-        request = scheduler.waiting[0]
+        request = scheduler.waiting[-1 if mistake == "looks at the back, takes the front" else 0]
+        if mistake == "takes it off the queue before allocating":
+            scheduler.waiting.popleft()
+        if mistake == "running before allocating":
+            request.status = RequestStatus.RUNNING
         computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
         if mistake == "ignores hits":
             computed_blocks, num_computed_tokens = [], 0
@@ -450,12 +454,13 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
             new_blocks = manager.allocate_slots(request, num_new_tokens)
         else:
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
-        if new_blocks is None:
+        if new_blocks is None and mistake != "no None check":
             if mistake == "skips what does not fit":
                 skipped.append(scheduler.waiting.popleft())
                 continue
             break
-        scheduler.waiting.popleft()
+        if mistake != "takes it off the queue before allocating":
+            scheduler.waiting.popleft()
         scheduler.running.append(request)
         request.status = RequestStatus.RUNNING
         if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
@@ -514,6 +519,24 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
 
     message = rejects(check_schedule_waiting, wrong, expected_message)
     assert "chunked prefill" not in message and "did the same thing twice" not in message
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        ("looks at the back, takes the front", "Use one end of the queue for both: scheduler.waiting[0], then popleft()"),
+        ("no None check", "allocate_slots returned None for it, and None means nothing was allocated"),
+        ("running before allocating", "was not admitted (it did not fit), so it stays waiting"),
+        ("takes it off the queue before allocating", "did not fit, so it must stay at the front of scheduler.waiting"),
+    ],
+)
+def test_ch08_schedule_waiting_names_what_happens_to_a_request_that_does_not_fit(mistake, expected_message):
+    """Found by a learner: these four got a generic hint, or one about admitted requests, or an engine assert."""
+
+    def wrong(scheduler, token_budget, output):
+        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
+
+    rejects(check_schedule_waiting, wrong, expected_message)
 
 
 def test_ch08_a_fixed_scenario_catches_the_missing_budget_guard():

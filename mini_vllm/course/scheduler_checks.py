@@ -83,6 +83,12 @@ class _CheckedScheduler(Scheduler):
                     "with) and your loop went on admitting. Stop admitting once the budget is used up: loop "
                     "while scheduler.waiting and token_budget > 0 (and fewer than max_num_seqs are running)"
                 )
+            if isinstance(error, AssertionError) and "already holds blocks" in str(error):
+                hint = (
+                    "allocate_slots was given hit blocks for a request that already holds blocks: it is already "
+                    "admitted, so the request you looked up and allocated for is not the one you take out of "
+                    "scheduler.waiting. Use one end of the queue for both: scheduler.waiting[0], then popleft()"
+                )
             raise learner_error("schedule_waiting", what, error, expected, hint) from None
         return self.budget_returned
 
@@ -181,6 +187,11 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
         if extra:
             order = want["waiting_before"]
             blocked = [rid for rid in order if rid not in want_admitted and rid in got["waiting_before"]]
+            if blocked and blocked[0] == extra[0]:
+                return problem, (
+                    f"'{extra[0]}' did not fit in the free blocks: allocate_slots returned None for it, and None "
+                    "means nothing was allocated. Check for None before admitting, and stop there (FIFO)"
+                )
             if blocked and order.index(blocked[0]) < order.index(extra[0]):
                 return problem, (
                     f"'{blocked[0]}' did not fit in the free blocks (allocate_slots returned None), so admission "
@@ -260,15 +271,26 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             return problem, "on first admission, set request.num_cached_tokens to the cached tokens found"
     if got["status"] != want["status"]:
         rid = next(r for r in want["status"] if got["status"][r] != want["status"][r])
-        return (
-            f"{where}: '{rid}'.status should be {want['status'][rid]}; yours: {got['status'][rid]}",
-            "an admitted request's status becomes RequestStatus.RUNNING",
-        )
+        problem = f"{where}: '{rid}'.status should be {want['status'][rid]}; yours: {got['status'][rid]}"
+        if rid in want["waiting"]:
+            return problem, (
+                f"'{rid}' was not admitted (it did not fit), so it stays waiting: set its status to RUNNING only "
+                "after allocate_slots has returned its blocks"
+            )
+        return problem, "an admitted request's status becomes RequestStatus.RUNNING"
     if got["waiting"] != want["waiting"] or got["running"] != want["running"]:
-        return (
+        problem = (
             f"{where}: queues should be waiting={want['waiting']}, running={want['running']}; "
-            f"yours: waiting={got['waiting']}, running={got['running']}",
-            "an admitted request leaves the front of scheduler.waiting (popleft) and joins the end of scheduler.running",
+            f"yours: waiting={got['waiting']}, running={got['running']}"
+        )
+        lost = [rid for rid in want["waiting"] if rid not in got["waiting"] and rid not in got["running"]]
+        if lost:
+            return problem, (
+                f"'{lost[0]}' did not fit, so it must stay at the front of scheduler.waiting; yours took it off the "
+                "queue. Look at scheduler.waiting[0] and popleft() only once allocate_slots has returned blocks"
+            )
+        return problem, (
+            "an admitted request leaves the front of scheduler.waiting (popleft) and joins the end of scheduler.running"
         )
     if got["budget_returned"] != want["budget_returned"]:
         return (
