@@ -524,7 +524,10 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
 @pytest.mark.parametrize(
     "mistake, expected_message",
     [
-        ("looks at the back, takes the front", "Use one end of the queue for both: scheduler.waiting[0], then popleft()"),
+        (
+            "looks at the back, takes the front",
+            "Use one end of the queue for both: scheduler.waiting[0], then popleft()",
+        ),
         ("no None check", "allocate_slots returned None for it, and None means nothing was allocated"),
         ("running before allocating", "was not admitted (it did not fit), so it stays waiting"),
         ("takes it off the queue before allocating", "did not fit, so it must stay at the front of scheduler.waiting"),
