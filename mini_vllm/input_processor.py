@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 
 from .kv_cache_manager import cdiv
 from .sampling_params import SamplingParams
+from .validation import check_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt")
 
@@ -135,6 +136,7 @@ class InputProcessor:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty: give at least one token")
+            check_text(prompt, "the prompt")
             return self.tokenizer.encode(prompt, add_special_tokens=False), None, prompt
         if not isinstance(prompt, dict):
             raise TypeError(f"a prompt must be a str or a dict with 'prompt_token_ids', got {type_name(prompt)}")
@@ -155,6 +157,23 @@ class InputProcessor:
         token_ids, _, shown = self.process_prompt(text)
         return token_ids, prompt.get("cache_salt"), shown
 
+    def longest_sequence_the_pool_holds(self) -> int:
+        """The longest request (prompt + output, at most ``max_model_len``) whose slots fit the pool.
+
+        A sequence of ``n`` tokens needs slots for ``n - 1`` (the last sampled token is never
+        computed). vLLM refuses to start when ``max_model_len`` does not fit its KV cache and
+        names this "estimated maximum model length"; the server serves it instead (mini-vLLM's
+        pool is often sized by hand).
+        """
+        low, high = 1, self.max_model_len
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.blocks_needed(mid - 1) <= self.num_blocks:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
     def validate_request(
         self, prompt_token_ids: Any, sampling_params: SamplingParams, cache_salt: str | None = None
     ) -> list[int]:
@@ -164,9 +183,11 @@ class InputProcessor:
         vLLM, whose prompt_token_ids are ``list[int]``): a numpy array, a
         tensor, a ``range`` or a string is refused with a TypeError naming its
         type (``.tolist()`` converts arrays and tensors). The request must fit
-        ``max_model_len`` and the pool: prompt + ``max_tokens - 1`` tokens need
-        slots (the last sampled token is never computed), so a prompt that fills
-        the pool exactly is accepted with ``max_tokens=1``.
+        ``max_model_len`` (prompt + output, as in vLLM: a prompt of
+        ``max_model_len`` tokens leaves no room for one output token) and the
+        pool: prompt + ``max_tokens - 1`` tokens need slots (the last sampled
+        token is never computed), so a prompt that fills the pool exactly is
+        accepted with ``max_tokens=1``.
         """
         if not isinstance(sampling_params, SamplingParams):
             raise TypeError(
@@ -195,11 +216,12 @@ class InputProcessor:
                 raise ValueError(
                     f"prompt_token_ids[{index}] = {token_id} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
                 )
-        if len(prompt_token_ids) > self.max_model_len:
+        if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
-                f"the prompt has {len(prompt_token_ids)} tokens, longer than max_model_len={self.max_model_len}"
+                f"the prompt has {len(prompt_token_ids)} tokens: with at least one output token that is longer than "
+                f"max_model_len={self.max_model_len} (prompt + output)"
             )
-        num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens - 1, self.max_model_len)
+        num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens, self.max_model_len) - 1
         needed_blocks = self.blocks_needed(num_tokens_needing_slots)
         if needed_blocks > self.num_blocks:
             raise ValueError(

@@ -26,3 +26,15 @@ def one_of(names) -> str:
     """``'auto', 'torch' or 'triton'``: valid names, quoted, for an error message."""
     quoted = [repr(name) for name in names]
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def check_text(text: str, what: str) -> None:
+    """ValueError unless ``text`` is valid Unicode: a lone surrogate (``"\\ud800"``, e.g. from a JSON
+    escape) cannot be encoded as UTF-8, and a tokenizer fails on it with an unhelpful TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} is not valid Unicode text: character {error.start} is a lone surrogate "
+            f"({text[error.start]!r}), which no UTF-8 text holds"
+        ) from None

@@ -244,6 +244,8 @@ BAD_PROMPTS = [
     ({"prompt_token_ids": [1, 2], "cache_salt": 42}, "cache_salt"),
     ({"prompt_token_ids": [1, 2], "salt": "x"}, "unknown prompt keys"),
     (12, "must be a str or a dict"),
+    ("a \ud800 b", "not valid Unicode text: character 2 is a lone surrogate"),
+    ({"prompt": "\udfff"}, "lone surrogate"),
 ]
 
 
@@ -253,6 +255,24 @@ def test_bad_prompts_raise_value_error_and_the_engine_keeps_serving(llm, prompts
         llm.generate([prompts[0], bad], GREEDY)
     assert_nothing_leaked(llm)
     assert texts(llm.generate([prompts[0]], GREEDY)) == [reference_outputs[0]]
+
+
+@pytest.mark.parametrize("prompt_len", [20, 30, 31])
+def test_max_model_len_counts_prompt_and_output_as_vllm_does(prompt_len):
+    """vLLM's check_stop ends a request at num_tokens >= max_model_len: prompt + output never exceed it."""
+    llm = LLM(device="cpu", max_model_len=32, block_size=16)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    output = llm.generate([{"prompt_token_ids": list(range(10, 10 + prompt_len))}], params)[0]
+    assert len(output.prompt_token_ids) + len(output.outputs[0].token_ids) == 32
+    assert output.outputs[0].finish_reason == "length"
+
+
+def test_a_prompt_of_max_model_len_tokens_leaves_no_room_and_is_refused():
+    """As vLLM 0.33's input processor: "plus the number of requested output tokens (at least 1) is longer"."""
+    llm = LLM(device="cpu", max_model_len=32, block_size=16)
+    with pytest.raises(ValueError, match="with at least one output token that is longer than max_model_len=32"):
+        llm.generate([{"prompt_token_ids": list(range(10, 42))}], GREEDY)
+    assert_nothing_leaked(llm)
 
 
 def test_a_request_larger_than_the_pool_is_rejected_up_front():

@@ -174,6 +174,10 @@ BAD = [
         "stream_options",
     ),
     ({"messages": [{"role": "user", "content": "hi"}], "top_k": -2}, 400, "top_k"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
     ({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
 ]
 
@@ -201,12 +205,51 @@ def test_bad_json_and_bad_completion_prompts(served):
         assert response.json()["error"]["message"]
     # A batch whose second prompt is bad queues nothing of the first either.
     response = httpx.post(server.url + "/v1/completions", json={"prompt": [[1, 2, 3], [10**9]], "max_tokens": 2})
-    assert response.status_code == 400 and "outside the vocabulary" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert response.status_code == 400 and "outside the vocabulary" in error["message"]
+    assert error["message"].startswith("prompt[1]: ") and error["param"] == "prompt"  # the second prompt, named
+    # FastAPI's own parse failure (a body that is not UTF-8) gets the OpenAI error body too.
+    response = httpx.post(
+        server.url + "/v1/completions", content=b'{"prompt": "\xff\xfe"}', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and "could not be parsed" in response.json()["error"]["message"]
     wait_idle(llm)
     assert_nothing_leaked(llm.llm_engine)
     with pytest.raises(APIStatusError) as raised:
         client.completions.create(model=MODEL, prompt="x", max_tokens=2, logprobs=2)
     assert raised.value.status_code == 400
+
+
+def test_a_prompt_that_is_not_valid_text_is_a_400_and_the_connection_stays_usable(served):
+    """A lone surrogate (a JSON "\\ud800" escape) cannot be tokenized: a 400 naming the prompt, not a
+    500 that closes the keep-alive connection under the next request."""
+    llm, server, client = served
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        body = (
+            b'{"model": "mini-vllm", "prompt": "a \\ud800 b", "max_tokens": 2}'  # JSON's escape, as a client sends it
+        )
+        response = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "prompt" and "lone surrogate" in error["message"]
+        again = http.post("/v1/completions", json={"model": MODEL, "prompt": "once upon", "max_tokens": 2})
+        assert again.status_code == 200, again.text
+    assert_nothing_leaked(llm.llm_engine)
+
+
+def test_a_pool_smaller_than_max_model_len_serves_what_it_holds():
+    """A request without max_tokens gets the rest of the context; with a pool of 8 blocks of 16 tokens
+    the server serves max_model_len = 129 (128 slots: the last sampled token needs none; vLLM would refuse to
+    start) instead of refusing every such request."""
+    llm = LLM(device="cpu", block_size=16, num_blocks=8, max_model_len=2048)
+    with BackgroundServer(llm, served_model_name=MODEL) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert client.models.list().data[0].model_extra["max_model_len"] == 129
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 129
+        wait_idle(llm)
+        assert_nothing_leaked(llm.llm_engine)
 
 
 def test_a_client_that_disconnects_mid_stream_has_its_request_aborted(served):

@@ -272,6 +272,8 @@ class AsyncLLM:
 
     def _publish(self, finished: list[RequestOutput]) -> None:
         """After a step: each streamed request's new tokens and text, and the finished ones' outputs."""
+        # The engine's figures first: a client that reads /metrics as soon as its request ends sees it gone.
+        self._refresh_stats()
         for output in finished:
             stream = self._streams.pop(output.request_id, None)
             if stream is None:
@@ -317,7 +319,6 @@ class AsyncLLM:
                     max(request.num_cached_tokens, 0),
                 )
             )
-        self._refresh_stats()
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
         """Text that is safe to send now: no stop string can still cut it, no half-decoded character."""

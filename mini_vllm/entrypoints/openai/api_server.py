@@ -40,11 +40,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ...llm import LLM, check_conversation
 from ...sampling_params import SamplingParams
+from ...validation import check_text
 from ..async_llm import AsyncLLM, RequestStream, StreamDelta
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body, now, random_id, usage
 
@@ -69,7 +71,7 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.error_type = error_type or {400: "BadRequestError", 404: "NotFoundError"}.get(
-            status, "InternalServerError"
+            status, "BadRequestError" if status < 500 else "InternalServerError"
         )
 
     def response(self) -> JSONResponse:
@@ -82,6 +84,25 @@ def bad_request(error: Exception) -> APIError:
     first_word = message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
     known = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
     return APIError(400, message, param=first_word if first_word in known else None)
+
+
+def servable_model_len(engine) -> int:
+    """The server's ``max_model_len``: the engine's, lowered to what its KV-cache pool can hold.
+
+    A request without ``max_tokens`` gets the rest of the context (vLLM's default); with a pool
+    smaller than ``max_model_len`` (``--num-gpu-blocks-override``) every such request would be
+    refused. vLLM refuses to start then; the server serves the longest sequence the pool holds
+    and says so (``/v1/models`` reports it).
+    """
+    servable = engine.input_processor.longest_sequence_the_pool_holds()
+    if servable < engine.max_model_len:
+        logger.warning(
+            "the KV-cache pool holds at most %d tokens of one request: serving max_model_len=%d (not %d)",
+            servable,
+            servable,
+            engine.max_model_len,
+        )
+    return servable
 
 
 @dataclass
@@ -127,18 +148,25 @@ class OpenAIServing:
         if any(character in salt for character in FORBIDDEN_SALT_CHARACTERS):
             raise APIError(400, "cache_salt must not contain '@', '/', '\\' or NUL", param="cache_salt")
 
-    def sampling_params(self, body: Any, max_tokens: int | None, num_prompt_tokens: int) -> SamplingParams:
-        """``SamplingParams`` from the request, the model's defaults filling what it leaves out."""
+    def sampling_params(
+        self, body: Any, max_tokens: int | None, num_prompt_tokens: int, max_tokens_name: str = "max_tokens"
+    ) -> SamplingParams:
+        """``SamplingParams`` from the request, the model's defaults filling what it leaves out.
+
+        ``max_tokens_name``: the field ``max_tokens`` came from (chat's ``max_completion_tokens``).
+        """
         limit = self.settings.max_model_len
+        if max_tokens is not None and max_tokens < 1:
+            raise APIError(400, f"{max_tokens_name} must be an integer >= 1, got {max_tokens}", param=max_tokens_name)
         if max_tokens is None:
             max_tokens = limit - num_prompt_tokens  # vLLM's default: the rest of the context
-        elif num_prompt_tokens + max_tokens > limit and max_tokens > 0:
+        elif num_prompt_tokens + max_tokens > limit:
             raise APIError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in the "
                 "completion). Please reduce the length of the prompt or completion.",
-                param="max_tokens",
+                param=max_tokens_name,
             )
         if max_tokens <= 0 and num_prompt_tokens >= limit:
             raise APIError(
@@ -189,6 +217,11 @@ class OpenAIServing:
         if texts is None:  # token ids: one list, or a list of lists
             prompts = [list(prompt)] if not prompt or isinstance(prompt[0], int) else [list(p) for p in prompt]
         else:
+            for index, text in enumerate(texts):
+                try:
+                    check_text(text, f"prompt[{index}]" if len(texts) > 1 else "prompt")
+                except ValueError as error:
+                    raise APIError(400, str(error), param="prompt") from None
             tokenizer = self.engine.tokenizer
             prompts = await self.engine.call(
                 lambda: [tokenizer.encode(text, add_special_tokens=True) for text in texts]
@@ -199,15 +232,22 @@ class OpenAIServing:
                 raise APIError(400, f"{where} is empty: give at least one token", param="prompt")
         return prompts
 
-    async def start(self, token_ids: list[int], salt: str | None, params: SamplingParams) -> RequestStream:
-        """Queue one prompt; the engine validates it first (a 400 here, nothing queued)."""
+    async def start(
+        self, token_ids: list[int], salt: str | None, params: SamplingParams, where: str, param: str
+    ) -> RequestStream:
+        """Queue one prompt; the engine validates it first (a 400 here, nothing queued).
+
+        The engine sees one prompt at a time and names it "prompt 0": the 400 names the request's
+        own field instead (``where``, e.g. ``prompt[1]`` or ``messages``; ``param`` for the body).
+        """
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if salt is not None:
             prompt["cache_salt"] = salt
         try:
             return await self.engine.add_request(prompt, params)
         except (ValueError, TypeError) as error:
-            raise bad_request(error) from None
+            message = str(error).removeprefix("prompt 0: ")
+            raise APIError(400, f"{where}: {message}", param=param) from None
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
@@ -284,6 +324,14 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         return error.response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own 4xx (a body it cannot parse, an unknown route or method): the OpenAI error body too.
+        message = str(error.detail)
+        if message == "There was an error parsing the body":
+            message = "the request body could not be parsed: send UTF-8 JSON (at most a few hundred levels deep)"
+        return APIError(error.status_code, message).response()
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
@@ -344,10 +392,15 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
+        if body.logprobs or body.top_logprobs is not None:
+            param = "logprobs" if body.logprobs else "top_logprobs"
+            raise APIError(400, "logprobs are not supported by mini-vLLM's server", param=param)
         token_ids = await serving.chat_prompt(body)
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = serving.sampling_params(body, max_tokens, len(token_ids))
-        stream = await serving.start(token_ids, body.cache_salt, params)
+        if body.max_completion_tokens is not None:
+            params = serving.sampling_params(body, body.max_completion_tokens, len(token_ids), "max_completion_tokens")
+        else:
+            params = serving.sampling_params(body, body.max_tokens, len(token_ids))
+        stream = await serving.start(token_ids, body.cache_salt, params, "messages", "messages")
         response = _Response("chatcmpl", "chat.completion", name, details, body.n, chat=True)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -367,8 +420,9 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         params = [serving.sampling_params(body, body.max_tokens, len(token_ids)) for token_ids in prompts]
         streams = []
         try:
-            for token_ids, prompt_params in zip(prompts, params):
-                streams.append(await serving.start(token_ids, body.cache_salt, prompt_params))
+            for index, (token_ids, prompt_params) in enumerate(zip(prompts, params)):
+                where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
+                streams.append(await serving.start(token_ids, body.cache_salt, prompt_params, where, "prompt"))
         except BaseException:
             for stream in streams:  # the prompts queued before the bad one leave again
                 await stream.aclose()
@@ -564,7 +618,7 @@ class BackgroundServer:
         settings = ServerSettings(
             served_model_name=served_model_name,
             model_path=engine.model_path,
-            max_model_len=engine.max_model_len,
+            max_model_len=servable_model_len(engine),
             enable_prompt_tokens_details=enable_prompt_tokens_details,
             default_sampling=default_sampling_from(engine.model_path),
         )
@@ -683,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     server_settings = ServerSettings(
         served_model_name=args.served_model_name or model or "mini-vllm",
         model_path=engine.model_path,
-        max_model_len=engine.max_model_len,
+        max_model_len=servable_model_len(engine),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         default_sampling=default_sampling_from(engine.model_path),
     )

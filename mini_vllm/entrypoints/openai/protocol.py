@@ -66,6 +66,9 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Refused when asked for (the server computes no log-probabilities): declared so they are not silently ignored.
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = None
 
 
 class CompletionRequest(_Request):
