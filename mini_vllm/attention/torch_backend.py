@@ -7,8 +7,8 @@ on a CPU:
 * an all-decode batch (one query per sequence, the common step) is one
   ``scaled_dot_product_attention`` call per sequence, over its own blocks
   gathered through its block table and cut at its length: no row is padding,
-  so no mask is needed (a padded batch with a mask took PyTorch's slower masked
-  path: 1.2-2.3x the time on a CPU, measured);
+  so no mask is needed (a padded batch with a mask takes PyTorch's slower masked
+  path: 1.2-2.3x the time in isolation on a CPU, measured in benchmarks/README.md);
 * a prefill (or a prefill chunk over a cached prefix) is one fused call per
   sequence, with the causal mask aligned to the *end* of the sequence (its
   queries are its last ``q_len`` tokens).
