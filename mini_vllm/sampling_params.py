@@ -81,6 +81,9 @@ class SamplingParams:
             # As vLLM does: a tiny temperature overflows the logits / temperature; it samples as greedily as 0.01.
             logger.warning("temperature %r is below %r; using %r", self.temperature, MIN_TEMPERATURE, MIN_TEMPERATURE)
             self.temperature = MIN_TEMPERATURE
+        if self.temperature == 0 and self.n > 1:
+            # As vLLM's _verify_greedy_sampling: n greedy completions would be n copies of one.
+            raise ValueError(f"n must be 1 when using greedy sampling (temperature=0), got {self.n}")
         _check_number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")

@@ -165,7 +165,6 @@ BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "a/b"}, 400, "cache_salt"),
     ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "x" * 129}, 400, "cache_salt"),
     ({"messages": [{"role": "user", "content": "story " * 1100}]}, 400, "messages"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000}, 400, "max_tokens"),
     ({"messages": [{"role": "user"}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}, 400, "stop"),
     (
@@ -175,7 +174,28 @@ BAD = [
     ),
     ({"messages": [{"role": "user", "content": "hi"}], "top_k": -2}, 400, "top_k"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}, 400, "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2, "temperature": 0}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1.5}, 400, "frequency_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 5}, 400, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": True}, 400, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "min_tokens": 3}, 400, "min_tokens"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False}, 400, "add_generation_prompt"),
+    ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, 400, "continue_final_message"),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"continuous_usage_stats": True},
+        },
+        400,
+        "stream_options.continuous_usage_stats",
+    ),
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
     ({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
@@ -218,6 +238,39 @@ def test_bad_json_and_bad_completion_prompts(served):
     with pytest.raises(APIStatusError) as raised:
         client.completions.create(model=MODEL, prompt="x", max_tokens=2, logprobs=2)
     assert raised.value.status_code == 400
+
+
+def test_neutral_values_of_fields_the_server_does_not_implement_are_accepted(served):
+    """What clients send when they do not use a feature (penalties 0, tool_choice "none", a text response
+    format) changes nothing, so it is served; only a value that asks for the feature is refused."""
+    llm, server, client = served
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
+        frequency_penalty=0, presence_penalty=0.0, tool_choice="none", response_format={"type": "text"},
+    )  # fmt: skip
+    plain = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+    )
+    assert reply.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(APIStatusError) as raised:
+        client.completions.create(model=MODEL, prompt="once", max_tokens=2, suffix="the end")
+    assert raised.value.status_code == 400 and raised.value.body["param"] == "suffix"
+
+
+def test_max_tokens_past_the_context_is_capped_and_completions_default_to_16(served):
+    """As vLLM's get_max_tokens: max_tokens is capped at the rest of max_model_len (1024 here), not refused;
+    /v1/completions without max_tokens generates 16 tokens (vLLM's and OpenAI's default), chat the rest."""
+    llm, server, client = served
+    prompt = list(range(100, 1100))  # 1000 tokens: room for 24
+    capped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=100, extra_body={"ignore_eos": True})
+    assert capped.usage.completion_tokens == 24 and capped.choices[0].finish_reason == "length"
+    default = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True})
+    assert default.usage.completion_tokens == 16
+    with pytest.raises(APIStatusError) as raised:  # no room for one output token
+        client.completions.create(model=MODEL, prompt=list(range(100, 1124)), max_tokens=1)
+    assert raised.value.status_code == 400 and raised.value.body["param"] == "prompt"
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
 
 
 def test_a_prompt_that_is_not_valid_text_is_a_400_and_the_connection_stays_usable(served):

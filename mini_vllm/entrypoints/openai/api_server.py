@@ -60,6 +60,9 @@ GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k")
 UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 # Seconds a shutdown (Ctrl-C, SIGTERM) waits for running requests before aborting them.
 GRACEFUL_SHUTDOWN_S = 5
+# /v1/completions without max_tokens: 16 tokens (vLLM's CompletionRequest default, as OpenAI's);
+# chat without it gets the rest of the context.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 class APIError(Exception):
@@ -148,6 +151,12 @@ class OpenAIServing:
         if any(character in salt for character in FORBIDDEN_SALT_CHARACTERS):
             raise APIError(400, "cache_salt must not contain '@', '/', '\\' or NUL", param="cache_salt")
 
+    def check_implemented(self, body: Any) -> None:
+        """A 400 naming the first field that asks for what this server does not implement (vLLM would honour it)."""
+        field = body.not_implemented_field()
+        if field is not None:
+            raise APIError(400, f"{field} is not supported by mini-vLLM's server", param=field)
+
     def sampling_params(
         self, body: Any, max_tokens: int | None, num_prompt_tokens: int, max_tokens_name: str = "max_tokens"
     ) -> SamplingParams:
@@ -158,23 +167,17 @@ class OpenAIServing:
         limit = self.settings.max_model_len
         if max_tokens is not None and max_tokens < 1:
             raise APIError(400, f"{max_tokens_name} must be an integer >= 1, got {max_tokens}", param=max_tokens_name)
-        if max_tokens is None:
-            max_tokens = limit - num_prompt_tokens  # vLLM's default: the rest of the context
-        elif num_prompt_tokens + max_tokens > limit:
+        if num_prompt_tokens >= limit:
             raise APIError(
                 400,
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} in the "
-                "completion). Please reduce the length of the prompt or completion.",
-                param=max_tokens_name,
-            )
-        if max_tokens <= 0 and num_prompt_tokens >= limit:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {limit} tokens, and the prompt has {num_prompt_tokens}: "
-                "no room is left for a completion.",
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{num_prompt_tokens} input tokens, which leaves no room for an output token. "
+                "Please reduce the length of the input prompt.",
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
             )
+        # As vLLM's get_max_tokens: what was asked for (or the default), capped at the rest of the context.
+        room = limit - num_prompt_tokens
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
         if body.stream_options is not None and not body.stream:
             raise APIError(400, "stream_options can only be given when stream is true", param="stream_options")
         settings = dict(self.settings.default_sampling or {})
@@ -392,6 +395,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
+        serving.check_implemented(body)
         if body.logprobs or body.top_logprobs is not None:
             param = "logprobs" if body.logprobs else "top_logprobs"
             raise APIError(400, "logprobs are not supported by mini-vLLM's server", param=param)
@@ -412,12 +416,14 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
+        serving.check_implemented(body)
         if body.echo:
             raise APIError(400, "echo is not supported by mini-vLLM's server", param="echo")
         if body.logprobs is not None:
             raise APIError(400, "logprobs are not supported by mini-vLLM's server", param="logprobs")
         prompts = await serving.completion_prompts(body)
-        params = [serving.sampling_params(body, body.max_tokens, len(token_ids)) for token_ids in prompts]
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        params = [serving.sampling_params(body, max_tokens, len(token_ids)) for token_ids in prompts]
         streams = []
         try:
             for index, (token_ids, prompt_params) in enumerate(zip(prompts, params)):

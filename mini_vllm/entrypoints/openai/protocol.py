@@ -6,8 +6,11 @@ Only the fields a prompt-caching course needs, with the OpenAI / vLLM names:
 ``stream_options.include_usage``, ``ignore_eos`` and vLLM's ``cache_salt``. Types are checked strictly
 (a string ``max_tokens`` is refused, not converted); values are checked by
 ``SamplingParams``, the engine's one place for them, so the server and
-``LLM.generate`` refuse the same things with the same words. Unknown fields
-are ignored, as vLLM does (it logs them).
+``LLM.generate`` refuse the same things with the same words. Fields vLLM
+implements and this server does not (``NOT_IMPLEMENTED``: penalties,
+``min_tokens``, ``response_format``, tools, ...) are refused with a 400 naming
+the field when they ask for anything but their neutral value, never silently
+dropped; other unknown fields are ignored, as vLLM does (it logs them).
 
 vLLM equivalent: ``vllm/entrypoints/openai/protocol.py`` (and, in 0.33,
 ``chat_completion/protocol.py``, ``completion/protocol.py``).
@@ -24,8 +27,52 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 Number = StrictInt | StrictFloat
 
 
+# vLLM request fields that change the answer and that this server does not implement, each with the
+# values that mean "off" (what OpenAI clients and vLLM's benchmarks send when they do not use them).
+NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None),
+    "repetition_penalty": (1, 1.0, None),
+    "min_p": (0, 0.0, None),
+    "min_tokens": (0, None),
+    "logit_bias": (None, {}),
+    "best_of": (None, 1),
+    "stop_token_ids": (None, []),
+    "bad_words": (None, []),
+    "include_stop_str_in_output": (False, None),
+    "skip_special_tokens": (True, None),
+    "truncate_prompt_tokens": (None,),
+    "prompt_logprobs": (None,),
+    "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "suffix": (None, ""),
+    "continue_final_message": (False, None),
+    "add_generation_prompt": (True, None),
+}
+
+
+def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``off_values`` (a bool only equals a bool: True is no penalty of 1)."""
+    return any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in off_values)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept (in model_extra) so that NOT_IMPLEMENTED ones can be refused by name.
+    model_config = ConfigDict(extra="allow")
+
+    def not_implemented_field(self) -> str | None:
+        """The first field that asks for something this server does not implement (see NOT_IMPLEMENTED)."""
+        for name, value in (self.model_extra or {}).items():
+            if name in NOT_IMPLEMENTED and not _is_off(value, NOT_IMPLEMENTED[name]):
+                return name
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            return "stream_options.continuous_usage_stats"
+        return None
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
