@@ -399,3 +399,24 @@ def test_your_prompts_workload_sends_each_prompt_alone_then_together_and_refuses
     assert calls[0]["prompts"][0]["prompt_token_ids"] == tokenizer.encode(YOUR_PROMPTS[0], add_special_tokens=False)
     with pytest.raises(ValueError, match="non-empty strings"):
         your_prompts_workload(tokenizer, ["fine", ""])
+
+
+def test_compare_vllm_refuses_what_vllm_would_fail_on_before_starting_it(capsys):
+    """A block size vLLM's CPU backend refuses, an empty prompt, a prompt longer than the comparison's
+    max_model_len: a usage error naming it (was a traceback from inside vLLM, or from Python)."""
+    from transformers import AutoTokenizer
+
+    from mini_vllm.tools import compare_vllm
+
+    for argv, fragment in (
+        (["--block-size", "16"], "--block-size must be a positive multiple of 32"),
+        (["--prompt", ""], "--prompt must not be empty"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            compare_vllm.main(argv)
+        assert exited.value.code == 2 and fragment in capsys.readouterr().err
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path())
+    long_text = "once upon a time " * 400
+    with pytest.raises(compare_vllm.PromptDoesNotFit, match="more than this comparison's max_model_len of 768"):
+        compare_vllm.your_prompts_workload(tokenizer, ["fine", long_text], max_model_len=768)
+    assert compare_vllm.your_prompts_workload(tokenizer, ["fine"], max_model_len=768)["calls"]

@@ -318,15 +318,30 @@ def run_hybrid_side_by_side(
     }
 
 
-def your_prompts_workload(tokenizer, texts: Sequence[str], max_tokens: int = 16) -> dict:
+class PromptDoesNotFit(ValueError):
+    """A prompt of yours (``--prompt``) that leaves no room for the output within the comparison's max_model_len."""
+
+
+def your_prompts_workload(
+    tokenizer, texts: Sequence[str], max_tokens: int = 16, max_model_len: int | None = None
+) -> dict:
     """A workload of your own prompts (``--prompt``): each one by one, then all of them in one call.
 
     The texts are tokenized once, here, with the model's tokenizer (no special
-    tokens added), and both engines get the same token ids.
+    tokens added), and both engines get the same token ids. A prompt that leaves
+    no room for ``max_tokens`` within ``max_model_len`` is a ValueError here,
+    before either engine starts.
     """
     if not texts or any(not isinstance(text, str) or not text for text in texts):
         raise ValueError(f"prompts must be non-empty strings, got {list(texts)!r:.200}")
     prompts = [_ids(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
+    for index, prompt in enumerate(prompts):
+        num_tokens = len(prompt["prompt_token_ids"])
+        if max_model_len is not None and num_tokens + max_tokens > max_model_len:
+            raise PromptDoesNotFit(
+                f"prompt {index} has {num_tokens} tokens: with {max_tokens} output tokens that is more than this "
+                f"comparison's max_model_len of {max_model_len} (the pool's capacity, at most 1024: raise --num-blocks)"
+            )
     return {
         "name": "your_prompts",
         "description": f"your {len(prompts)} prompt(s) one by one, then all in one call",
@@ -573,7 +588,17 @@ def run_matrix(
             "block_size": block_size,
             "num_blocks": num_blocks or DEFAULT_NUM_BLOCKS,
             "workloads": (build_workloads(tokenizer, block_size, workloads) if workloads or not prompts else [])
-            + ([your_prompts_workload(tokenizer, prompts)] if prompts else []),
+            + (
+                [
+                    your_prompts_workload(
+                        tokenizer,
+                        prompts,
+                        max_model_len=engine_max_model_len(block_size, num_blocks or DEFAULT_NUM_BLOCKS),
+                    )
+                ]
+                if prompts
+                else []
+            ),
         }
         for block_size in block_sizes
     ]
@@ -809,6 +834,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the hybrid model (chapter 08b) and its workloads instead (block size 32; --model: another hybrid model)",
     )
     args = parser.parse_args(argv)
+    bad_sizes = [size for size in args.block_size or () if size <= 0 or size % 32]
+    if bad_sizes:
+        parser.error(
+            f"--block-size must be a positive multiple of 32 (vLLM's CPU backend refuses others), got {bad_sizes[0]}"
+        )
+    if args.prompt is not None and not all(args.prompt):
+        parser.error("--prompt must not be empty")
     if vllm_python() is None:
         print(vllm_missing_reason())
         return 0
@@ -819,14 +851,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.hybrid:
         result = run_hybrid_side_by_side(args.model, threads=args.threads)
     else:
-        result = run_matrix(
-            args.model,
-            tuple(args.block_size or (32, 128)),
-            args.workload,
-            num_blocks=args.num_blocks,
-            threads=args.threads,
-            prompts=args.prompt,
-        )
+        try:
+            result = run_matrix(
+                args.model,
+                tuple(args.block_size or (32, 128)),
+                args.workload,
+                num_blocks=args.num_blocks,
+                threads=args.threads,
+                prompts=args.prompt,
+            )
+        except PromptDoesNotFit as error:  # found before either engine starts
+            parser.error(str(error))
     print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
