@@ -112,9 +112,10 @@ def run_soak(seed: int, num_requests: int, monkeypatch_target=None) -> dict:
         salt = rng.choice([None, "tenant-A", "tenant-B"])
         if salt is not None:
             prompt["cache_salt"] = salt
+        n, temperature = rng.choice([1, 1, 2, 3]), rng.choice([0, 1.0])
         params = SamplingParams(
-            n=rng.choice([1, 1, 2, 3]),
-            temperature=rng.choice([0, 1.0]),
+            n=n if temperature else 1,  # n > 1 greedy completions are refused (as vLLM)
+            temperature=temperature,
             max_tokens=rng.randrange(1, 12),
             seed=rng.choice([None, rng.randrange(1000)]),
         )
