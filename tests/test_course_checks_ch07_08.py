@@ -471,6 +471,11 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
     return token_budget
 
 
+def _with_mistake(mistake):
+    """``schedule_waiting`` with one mistake switched on, as a learner would pass it to the check."""
+    return lambda scheduler, token_budget, output: _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
+
+
 def test_ch08_schedule_waiting_accepts_the_solution(capsys):
     check_schedule_waiting(_schedule_waiting)
     assert "✓ schedule_waiting" in capsys.readouterr().out
@@ -493,10 +498,7 @@ def test_ch08_schedule_waiting_accepts_the_scheduler_method(capsys):
     ],
 )
 def test_ch08_schedule_waiting_rejects_typical_mistakes(mistake, expected_message):
-    def wrong(scheduler, token_budget, output):
-        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
-
-    rejects(check_schedule_waiting, wrong, expected_message, regex=True)
+    rejects(check_schedule_waiting, _with_mistake(mistake), expected_message, regex=True)
 
 
 @pytest.mark.parametrize(
@@ -514,10 +516,7 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
     """The old hints: "chunked prefill: ... min(remaining tokens, token_budget)" (the budget was not the problem)
     and "a ValueError: ... your code asked for more than there is, or did the same thing twice"."""
 
-    def wrong(scheduler, token_budget, output):
-        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
-
-    message = rejects(check_schedule_waiting, wrong, expected_message)
+    message = rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
     assert "chunked prefill" not in message and "did the same thing twice" not in message
 
 
@@ -536,19 +535,13 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
 def test_ch08_schedule_waiting_names_what_happens_to_a_request_that_does_not_fit(mistake, expected_message):
     """Found by a learner: these four got a generic hint, or one about admitted requests, or an engine assert."""
 
-    def wrong(scheduler, token_budget, output):
-        return _schedule_waiting(scheduler, token_budget, output, mistake=mistake)
-
-    rejects(check_schedule_waiting, wrong, expected_message)
+    rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
 
 
 def test_ch08_a_fixed_scenario_catches_the_missing_budget_guard():
     """Not left to a random scenario: the fixed one in which a prompt spends the whole budget catches it."""
 
-    def wrong(scheduler, token_budget, output):
-        return _schedule_waiting(scheduler, token_budget, output, mistake="no budget guard")
-
-    rejects(check_schedule_waiting, wrong, "an 8-token prompt spends the whole budget of 8")
+    rejects(check_schedule_waiting, _with_mistake("no budget guard"), "an 8-token prompt spends the whole budget of 8")
 
 
 def test_ch08_schedule_waiting_rejects_a_wrong_return_value():

@@ -396,9 +396,6 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
         serving.check_implemented(body)
-        if body.logprobs or body.top_logprobs is not None:
-            param = "logprobs" if body.logprobs else "top_logprobs"
-            raise APIError(400, "logprobs are not supported by mini-vLLM's server", param=param)
         token_ids = await serving.chat_prompt(body)
         if body.max_completion_tokens is not None:
             params = serving.sampling_params(body, body.max_completion_tokens, len(token_ids), "max_completion_tokens")
@@ -417,10 +414,6 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
         serving.check_implemented(body)
-        if body.echo:
-            raise APIError(400, "echo is not supported by mini-vLLM's server", param="echo")
-        if body.logprobs is not None:
-            raise APIError(400, "logprobs are not supported by mini-vLLM's server", param="logprobs")
         prompts = await serving.completion_prompts(body)
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         params = [serving.sampling_params(body, max_tokens, len(token_ids)) for token_ids in prompts]

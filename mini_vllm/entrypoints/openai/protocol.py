@@ -42,7 +42,10 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (False, None),
     "skip_special_tokens": (True, None),
     "truncate_prompt_tokens": (None,),
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
     "prompt_logprobs": (None,),
+    "echo": (False, None),
     "response_format": (None, {"type": "text"}),
     "structured_outputs": (None,),
     "guided_json": (None,),
@@ -113,16 +116,11 @@ class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Refused when asked for (the server computes no log-probabilities): declared so they are not silently ignored.
-    logprobs: StrictBool | None = None
-    top_logprobs: StrictInt | None = None
 
 
 class CompletionRequest(_Request):
     # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    echo: StrictBool = False
-    logprobs: StrictInt | None = None
 
 
 _Request.model_rebuild()
