@@ -68,7 +68,7 @@ class EngineConfig:
         max_num_batched_tokens: at most this many tokens are computed per step
             (longer prompts are prefilled in chunks).
         max_model_len: longest sequence (prompt + output); None: the model's limit.
-        attention_backend: "auto", "torch" or "triton" (or another registered with
+        attention_backend: "auto", "torch", "triton" or "cpu" (or another registered with
             ``register_attention_backend``, ``mini_vllm/attention/__init__.py``).
         hash_algo: "sha256" (default) or "xxhash" (fast, not collision-resistant).
         seed: seeds sampling for requests without their own seed.

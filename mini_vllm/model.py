@@ -441,11 +441,13 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]  # broadcast over heads
 
 
-def apply_rotary_pos_emb(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate ``q`` ``[n, Hq, D]`` and ``k`` ``[n, Hkv, D]`` by the angles of :class:`RotaryEmbedding`."""
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate every head of ``x`` ``[n, heads, D]`` by the angles of :class:`RotaryEmbedding`.
+
+    :class:`Attention` passes its query and key heads together (``[n, Hq + Hkv, D]``):
+    both turn by the same angles, so one pass of these few operations rotates both.
+    """
+    return x * cos + rotate_half(x) * sin
 
 
 class Attention(nn.Module):
@@ -481,14 +483,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``rope``: this step's ``(cos, sin)`` from :class:`RotaryEmbedding`."""
         n = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        qk, v = self.qkv_proj(hidden).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(n, self.num_heads + self.num_kv_heads, self.head_dim)  # the query heads, then the key heads
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = apply_rotary_pos_emb(q, k, *rope)
+            qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
+        q, k = apply_rotary_pos_emb(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
         # The backend writes k and v into this step's cache slots, then each
         # sequence's queries attend over its whole context in the cache --
         # the cached prefix and the tokens just written.

@@ -56,3 +56,13 @@ def test_every_bundled_model_folder_ships_in_the_package():
     assert {Path(default_model_path()).name, Path(hybrid_model_path()).name} <= folders
     for folder in folders:
         assert f"{folder}/*" in patterns, f"mini_vllm/{folder}/ is not in pyproject's package-data"
+
+
+def test_the_c_kernel_source_ships_in_the_package():
+    """The cpu attention backend compiles kernels/paged_attention_cpu.c on first use: an installed
+    (non-editable) mini-vLLM needs the file beside its Python module."""
+    from kernels import paged_attention_cpu
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert paged_attention_cpu.SOURCE.suffix == ".c" and paged_attention_cpu.SOURCE.parent.name == "kernels"
+    assert any(Path(paged_attention_cpu.SOURCE.name).match(pattern) for pattern in package_data["kernels"])

@@ -2,8 +2,8 @@
 
 With a window ``W`` the query at position ``p`` sees only the keys at ``p - W + 1 .. p``.
 Every implementation -- ``kernels.reference``, the torch backend (decode, prefill and
-chunked-prefill paths), the torch backend with kernel parts, the triton backend and
-the two Triton kernels -- is compared with :func:`dense_attention`: one score matrix
+chunked-prefill paths), the torch backend with kernel parts, the triton backend,
+the two Triton kernels, the cpu backend and its C decode kernel -- is compared with :func:`dense_attention`: one score matrix
 per sequence and an explicit band mask, written here apart from all of them.
 
 Before each call the step is put in the state a sliding-window KV-cache group hands
@@ -201,6 +201,31 @@ def paged_kernel(num_splits: int):
     return run_paged_kernel
 
 
+def on_cpu(batch: PagedBatch) -> PagedBatch:
+    """The same step with every tensor on the CPU (the C kernel's device; a no-op on a CPU machine)."""
+    fields = {name: getattr(batch, name) for name in batch.__dataclass_fields__}
+    return PagedBatch(**{name: v.cpu() if isinstance(v, torch.Tensor) else v for name, v in fields.items()})
+
+
+def run_cpu_backend(batch: PagedBatch, **window) -> torch.Tensor:
+    from mini_vllm.attention.cpu_backend import CpuAttentionBackend
+
+    batch_on_cpu = on_cpu(batch)
+    metadata = metadata_of(batch_on_cpu, **window)
+    out = CpuAttentionBackend().attention(
+        batch_on_cpu.query, batch_on_cpu.k_cache, batch_on_cpu.v_cache, metadata, SCALE
+    )
+    return out.to(batch.query.device)
+
+
+def run_c_kernel(batch: PagedBatch, **window) -> torch.Tensor:
+    from kernels.paged_attention_cpu import paged_attention_cpu
+
+    b = on_cpu(batch)
+    out = paged_attention_cpu(b.query, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, SCALE, **window)
+    return out.to(batch.query.device)
+
+
 # name -> (function, decode steps only, needs Triton)
 IMPLEMENTATIONS = {
     "reference": (run_reference, False, False),
@@ -211,6 +236,8 @@ IMPLEMENTATIONS = {
     "unified kernel": (run_unified_kernel, False, True),
     "paged kernel": (paged_kernel(1), True, True),
     "paged kernel, 3 splits": (paged_kernel(3), True, True),
+    "cpu backend": (run_cpu_backend, False, False),
+    "C paged kernel (paged_attention_cpu)": (run_c_kernel, True, False),
 }
 
 

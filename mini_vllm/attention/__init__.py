@@ -1,8 +1,10 @@
 """Attention backends over the paged KV cache (chapter 07).
 
 ``get_attn_backend(name)`` returns a backend by name: ``"torch"`` (the reference,
-always available), ``"triton"`` (the kernels in :mod:`kernels`; needs Triton), or
-``"auto"`` (Triton on a CUDA device, the torch reference otherwise).
+always available), ``"triton"`` (the kernels in :mod:`kernels`; needs Triton),
+``"cpu"`` (the torch backend with decode attention in C, for speed on a CPU; needs
+a C compiler), or ``"auto"`` (Triton on a CUDA device, the torch reference
+otherwise: the readable path the chapters show).
 
 Each backend is one function registered with ``@register_attention_backend(name)``
 below, which imports its class only when it is called: this module loads
@@ -67,6 +69,21 @@ def create_triton_backend() -> AttentionBackend:
     return TritonAttentionBackend()
 
 
+@register_attention_backend("cpu")
+def create_cpu_backend() -> AttentionBackend:
+    """The torch backend with decode attention in C (:mod:`kernels.paged_attention_cpu`)."""
+    from kernels import paged_attention_cpu
+
+    if not paged_attention_cpu.available():
+        raise ValueError(
+            f"attention_backend='cpu' needs its C kernel, which could not be built here "
+            f"({paged_attention_cpu.unavailable_reason()}); use attention_backend='torch'"
+        )
+    from .cpu_backend import CpuAttentionBackend
+
+    return CpuAttentionBackend()
+
+
 def attention_backend_names() -> tuple[str, ...]:
     """Every valid ``attention_backend``: "auto", then the registered backends."""
     return ("auto", *ATTENTION_BACKENDS.names())
@@ -78,6 +95,8 @@ def get_attn_backend(name: str = "auto", device: str = "cpu") -> AttentionBacken
         name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention_backend {name!r}; expected {one_of(attention_backend_names())}")
+    if name == "cpu" and not str(device).startswith("cpu"):
+        raise ValueError(f"attention_backend='cpu' runs on the CPU, but the engine's device is {device!r}")
     return ATTENTION_BACKENDS[name]()
 
 

@@ -85,6 +85,7 @@ class BenchSettings:
     vs_vllm_max_tokens: int = 32
     vs_vllm_threads: int = 1  # compute threads for each engine
     vs_vllm_default: bool = True  # also vLLM in its default configuration (compiled, asynchronous)
+    attention_backend: str = "auto"  # mini-vLLM's; make bench: "cpu" on a CPU (fastest_attention_backend)
     vllm_pythonpaths: tuple[str, ...] = ()  # more vLLM source trees for the block-manager comparison
     use_vllm: bool = True  # False: no comparison with real vLLM at all (--no-vllm)
     bandwidth_bytes: int = 256 * 2**20  # the memory-bandwidth buffer: far larger than any CPU cache
@@ -156,7 +157,26 @@ def no_progress(iterable: Iterable, desc: str) -> Iterable:
 
 
 def _llm(args, **kwargs) -> LLM:
-    return LLM(getattr(args, "model", None), device=args.device, num_blocks=getattr(args, "num_blocks", None), **kwargs)
+    return LLM(
+        getattr(args, "model", None),
+        device=args.device,
+        num_blocks=getattr(args, "num_blocks", None),
+        attention_backend=getattr(args, "attention_backend", "auto"),
+        **kwargs,
+    )
+
+
+def fastest_attention_backend(device: str) -> str:
+    """The attention backend ``make bench`` measures mini-vLLM with: on a CPU, ``"cpu"`` (decode
+    attention in C, as vLLM's CPU backend runs its own C++ kernels) where its C kernel builds;
+    otherwise ``"auto"`` (Triton on a GPU). The chapters run the readable ``"torch"`` backend."""
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        from kernels import paged_attention_cpu
+
+        if paged_attention_cpu.available():
+            return "cpu"
+    return "auto"
 
 
 def model_name(model: str | None) -> str:
@@ -853,7 +873,9 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
         ]
         for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
             if side == "mini":
-                ours += run_mini(model_path, engines, dtype="float32", threads=threads)[0]["workloads"]
+                ours += run_mini(
+                    model_path, engines, dtype="float32", threads=threads, attention_backend=args.attention_backend
+                )[0]["workloads"]
             else:
                 configuration = "default" if side == "vllm_default" else "comparable"
                 ran = run_vllm(model_path, engines, dtype="float32", threads=threads, configuration=configuration)
@@ -868,6 +890,7 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
         "vllm_version": vllm_version,
         "threads": threads,
         "vllm_configuration": VLLM_COMPARABLE,
+        "mini_attention_backend": llm.llm_engine.model_runner.attn_backend.name,
         **_vs_vllm_ratios(ours, theirs, args.vs_vllm_rounds),
         "cached_tokens_equal": [r["num_cached_tokens"] for r in ours_requests]
         == [r["num_cached_tokens"] for r in their_requests],
@@ -1120,7 +1143,8 @@ def format_table(results: dict) -> str:
                 f"{name}: vs vLLM {r['vllm_version']}: throughput",
                 f"{r['throughput_ratio']:.2f}x",
                 f"{r['mini']['throughput_tok_s']:.0f} vs {r['vllm']['throughput_tok_s']:.0f} tok/s, {r['threads']} thread(s) "
-                f"each; vLLM {r.get('vllm_configuration', VLLM_COMPARABLE)}",
+                f"each; vLLM {r.get('vllm_configuration', VLLM_COMPARABLE)}; mini-vLLM's attention backend "
+                f"{r.get('mini_attention_backend', 'torch')}",
             ),
             (
                 f"{name}: vs vLLM: TTFT cold / warm",
@@ -1203,7 +1227,12 @@ def bench_serving_http(settings: BenchSettings) -> dict:
     from .compare_vllm import vllm_python
 
     with_vllm = settings.use_vllm and vllm_python() is not None
-    spec = ServerSpec(str(settings.model or default_model_path()), block_size=VS_VLLM_BLOCK_SIZE, num_blocks=256)
+    spec = ServerSpec(
+        str(settings.model or default_model_path()),
+        block_size=VS_VLLM_BLOCK_SIZE,
+        num_blocks=256,
+        attention_backend=settings.attention_backend,
+    )
     with tempfile.TemporaryDirectory() as log_dir:
         return bench_serving(spec, Path(log_dir), rounds=3, with_vllm=with_vllm)
 
@@ -1221,6 +1250,12 @@ def main(argv: list[str] | None = None) -> int:
         "default: the bundled model",
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the comparisons with real vLLM (make vllm)")
+    parser.add_argument(
+        "--attention-backend",
+        default=None,
+        help="mini-vLLM's attention backend (default: 'cpu', decode attention in C, on a CPU where it builds; "
+        "else 'auto')",
+    )
     parser.add_argument(
         "--no-real-model",
         action="store_true",
@@ -1252,6 +1287,8 @@ def main(argv: list[str] | None = None) -> int:
     results["versions"]["transformers"] = transformers.__version__
     settings.vllm_pythonpaths = tuple(args.vllm_pythonpath)
     settings.use_vllm = not args.no_vllm
+    settings.attention_backend = args.attention_backend or fastest_attention_backend(args.device)
+    results["attention_backend"] = settings.attention_backend
     results.update(run_benchmarks(settings, BENCHMARKS, progress))
     # Per model: the decode step against the memory floor, and real vLLM side by side.
     # --quick leaves out vLLM (it starts in about a minute per round) and the second model.
@@ -1259,6 +1296,7 @@ def main(argv: list[str] | None = None) -> int:
     second = None if (args.model or args.quick or args.no_real_model) else _real_model_path()
     if second:
         second_settings = BenchSettings.real_model(second, args.device, quick=args.quick)
+        second_settings.attention_backend = settings.attention_backend
         models.append((model_name(second), second_settings))
         results["models"] = {model_name(second): {"shared_prefix": bench_shared_prefix(second_settings, progress)}}
     results["roofline"] = {name: bench_roofline(model_settings, progress) for name, model_settings in models}

@@ -102,6 +102,7 @@ class ServerSpec:
     num_blocks: int = 256
     max_model_len: int = 1024
     threads: int = 1
+    attention_backend: str = "auto"  # mini-vLLM's
 
 
 def start_mini_server(spec: ServerSpec, log_dir: Path, extra_args: list[str] = ()) -> ServerProcess:
@@ -114,6 +115,7 @@ def start_mini_server(spec: ServerSpec, log_dir: Path, extra_args: list[str] = (
         "--num-gpu-blocks-override", str(spec.num_blocks),
         "--max-model-len", str(spec.max_model_len),
         "--device", "cpu",
+        "--attention-backend", spec.attention_backend,
         "--enable-prompt-tokens-details",
         "--log-level", "warning",
         *extra_args,

@@ -415,7 +415,13 @@ def engine_max_model_len(block_size: int, num_blocks: int) -> int:
     return min(1024, block_size * num_blocks)
 
 
-def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32", threads: int = 1) -> list[dict]:
+def run_mini(
+    model_path: str | None,
+    engines: list[dict],
+    dtype: str = "float32",
+    threads: int = 1,
+    attention_backend: str = "auto",
+) -> list[dict]:
     """mini-vLLM's side: one ``LLM`` per engine spec (``block_size``, ``num_blocks``, ``workloads``)."""
     import torch
 
@@ -435,6 +441,7 @@ def run_mini(model_path: str | None, engines: list[dict], dtype: str = "float32"
                 max_num_seqs=MAX_NUM_SEQS,
                 max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                 max_model_len=spec.get("max_model_len") or engine_max_model_len(spec["block_size"], spec["num_blocks"]),
+                attention_backend=attention_backend,
             )
             results.append(
                 {

@@ -673,7 +673,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-num-seqs", type=int, default=None, help="requests per step at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
-    parser.add_argument("--attention-backend", default=None, help="torch or triton (default: auto)")
+    parser.add_argument("--attention-backend", default=None, help="torch, triton or cpu (default: auto)")
     parser.add_argument("--seed", type=int, default=None, help="the engine's seed for requests without one")
     parser.add_argument(
         "--enable-prefix-caching",

@@ -1,0 +1,185 @@
+"""``paged_attention_cpu``: decode attention over the paged KV cache, in C, for the CPU (chapter 07).
+
+The same contract as :func:`kernels.paged_attention` (the Triton kernel) and
+:func:`kernels.reference.paged_attention` (the oracle both are tested against),
+for float32 tensors on the CPU. The loop is ``paged_attention_cpu.c``, beside
+this file: it reads each key and value row where it lies in the cache, through
+the block table, instead of copying the sequence's blocks out first as the
+``torch`` backend must (``index_select``) -- what vLLM's CPU backend does in C++.
+
+Why C and not Triton: Triton compiles only for GPUs; on a CPU its kernels run in
+an interpreter, hundreds of times slower. Why not PyTorch: a decode step's
+attention is small (one query per sequence), so the torch backend's time there
+goes to per-call overhead and the gather copies (``benchmarks/README.md``,
+"Against vLLM", measured).
+
+The C file is compiled once per machine with the system's C compiler (``cc``,
+or ``$CC``) into ``~/.cache/mini_vllm`` (or ``$MINI_VLLM_CACHE_DIR``) and loaded
+with :mod:`ctypes`; no PyTorch headers, so it takes under a second.
+:func:`available` says whether that worked (no compiler: False, and the reason
+in :func:`unavailable_reason`); the ``cpu`` attention backend needs it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ._validate import check_attention, check_sliding_window
+
+SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
+
+# -O3 with the CPU's own vector instructions; -ffast-math lets the compiler reorder the
+# float32 sums into vector lanes and use its vector exp (the rounding of any blocked sum:
+# tests/test_kernels_attention_cpu.py holds it to the reference within 1e-5).
+CFLAGS = ["-O3", "-march=native", "-ffast-math"]
+
+# The C function's negative return codes (paged_attention_cpu.c).
+_ERRORS = {
+    -1: "seq_lens[{s}] is {seq_len}: it must be at least 1 and fit in its block_tables row "
+    "({width} blocks of {block_size})",
+    -2: "block_tables row {s} names a block outside the cache's {num_blocks} blocks",
+    -3: "out of memory for the attention scores",
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MINI_VLLM_CACHE_DIR") or Path.home() / ".cache" / "mini_vllm")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _cpu_flags() -> str:
+    """What -march=native compiles for: the CPU's feature flags (a shared home may serve several CPUs)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """Compile (once per source, compiler and CPU) and load the C kernel: ``(library, "")`` or ``(None, why not)``."""
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C compiler found (install gcc, or set CC)"
+    source = SOURCE.read_bytes()
+    parts = [source, compiler.encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()]
+    key = hashlib.sha256(b"\0".join(parts))
+    library = _cache_dir() / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
+    if not library.exists():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        # Compile to a private name, then rename: two processes compiling at once never load half a file.
+        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+            built, obj = Path(tmp) / library.name, Path(tmp) / "kernel.o"
+            # Compiled with CFLAGS, linked without them: gcc links a shared library made with
+            # -ffast-math against crtfastmath.o, which would switch the whole process (PyTorch
+            # included) to flushing tiny floats to zero as soon as the library is loaded.
+            commands = (
+                [compiler, *CFLAGS, "-fPIC", "-c", str(SOURCE), "-o", str(obj)],
+                [compiler, "-shared", str(obj), "-o", str(built), "-lm"],
+            )
+            try:
+                for command in commands:
+                    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as error:
+                detail = getattr(error, "stderr", "") or str(error)
+                return None, f"compiling {SOURCE.name} failed: {detail.strip()[:500]}"
+            os.replace(built, library)
+    lib = ctypes.CDLL(str(library))
+    function = lib.paged_attention_f32
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
+    return lib, ""
+
+
+def available() -> bool:
+    """True when the C kernel compiled and loaded on this machine."""
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ("" when it is True)."""
+    return _load()[1]
+
+
+def paged_attention_cpu(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    *,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Decode attention: ``query[s]`` (one token per sequence) over sequence ``s``'s cached context.
+
+    Shapes and dtypes as :func:`kernels.reference.paged_attention`: ``query``
+    ``[num_seqs, num_q_heads, head_dim]``; caches ``[num_blocks, block_size,
+    num_kv_heads, head_dim]``; ``block_tables`` ``[num_seqs, max_num_blocks]`` and
+    ``seq_lens`` ``[num_seqs]``, int32. All on the CPU, float32. ``scale`` defaults
+    to ``head_dim ** -0.5``; ``sliding_window=W`` reads only each sequence's last
+    ``W`` positions. Returns
+    ``[num_seqs, num_q_heads, head_dim]``. ``ValueError`` names a bad argument, a
+    sequence longer than its block-table row or a block id outside the cache (the
+    C loop checks them before reading anything); ``RuntimeError`` where the kernel
+    could not be built (:func:`unavailable_reason`).
+    """
+    check_attention(query, k_cache, v_cache, block_tables, seq_lens, interpreted=True)
+    check_sliding_window(sliding_window)
+    for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if tensor.device.type != "cpu":
+            raise ValueError(f"paged_attention_cpu runs on the CPU, but {name} is on {tensor.device}")
+        if tensor.dtype != torch.float32:
+            raise ValueError(f"paged_attention_cpu takes float32 tensors, but {name} is {tensor.dtype}")
+    lib, why_not = _load()
+    if lib is None:
+        raise RuntimeError(f"the C decode-attention kernel is unavailable: {why_not}")
+    query = query.contiguous()
+    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()  # views of themselves when already so
+    block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
+    num_seqs, num_q_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    out = torch.empty_like(query)
+    bad_seq = ctypes.c_int64(0)
+    code = lib.paged_attention_f32(
+        out.data_ptr(),
+        query.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_tables.data_ptr(),
+        seq_lens.data_ptr(),
+        num_seqs,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+        block_tables.shape[1],
+        sliding_window or 0,
+        scale,
+        ctypes.byref(bad_seq),
+    )
+    if code != 0:
+        s = bad_seq.value
+        message = _ERRORS.get(code, f"failed with code {code}").format(
+            s=s, seq_len=int(seq_lens[s]), width=block_tables.shape[1], block_size=block_size, num_blocks=num_blocks
+        )
+        raise (MemoryError if code == -3 else ValueError)(f"paged_attention_cpu: {message}")
+    return out
