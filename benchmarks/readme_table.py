@@ -91,9 +91,10 @@ def table(results: dict) -> str:
         if name.startswith("SmolLM2"):
             goal += f"; TTFT cold ≤ 1.1× {_ok(r['ttft_cold_ratio'] <= 1.1)}"
         configuration = r.get("vllm_configuration", "eager, synchronous scheduling, engine core in the same process")
+        backend = r.get("mini_attention_backend", "torch")
         lines.append(
             f"| {name}: vs vLLM {r['vllm_version']} ({configuration}; float32, {r['threads']} thread each, "
-            f"median of {r['rounds']} rounds) | "
+            f"median of {r['rounds']} rounds; mini-vLLM's attention backend `{backend}`) | "
             f"throughput **{r['throughput_ratio']:.2f}×** ({r['mini']['throughput_tok_s']:.0f} vs "
             f"{r['vllm']['throughput_tok_s']:.0f} tok/s, 5 requests{_rounds(r, 'throughput_ratio_range')}); "
             f"TTFT cold {r['ttft_cold_ratio']:.2f}× ({r['mini']['ttft_cold_ms']:.0f} vs {r['vllm']['ttft_cold_ms']:.0f} ms"

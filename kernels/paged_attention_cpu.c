@@ -102,6 +102,7 @@ int paged_attention_f32(float *out, const float *query, const float *k_cache, co
         }
         if (seq_len - start > longest) longest = seq_len - start;
     }
+    if (longest == 0) return OK; /* no sequences: nothing to do */
     float *scores = malloc(sizeof(float) * (size_t)(num_q_heads * longest));
     if (scores == NULL) return NO_MEMORY;
 

@@ -172,7 +172,7 @@ def paged_attention_cpu(
         num_blocks,
         block_size,
         block_tables.shape[1],
-        sliding_window or 0,
+        min(sliding_window or 0, 2**62),  # a window longer than any sequence is no window (and fits int64)
         scale,
         ctypes.byref(bad_seq),
     )

@@ -79,6 +79,16 @@ def test_long_contexts_and_large_scores():
     assert_close(paged_attention_cpu(*args), reference.paged_attention(*args))
 
 
+def test_an_empty_batch_and_a_window_longer_than_every_sequence():
+    batch = decode_batch(4, 2, 64, 16)
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+    assert_close(paged_attention_cpu(*args, sliding_window=10**30), reference.paged_attention(*args))
+    empty = paged_attention_cpu(
+        batch.query[:0], batch.k_cache, batch.v_cache, batch.block_tables[:0], batch.seq_lens[:0]
+    )
+    assert empty.shape == (0, 4, 64)
+
+
 def test_bad_values_are_value_errors_that_name_them():
     batch = decode_batch(4, 2, 64, 16)
     args = [batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens]
