@@ -42,7 +42,7 @@ enum {
 static inline __attribute__((always_inline)) void attend_sequence(
     float *o, const float *q, const float *k_cache, const float *v_cache, const int32_t *table, int64_t start,
     int64_t n, int64_t num_kv_heads, int64_t group, const int64_t head_dim, int64_t block_size, float scale,
-    float *scores) {
+    float *scores, float *inv_sum) {
     const int64_t num_q_heads = num_kv_heads * group, row_stride = num_kv_heads * head_dim;
     /* 1. Scores: scores[qh][j] = scale * (q_qh . k_j), query head qh reading KV head qh / group. */
     for (int64_t j = 0; j < n; j++) {
@@ -56,7 +56,6 @@ static inline __attribute__((always_inline)) void attend_sequence(
         }
     }
     /* 2. Softmax per query head (minus its max, so no exp overflows), then the weighted values. */
-    float inv_sum[num_q_heads];
     for (int64_t qh = 0; qh < num_q_heads; qh++) {
         float *row = scores + qh * n;
         float max = row[0];
@@ -103,8 +102,10 @@ int paged_attention_f32(float *out, const float *query, const float *k_cache, co
         if (seq_len - start > longest) longest = seq_len - start;
     }
     if (longest == 0) return OK; /* no sequences: nothing to do */
-    float *scores = malloc(sizeof(float) * (size_t)(num_q_heads * longest));
+    /* Working memory on the heap (any number of heads): the scores, then 1 / sum per query head. */
+    float *scores = malloc(sizeof(float) * (size_t)(num_q_heads * (longest + 1)));
     if (scores == NULL) return NO_MEMORY;
+    float *inv_sum = scores + num_q_heads * longest;
 
     for (int64_t s = 0; s < num_seqs; s++) {
         const int64_t seq_len = seq_lens[s];
@@ -113,7 +114,7 @@ int paged_attention_f32(float *out, const float *query, const float *k_cache, co
         float *o = out + s * num_q_heads * head_dim;
         const float *q = query + s * num_q_heads * head_dim;
 #define ATTEND(dim) \
-    attend_sequence(o, q, k_cache, v_cache, table, start, seq_len - start, num_kv_heads, group, dim, block_size, scale, scores)
+    attend_sequence(o, q, k_cache, v_cache, table, start, seq_len - start, num_kv_heads, group, dim, block_size, scale, scores, inv_sum)
         if (head_dim == 64)
             ATTEND(64);
         else if (head_dim == 128)

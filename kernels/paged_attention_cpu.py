@@ -25,8 +25,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import numbers
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -53,11 +55,16 @@ _ERRORS = {
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("MINI_VLLM_CACHE_DIR") or Path.home() / ".cache" / "mini_vllm")
+    """Where the compiled library goes, as an absolute path (``dlopen`` reads a bare name as a system library)."""
+    return Path(os.environ.get("MINI_VLLM_CACHE_DIR") or Path.home() / ".cache" / "mini_vllm").absolute()
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+def _compiler() -> list[str] | None:
+    """The compiler command: ``$CC`` split as make splits it (``CC="ccache gcc"``), else cc, gcc or clang."""
+    if os.environ.get("CC"):
+        return shlex.split(os.environ["CC"])
+    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    return [found] if found else None
 
 
 def _cpu_flags() -> str:
@@ -71,36 +78,41 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def _build(compiler: list[str], library: Path) -> None:
+    """Compile ``SOURCE`` into ``library``; raises OSError or SubprocessError."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    # Compile to a private name, then rename: two processes compiling at once never load half a file.
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        built, obj = Path(tmp) / library.name, Path(tmp) / "kernel.o"
+        # Compiled with CFLAGS, linked without them: gcc links a shared library made with
+        # -ffast-math against crtfastmath.o, which would switch the whole process (PyTorch
+        # included) to flushing tiny floats to zero as soon as the library is loaded.
+        for command in (
+            [*compiler, *CFLAGS, "-fPIC", "-c", str(SOURCE), "-o", str(obj)],
+            [*compiler, "-shared", str(obj), "-o", str(built), "-lm"],
+        ):
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
+        os.replace(built, library)
+
+
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source, compiler and CPU) and load the C kernel: ``(library, "")`` or ``(None, why not)``."""
     compiler = _compiler()
-    if compiler is None:
+    if not compiler:
         return None, "no C compiler found (install gcc, or set CC)"
-    source = SOURCE.read_bytes()
-    parts = [source, compiler.encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()]
-    key = hashlib.sha256(b"\0".join(parts))
-    library = _cache_dir() / f"paged_attention_cpu-{key.hexdigest()[:16]}.so"
-    if not library.exists():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        # Compile to a private name, then rename: two processes compiling at once never load half a file.
-        with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-            built, obj = Path(tmp) / library.name, Path(tmp) / "kernel.o"
-            # Compiled with CFLAGS, linked without them: gcc links a shared library made with
-            # -ffast-math against crtfastmath.o, which would switch the whole process (PyTorch
-            # included) to flushing tiny floats to zero as soon as the library is loaded.
-            commands = (
-                [compiler, *CFLAGS, "-fPIC", "-c", str(SOURCE), "-o", str(obj)],
-                [compiler, "-shared", str(obj), "-o", str(built), "-lm"],
-            )
-            try:
-                for command in commands:
-                    subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.SubprocessError) as error:
-                detail = getattr(error, "stderr", "") or str(error)
-                return None, f"compiling {SOURCE.name} failed: {detail.strip()[:500]}"
-            os.replace(built, library)
-    lib = ctypes.CDLL(str(library))
+    parts = [SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()]
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
+    library = _cache_dir() / f"paged_attention_cpu-{digest[:16]}.so"
+    try:
+        if not library.exists():
+            _build(compiler, library)
+        lib = ctypes.CDLL(str(library))
+    except subprocess.SubprocessError as error:
+        detail = getattr(error, "stderr", "") or str(error)
+        return None, f"compiling {SOURCE.name} failed: {detail.strip()[:500]}"
+    except OSError as error:  # no such compiler, a cache folder that cannot be written, a library that cannot load
+        return None, f"building or loading {library} failed: {error}"
     function = lib.paged_attention_f32
     function.restype = ctypes.c_int
     function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
@@ -155,6 +167,8 @@ def paged_attention_cpu(
     block_tables, seq_lens = block_tables.contiguous(), seq_lens.contiguous()
     num_seqs, num_q_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise ValueError(f"scale must be a number or None, got {scale!r}")
     scale = head_dim**-0.5 if scale is None else float(scale)
     out = torch.empty_like(query)
     bad_seq = ctypes.c_int64(0)

@@ -10,6 +10,9 @@ compiler (CI has gcc): a missing compiler fails these tests rather than skipping
 
 from __future__ import annotations
 
+import shutil
+import threading
+
 import pytest
 import torch
 
@@ -116,6 +119,32 @@ def test_bad_values_are_value_errors_that_name_them():
         paged_attention_cpu(*args, sliding_window=0)
 
 
+def test_many_query_heads_in_a_thread_with_a_small_stack():
+    """The kernel's working memory is on the heap: 100 000 query heads in a thread with a 256 KiB
+    stack (a per-head array on the stack overflowed it: a segmentation fault)."""
+    query = torch.ones(1, 100_000, 1)
+    value = torch.full((1, 1, 1, 1), 2.0)
+    table, lengths = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    results = []
+    previous = threading.stack_size(256 * 1024)
+    try:
+        thread = threading.Thread(
+            target=lambda: results.append(paged_attention_cpu(query, value, value, table, lengths))
+        )
+        thread.start()
+        thread.join()
+    finally:
+        threading.stack_size(previous)
+    assert results and torch.equal(results[0], torch.full((1, 100_000, 1), 2.0))
+
+
+def test_a_scale_that_is_not_a_number_is_refused():
+    batch = decode_batch(4, 2, 64, 16)
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens)
+    with pytest.raises(ValueError, match="scale must be a number or None, got '0.1'"):
+        paged_attention_cpu(*args, "0.1")
+
+
 def test_loading_the_kernel_leaves_the_float_environment_alone():
     """gcc links -ffast-math shared libraries with crtfastmath.o, which turns on flush-to-zero for
     the whole process when loaded; the build links without it, so tiny floats stay tiny."""
@@ -141,6 +170,35 @@ def test_without_a_compiler_the_backend_says_why(monkeypatch, tmp_path):
         monkeypatch.undo()
         cpu_kernel._load.cache_clear()
     assert cpu_kernel.available()
+
+
+@pytest.fixture
+def fresh_build(monkeypatch):
+    """Each call of ``_load`` builds or loads anew (under the test's environment), then the cache is reset."""
+    cpu_kernel._load.cache_clear()
+    yield monkeypatch
+    monkeypatch.undo()
+    cpu_kernel._load.cache_clear()
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_reason_not_a_traceback(fresh_build, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    fresh_build.setenv("MINI_VLLM_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert not cpu_kernel.available()
+    assert "a-file" in cpu_kernel.unavailable_reason()
+    with pytest.raises(ValueError, match="attention_backend='cpu' needs its C kernel"):
+        get_attn_backend("cpu")
+    assert get_attn_backend("torch").name == "torch"
+
+
+def test_a_relative_cache_folder_and_a_cc_with_arguments(fresh_build, tmp_path):
+    """``MINI_VLLM_CACHE_DIR=.`` loads from the current folder (not the system's library path), and
+    ``CC`` is split as make splits it."""
+    fresh_build.chdir(tmp_path)
+    fresh_build.setenv("MINI_VLLM_CACHE_DIR", ".")
+    fresh_build.setenv("CC", f"{shutil.which('cc') or shutil.which('gcc')} -pipe")
+    assert cpu_kernel.available(), cpu_kernel.unavailable_reason()
+    assert list(tmp_path.glob("paged_attention_cpu-*.so"))
 
 
 def test_the_cpu_backend_is_for_the_cpu():
