@@ -69,6 +69,11 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.slot_mapping.shape[0]
 
+    @property
+    def is_all_decode(self) -> bool:
+        """One new token per sequence: the step every backend sends to its decode path."""
+        return self.max_query_len == 1 and self.num_tokens == self.num_seqs
+
 
 class AttentionBackend(ABC):
     """Stores new K/V into the paged cache and computes attention over it.

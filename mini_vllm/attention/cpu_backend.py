@@ -30,9 +30,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
 
     def attention(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
         in_c = query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.float32
-        if not (is_all_decode and in_c):
+        if not (metadata.is_all_decode and in_c):
             return super().attention(query, k_cache, v_cache, metadata, scale)
         return paged_attention_cpu(
             query,

@@ -61,8 +61,7 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         window = check_sliding_window(metadata.sliding_window)
-        is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
-        if is_all_decode:
+        if metadata.is_all_decode:
             return decode_attention(
                 query,
                 k_cache,

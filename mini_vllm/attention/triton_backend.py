@@ -45,8 +45,7 @@ class TritonAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        is_all_decode = metadata.max_query_len == 1 and query.shape[0] == metadata.num_seqs
-        if is_all_decode:
+        if metadata.is_all_decode:
             return kernels.paged_attention(
                 query,
                 k_cache,
