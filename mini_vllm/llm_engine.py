@@ -159,11 +159,17 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
+def first_stop_string(text: str, stop_strings: list[str]) -> tuple[int, str] | None:
+    """The stop string that starts first in ``text`` and where: ``(position, stop string)``, or None."""
+    found = [(text.find(stop), stop) for stop in stop_strings]
+    found = [(position, stop) for position, stop in found if position >= 0]
+    return min(found, key=lambda hit: hit[0]) if found else None
+
+
 def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
     """Where the first stop string starts in ``text``, or None."""
-    positions = [text.find(stop) for stop in stop_strings]
-    positions = [p for p in positions if p >= 0]
-    return min(positions) if positions else None
+    hit = first_stop_string(text, stop_strings)
+    return None if hit is None else hit[0]
 
 
 def stop_string_window(stop_strings: list[str]) -> int:
@@ -637,10 +643,14 @@ class LLMEngine:
             text = ""  # decoding may be what failed: the tokens so far are in token_ids
         else:
             text = self.tokenizer.decode(token_ids_for_text, skip_special_tokens=True)
-        cut = find_stop_string(text, request.sampling_params.stop_strings)
-        if cut is not None:
+        stop_reason = None  # the stop string that ended it, as vLLM reports (None for EOS, length, ...)
+        hit = first_stop_string(text, request.sampling_params.stop_strings)
+        if hit is not None:
+            cut, stop = hit
             text = text[:cut]
-        completion = CompletionOutput(0, text, token_ids, request.get_finished_reason())
+            if request.status is RequestStatus.FINISHED_STOPPED:
+                stop_reason = stop
+        completion = CompletionOutput(0, text, token_ids, request.get_finished_reason(), stop_reason)
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,

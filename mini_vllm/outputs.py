@@ -17,6 +17,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
+    stop_reason: str | None = None  # the stop string that ended it (vLLM: also a stop token id); None otherwise
 
 
 @dataclass

@@ -153,11 +153,14 @@ def test_seeded_sampling_is_reproducible(llm, prompts):
 def test_stop_conditions(llm, prompts):
     long_run = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert len(long_run.outputs[0].token_ids) == 3 and long_run.outputs[0].finish_reason == "length"
+    assert long_run.outputs[0].stop_reason is None
     text = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30))[0].outputs[0].text
     assert len(text) >= 8
     stop_word = text[len(text) // 2 : len(text) // 2 + 3]
-    stopped = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30, stop=stop_word))[0]
+    never = "\x00never\x00"
+    stopped = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=30, stop=[never, stop_word]))[0]
     assert stopped.outputs[0].finish_reason == "stop"
+    assert stopped.outputs[0].stop_reason == stop_word  # which stop string ended it, as vLLM reports
     assert stop_word not in stopped.outputs[0].text
     assert text.startswith(stopped.outputs[0].text)
 

@@ -105,8 +105,13 @@ def test_streaming_gives_the_same_text_and_usage_last(served):
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
             whole.choices[0].finish_reason
         ]
+        ending = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert ending[0].stop_reason == whole.choices[0].stop_reason  # vLLM's field: the stop string, or None
         if stop:
             assert not any(s in text for s in stop) and whole.choices[0].finish_reason == "stop"
+            assert whole.choices[0].stop_reason in stop
+        else:
+            assert whole.choices[0].stop_reason is None
     assert chat(client, "A story about a bear.", extra_body={"top_k": 0}).choices  # 0 means no top-k, as in vLLM
     no_usage = list(chat(client, "A story about a bear.", stream=True))
     assert all(getattr(c, "usage", None) is None for c in no_usage)

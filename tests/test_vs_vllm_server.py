@@ -105,8 +105,9 @@ def test_streaming_equals_non_streaming_on_both_servers(servers, workload_rows, 
         assert streamed_usage.prompt_tokens == whole.usage.prompt_tokens, name
         assert streamed_usage.completion_tokens == whole.usage.completion_tokens, name
         assert finish == [whole.choices[0].finish_reason], name
-        texts[name] = (whole.choices[0].message.content, whole.usage.prompt_tokens_details.cached_tokens)
-    assert texts["mini"] == texts["vllm"]
+        choice = whole.choices[0]
+        texts[name] = (choice.message.content, whole.usage.prompt_tokens_details.cached_tokens, choice.stop_reason)
+    assert texts["mini"] == texts["vllm"]  # text, cached tokens and stop_reason (the stop string, or None)
 
 
 def test_sixteen_concurrent_clients_are_all_served_with_vllms_answers(servers, workload_rows):

@@ -479,7 +479,13 @@ class _Response:
                 entry["message"] = {"role": "assistant", "content": text}
             else:
                 entry["text"] = text
-            entry.update({"logprobs": None, "finish_reason": finals[choice].finish_reason})
+            entry.update(
+                {
+                    "logprobs": None,
+                    "finish_reason": finals[choice].finish_reason,
+                    "stop_reason": _stop_reason(finals[choice]),
+                }
+            )
             choices.append(entry)
         return JSONResponse(
             {
@@ -504,11 +510,14 @@ class _Response:
             chunk["usage"] = usage_value
         return chunk
 
-    def _choice(self, index: int, text: str, finish_reason: str | None, first: bool = False) -> dict:
+    def _choice(
+        self, index: int, text: str, finish_reason: str | None, stop_reason: str | None = None, first: bool = False
+    ) -> dict:
+        ending = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
-            return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "delta": delta, **ending}
+        return {"index": index, "text": text, **ending}
 
     async def stream(self, streams: list[RequestStream], include_usage: bool) -> AsyncIterator[str]:
         """SSE chunks; the usage comes in one last chunk with no choices when ``include_usage`` is set."""
@@ -537,13 +546,19 @@ class _Response:
                     break
                 if delta.text or delta.finished:
                     finish = delta.finish_reason if delta.finished else None
-                    yield _sse(self._chunk([self._choice(choice, delta.text, finish)], include_usage))
+                    choice_chunk = self._choice(choice, delta.text, finish, _stop_reason(delta))
+                    yield _sse(self._chunk([choice_chunk], include_usage))
             if include_usage and not failed:
                 yield _sse(self._chunk([], True, usage(prompt_tokens, completion_tokens, cached_tokens, self.details)))
             yield "data: [DONE]\n\n"
         finally:
             for stream in streams:  # a client that went away: abort what still runs
                 await stream.aclose()
+
+
+def _stop_reason(delta: StreamDelta) -> str | None:
+    """The stop string that ended a finished completion (vLLM's ``stop_reason``), None otherwise."""
+    return delta.output.outputs[0].stop_reason if delta.output is not None else None
 
 
 class _EngineCollector:
