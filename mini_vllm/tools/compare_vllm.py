@@ -745,14 +745,15 @@ def format_table(result: dict, timings: bool = True, header: bool = True) -> str
         lines.append("")
         lines.append(f"block size {run['block_size']}, pool of {run['num_blocks']} blocks")
         lines.append(
-            "  per request (call.prompt of the workload): prompt tokens, num_cached_tokens, greedy tokens equal?"
+            "  per request (call:prompt, both counted from 0 in the workload): prompt tokens, num_cached_tokens, "
+            "greedy tokens equal?"
         )
         header = f"  {'workload':<24} {'request':>9} {'prompt':>6} {'cached mini':>11} {'cached vLLM':>11} {'tokens equal':>12}"
         lines.append(header)
         for workload in run["workloads"]:
             for position, row in enumerate(workload["rows"]):
                 name = workload["name"] if position == 0 else ""
-                request = f"{row['call']}.{row['index']}" + (f" n={row['n']}" if row["n"] > 1 else "")
+                request = f"{row['call']}:{row['index']}" + (f" n={row['n']}" if row["n"] > 1 else "")
                 mark = (
                     ""
                     if row["cached_equal"]
