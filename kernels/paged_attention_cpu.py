@@ -150,7 +150,8 @@ def paged_attention_cpu(
     ``[num_seqs, num_q_heads, head_dim]``. ``ValueError`` names a bad argument, a
     sequence longer than its block-table row or a block id outside the cache (the
     C loop checks them before reading anything); ``RuntimeError`` where the kernel
-    could not be built (:func:`unavailable_reason`).
+    could not be built (:func:`unavailable_reason`). Inference only (no autograd), and
+    the inputs must not change during the call: the block ids are checked, then read.
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, interpreted=True)
     check_sliding_window(sliding_window)
