@@ -102,10 +102,17 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if not compiler:
         return None, "no C compiler found (install gcc, or set CC)"
     parts = [SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()]
-    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()
-    library = _cache_dir() / f"paged_attention_cpu-{digest[:16]}.so"
+    name = f"paged_attention_cpu-{hashlib.sha256(b'-'.join(parts)).hexdigest()[:16]}.so"
+    library = _cache_dir() / name
     try:
-        if not library.exists():
+        try:
+            if not library.exists():
+                _build(compiler, library)
+        except OSError:
+            if os.environ.get("MINI_VLLM_CACHE_DIR"):
+                raise  # the folder the user chose: say so
+            # The default folder cannot be written (a read-only home): a private folder of this process.
+            library = Path(tempfile.mkdtemp(prefix="mini_vllm-")) / name
             _build(compiler, library)
         lib = ctypes.CDLL(str(library))
     except subprocess.SubprocessError as error:

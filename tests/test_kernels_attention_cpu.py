@@ -191,6 +191,20 @@ def test_a_cache_folder_that_cannot_be_written_is_a_reason_not_a_traceback(fresh
     assert get_attn_backend("torch").name == "torch"
 
 
+def test_a_home_that_cannot_be_written_builds_in_a_private_temporary_folder(fresh_build, tmp_path):
+    (tmp_path / "home").write_text("")  # a file: nothing can be created under it
+    fresh_build.delenv("MINI_VLLM_CACHE_DIR", raising=False)
+    fresh_build.setenv("HOME", str(tmp_path / "home"))
+    fresh_build.setenv("TMPDIR", str(tmp_path))
+    tempfile_dir = cpu_kernel.tempfile.tempdir
+    cpu_kernel.tempfile.tempdir = None  # re-read TMPDIR
+    try:
+        assert cpu_kernel.available(), cpu_kernel.unavailable_reason()
+        assert len(list(tmp_path.glob("mini_vllm-*/paged_attention_cpu-*.so"))) == 1
+    finally:
+        cpu_kernel.tempfile.tempdir = tempfile_dir
+
+
 def test_a_relative_cache_folder_and_a_cc_with_arguments(fresh_build, tmp_path):
     """``MINI_VLLM_CACHE_DIR=.`` loads from the current folder (not the system's library path), and
     ``CC`` is split as make splits it."""
