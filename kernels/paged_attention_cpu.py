@@ -14,8 +14,9 @@ goes to per-call overhead and the gather copies (``benchmarks/README.md``,
 "Against vLLM", measured).
 
 The C file is compiled once per machine with the system's C compiler (``cc``,
-or ``$CC``) into ``~/.cache/mini_vllm`` (or ``$MINI_VLLM_CACHE_DIR``) and loaded
-with :mod:`ctypes`; no PyTorch headers, so it takes under a second.
+or ``$CC``) into ``~/.cache/mini_vllm`` (or ``$MINI_VLLM_CACHE_DIR``; a private
+temporary folder when the home cannot be written) and loaded with :mod:`ctypes`; no
+PyTorch headers, so it takes under a second.
 :func:`available` says whether that worked (no compiler: False, and the reason
 in :func:`unavailable_reason`); the ``cpu`` attention backend needs it.
 """
