@@ -397,8 +397,8 @@ class LLMEngine:
         reproducible. The engine owns those requests; the ``ParentRequest``
         only names them and merges their outputs (``ParentRequest.merge``).
 
-        Nothing is queued unless everything is valid: an error names the prompt
-        by its index. The requests keep the engine's own checked copies of
+        Nothing is queued unless everything is valid: in a batch of several, an
+        error names the prompt by its index. The requests keep the engine's own checked copies of
         ``sampling_params`` (``validated_sampling_params``), so a field changed
         after construction is checked here and a change after this call
         reaches no queued request.
@@ -419,6 +419,8 @@ class LLMEngine:
                 token_ids, cache_salt, shown = self.input_processor.process_prompt(prompt)
                 token_ids = self.input_processor.validate_request(token_ids, params, cache_salt)
             except (ValueError, TypeError) as error:
+                if len(prompts) == 1:
+                    raise
                 raise type(error)(f"prompt {index}: {error}") from None
             inputs.append((token_ids, cache_salt, shown))
 

@@ -268,8 +268,9 @@ def test_bad_prompts_are_refused_on_every_entry_point(llm, reference, bad, error
         llm.generate([PROMPT, bad], GREEDY)
     assert_untouched_and_serving(llm, reference)
     # LLMEngine.add_requests, and the dashboard, which queues through it.
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as raised:
         engine.add_requests([bad], GREEDY)
+    assert not str(raised.value).startswith("prompt 0"), "one prompt: there is no index to name"
     dashboard = EngineDashboard(llm, k_norm=False)
     try:
         with pytest.raises(error, match=message):

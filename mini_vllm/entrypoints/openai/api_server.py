@@ -240,8 +240,8 @@ class OpenAIServing:
     ) -> RequestStream:
         """Queue one prompt; the engine validates it first (a 400 here, nothing queued).
 
-        The engine sees one prompt at a time and names it "prompt 0": the 400 names the request's
-        own field instead (``where``, e.g. ``prompt[1]`` or ``messages``; ``param`` for the body).
+        The engine sees one prompt at a time (so its error names none): the 400 names the
+        request's own field (``where``, e.g. ``prompt[1]`` or ``messages``; ``param`` for the body).
         """
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if salt is not None:
@@ -249,8 +249,7 @@ class OpenAIServing:
         try:
             return await self.engine.add_request(prompt, params)
         except (ValueError, TypeError) as error:
-            message = str(error).removeprefix("prompt 0: ")
-            raise APIError(400, f"{where}: {message}", param=param) from None
+            raise APIError(400, f"{where}: {error}", param=param) from None
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
