@@ -49,6 +49,7 @@ import torch
 
 from ..llm import LLM
 from ..kv_cache_manager import max_cache_hit_blocks
+from ..llm_engine import resolve_device
 from ..model import default_model_path
 from ..companions.profiler import common_prefix_length
 from . import paths
@@ -170,8 +171,7 @@ def fastest_attention_backend(device: str) -> str:
     """The attention backend ``make bench`` measures mini-vLLM with: on a CPU, ``"cpu"`` (decode
     attention in C, as vLLM's CPU backend runs its own C++ kernels) where its C kernel builds;
     otherwise ``"auto"`` (Triton on a GPU). The chapters run the readable ``"torch"`` backend."""
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    if on_cpu:
+    if resolve_device(device).type == "cpu":
         from kernels import paged_attention_cpu
 
         if paged_attention_cpu.available():
