@@ -11,6 +11,7 @@ compiler (CI has gcc): a missing compiler fails these tests rather than skipping
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 
 import pytest
@@ -196,13 +197,13 @@ def test_a_home_that_cannot_be_written_builds_in_a_private_temporary_folder(fres
     fresh_build.delenv("MINI_VLLM_CACHE_DIR", raising=False)
     fresh_build.setenv("HOME", str(tmp_path / "home"))
     fresh_build.setenv("TMPDIR", str(tmp_path))
-    tempfile_dir = cpu_kernel.tempfile.tempdir
-    cpu_kernel.tempfile.tempdir = None  # re-read TMPDIR
+    tempfile_dir = tempfile.tempdir
+    tempfile.tempdir = None  # re-read TMPDIR
     try:
         assert cpu_kernel.available(), cpu_kernel.unavailable_reason()
         assert len(list(tmp_path.glob("mini_vllm-*/paged_attention_cpu-*.so"))) == 1
     finally:
-        cpu_kernel.tempfile.tempdir = tempfile_dir
+        tempfile.tempdir = tempfile_dir
 
 
 def test_a_relative_cache_folder_and_a_cc_with_arguments(fresh_build, tmp_path):
@@ -217,8 +218,19 @@ def test_a_relative_cache_folder_and_a_cc_with_arguments(fresh_build, tmp_path):
 
 def test_the_cpu_backend_is_for_the_cpu():
     assert get_attn_backend("cpu", "cpu").name == "cpu"
+    assert get_attn_backend("cpu", "cpu:0").name == "cpu"
     with pytest.raises(ValueError, match="attention_backend='cpu' runs on the CPU, but the engine's device is 'cuda'"):
         get_attn_backend("cpu", "cuda")
+
+
+def test_every_backend_factory_is_given_the_device(monkeypatch):
+    """The registry's factories decide for themselves where they run: the device reaches them."""
+    from mini_vllm import attention
+
+    seen = []
+    monkeypatch.setitem(attention.ATTENTION_BACKENDS._entries, "probe", lambda device: seen.append(device) or "made")
+    assert get_attn_backend("probe", "cuda:1") == "made"
+    assert seen == ["cuda:1"]
 
 
 @pytest.fixture

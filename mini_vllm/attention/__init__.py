@@ -35,12 +35,16 @@ __all__ = [
     "register_attention_backend",
 ]
 
-ATTENTION_BACKENDS: Registry[Callable[[], AttentionBackend]] = Registry("attention backend")
-"""name -> a function that returns a new backend (and imports what it needs)."""
+ATTENTION_BACKENDS: Registry[Callable[[str], AttentionBackend]] = Registry("attention backend")
+"""name -> a function ``(device) -> AttentionBackend`` that returns a new backend for the
+engine's device (and imports what it needs), or raises a ValueError saying what is missing."""
 
 
 def register_attention_backend(name: str) -> Callable:
-    """Decorator: register a function that returns the backend called ``name``.
+    """Decorator: register a function ``(device) -> AttentionBackend`` that returns the backend called ``name``.
+
+    ``device`` is the engine's device string (``"cpu"``, ``"cuda:0"``, ...); a backend that
+    cannot run there refuses it with a ValueError.
 
     That is the one edit a new backend needs besides its class: ``LLM(attention_backend=name)``,
     ``EngineConfig``'s check and ``get_attn_backend`` read the names from here.
@@ -49,7 +53,7 @@ def register_attention_backend(name: str) -> Callable:
 
 
 @register_attention_backend("torch")
-def create_torch_backend() -> AttentionBackend:
+def create_torch_backend(device: str) -> AttentionBackend:
     """The reference: PyTorch's fused attention, on any device."""
     from .torch_backend import TorchAttentionBackend
 
@@ -57,7 +61,7 @@ def create_torch_backend() -> AttentionBackend:
 
 
 @register_attention_backend("triton")
-def create_triton_backend() -> AttentionBackend:
+def create_triton_backend(device: str) -> AttentionBackend:
     """The Triton kernels of :mod:`kernels` (compiled on a GPU, interpreted on a CPU)."""
     if not _triton_available():
         raise ValueError(
@@ -70,8 +74,10 @@ def create_triton_backend() -> AttentionBackend:
 
 
 @register_attention_backend("cpu")
-def create_cpu_backend() -> AttentionBackend:
+def create_cpu_backend(device: str) -> AttentionBackend:
     """The torch backend with decode attention in C (:mod:`kernels.paged_attention_cpu`)."""
+    if _device_type(device) != "cpu":
+        raise ValueError(f"attention_backend='cpu' runs on the CPU, but the engine's device is {device!r}")
     from kernels import paged_attention_cpu
 
     if not paged_attention_cpu.available():
@@ -90,14 +96,19 @@ def attention_backend_names() -> tuple[str, ...]:
 
 
 def get_attn_backend(name: str = "auto", device: str = "cpu") -> AttentionBackend:
-    """Return the attention backend called ``name`` (ValueError for unknown names)."""
+    """Return the attention backend called ``name`` for ``device`` (ValueError for unknown names,
+    and for a backend that cannot run on ``device``)."""
+    device = str(device)
     if name == "auto":
-        name = "triton" if str(device).startswith("cuda") and _triton_available() else "torch"
+        name = "triton" if _device_type(device) == "cuda" and _triton_available() else "torch"
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention_backend {name!r}; expected {one_of(attention_backend_names())}")
-    if name == "cpu" and not str(device).startswith("cpu"):
-        raise ValueError(f"attention_backend='cpu' runs on the CPU, but the engine's device is {device!r}")
-    return ATTENTION_BACKENDS[name]()
+    return ATTENTION_BACKENDS[name](device)
+
+
+def _device_type(device: str) -> str:
+    """``"cuda:1"`` -> ``"cuda"`` (this module reads device strings without importing torch)."""
+    return device.split(":", 1)[0]
 
 
 def _triton_available() -> bool:
