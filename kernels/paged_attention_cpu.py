@@ -15,8 +15,8 @@ goes to per-call overhead and the gather copies (``benchmarks/README.md``,
 
 The C file is compiled once per machine with the system's C compiler (``cc``,
 or ``$CC``) into ``~/.cache/mini_vllm`` (or ``$MINI_VLLM_CACHE_DIR``; a private
-temporary folder when the home cannot be written) and loaded with :mod:`ctypes`; no
-PyTorch headers, so it takes under a second.
+temporary folder when the home cannot be written) and loaded with :mod:`ctypes`
+(:mod:`kernels._c_build`); no PyTorch headers, so it takes under a second.
 :func:`available` says whether that worked (no compiler: False, and the reason
 in :func:`unavailable_reason`); the ``cpu`` attention backend needs it.
 """
@@ -25,26 +25,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import numbers
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
+from ._c_build import load_library
 from ._validate import check_attention, check_sliding_window
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
-
-# -O3 with the CPU's own vector instructions; -ffast-math lets the compiler reorder the
-# float32 sums into vector lanes and use its vector exp (the rounding of any blocked sum:
-# tests/test_kernels_attention_cpu.py holds it to the reference within 1e-5).
-CFLAGS = ["-O3", "-march=native", "-ffast-math"]
 
 # The C function's negative return codes (paged_attention_cpu.c).
 _ERRORS = {
@@ -55,76 +44,15 @@ _ERRORS = {
 }
 
 
-def _cache_dir() -> Path:
-    """Where the compiled library goes, as an absolute path (``dlopen`` reads a bare name as a system library)."""
-    return Path(os.environ.get("MINI_VLLM_CACHE_DIR") or Path.home() / ".cache" / "mini_vllm").absolute()
-
-
-def _compiler() -> list[str] | None:
-    """The compiler command: ``$CC`` split as make splits it (``CC="ccache gcc"``), else cc, gcc or clang."""
-    if os.environ.get("CC"):
-        return shlex.split(os.environ["CC"])
-    found = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    return [found] if found else None
-
-
-def _cpu_flags() -> str:
-    """What -march=native compiles for: the CPU's feature flags (a shared home may serve several CPUs)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _build(compiler: list[str], library: Path) -> None:
-    """Compile ``SOURCE`` into ``library``; raises OSError or SubprocessError."""
-    library.parent.mkdir(parents=True, exist_ok=True)
-    # Compile to a private name, then rename: two processes compiling at once never load half a file.
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        built, obj = Path(tmp) / library.name, Path(tmp) / "kernel.o"
-        # Compiled with CFLAGS, linked without them: gcc links a shared library made with
-        # -ffast-math against crtfastmath.o, which would switch the whole process (PyTorch
-        # included) to flushing tiny floats to zero as soon as the library is loaded.
-        for command in (
-            [*compiler, *CFLAGS, "-fPIC", "-c", str(SOURCE), "-o", str(obj)],
-            [*compiler, "-shared", str(obj), "-o", str(built), "-lm"],
-        ):
-            subprocess.run(command, check=True, capture_output=True, text=True, timeout=120)
-        os.replace(built, library)
-
-
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source, compiler and CPU) and load the C kernel: ``(library, "")`` or ``(None, why not)``."""
-    compiler = _compiler()
-    if not compiler:
-        return None, "no C compiler found (install gcc, or set CC)"
-    parts = [SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(CFLAGS).encode(), _cpu_flags().encode()]
-    name = f"paged_attention_cpu-{hashlib.sha256(b'-'.join(parts)).hexdigest()[:16]}.so"
-    library = _cache_dir() / name
-    try:
-        try:
-            if not library.exists():
-                _build(compiler, library)
-        except OSError:
-            if os.environ.get("MINI_VLLM_CACHE_DIR"):
-                raise  # the folder the user chose: say so
-            # The default folder cannot be written (a read-only home): a private folder of this process.
-            library = Path(tempfile.mkdtemp(prefix="mini_vllm-")) / name
-            _build(compiler, library)
-        lib = ctypes.CDLL(str(library))
-    except subprocess.SubprocessError as error:
-        detail = getattr(error, "stderr", "") or str(error)
-        return None, f"compiling {SOURCE.name} failed: {detail.strip()[:500]}"
-    except OSError as error:  # no such compiler, a cache folder that cannot be written, a library that cannot load
-        return None, f"building or loading {library} failed: {error}"
-    function = lib.paged_attention_f32
-    function.restype = ctypes.c_int
-    function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
-    return lib, ""
+    lib, why_not = load_library(SOURCE)
+    if lib is not None:
+        function = lib.paged_attention_f32
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
+    return lib, why_not
 
 
 def available() -> bool:
