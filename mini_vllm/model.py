@@ -342,16 +342,23 @@ class RMSNorm(nn.Module):
     order as ``transformers``, so bfloat16 runs round the same way.
     """
 
+    kernel = None  # None: rms_norm below; CausalLM.use_fused_cpu_ops sets the C version
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return (self.kernel or rms_norm)(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:class:`RMSNorm`'s formula: ``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
 
 
 # Below this many rows (a decode step of one to three sequences) the plain multiply, MKL's
@@ -453,6 +460,8 @@ def apply_rotary_pos_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 class Attention(nn.Module):
     """Grouped-query self-attention over the paged KV cache."""
 
+    rotary_kernel = None  # None: apply_rotary_pos_emb; CausalLM.use_fused_cpu_ops sets the C version (in place)
+
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
         super().__init__()
         self.num_heads = config.num_heads
@@ -488,7 +497,7 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])), dim=1)
-        q, k = apply_rotary_pos_emb(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
+        q, k = (self.rotary_kernel or apply_rotary_pos_emb)(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)
         # The backend writes k and v into this step's cache slots, then each
         # sequence's queries attend over its whole context in the cache --
         # the cached prefix and the tokens just written.
@@ -499,6 +508,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
 
+    kernel = None  # None: silu_and_mul below; CausalLM.use_fused_cpu_ops sets the C version
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden, inter = config.hidden_size, config.intermediate_size
@@ -507,8 +518,13 @@ class MLP(nn.Module):
         self.down_proj = Linear(inter, hidden, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return self.down_proj((self.kernel or silu_and_mul)(self.gate_up_proj(x)))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate, ``silu(gate) * up``, from ``gate_up_proj``'s output ``[..., gate | up]``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return nn.functional.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
@@ -595,6 +611,30 @@ class CausalLM(nn.Module):
         for other dtypes, or where this PyTorch has no oneDNN.
         """
         return sum(module.pack_for_cpu() for module in self.modules() if isinstance(module, Linear))
+
+    def use_fused_cpu_ops(self) -> bool:
+        """Run RMSNorm, RoPE and SwiGLU's gate as fused C kernels (:mod:`kernels.fused_ops_cpu`).
+
+        The same numbers up to float rounding, in one pass each instead of several
+        PyTorch calls: what vLLM's CPU backend does, and what the ``cpu`` attention
+        backend asks for. Returns False (and nothing changes) off the CPU, for other
+        dtypes, or where the C file cannot be built.
+        """
+        weight = self.model.embed_tokens.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        from kernels import fused_ops_cpu
+
+        if not fused_ops_cpu.available():
+            return False
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = fused_ops_cpu.rms_norm
+            elif isinstance(module, MLP):
+                module.kernel = fused_ops_cpu.silu_and_mul
+            elif isinstance(module, Attention):
+                module.rotary_kernel = fused_ops_cpu.rotary_embedding_
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits (float32) for the rows of ``hidden`` you need.
@@ -706,8 +746,10 @@ __all__ = [
     "ModelConfig",
     "CausalLM",
     "RMSNorm",
+    "rms_norm",
     "RotaryEmbedding",
     "apply_rotary_pos_emb",
+    "silu_and_mul",
     "Linear",
     "STACKED_PARAMS",
     "stack_checkpoint",

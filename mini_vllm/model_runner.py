@@ -93,6 +93,8 @@ class ModelRunner:
         # (model.Linear; ~1.5-2.5x faster matrix multiplies, a second copy of the weights).
         if device.type == "cpu" and dtype == torch.float32:
             model.pack_linear_weights_for_cpu()
+            if self.attn_backend.fused_cpu_ops:  # the ``cpu`` backend: norms, RoPE and SwiGLU's gate in C too
+                model.use_fused_cpu_ops()
         self.config = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine_invariants import assert_nothing_leaked
+from kernels import fused_ops_cpu
 from kernels import paged_attention_cpu as cpu_kernel
 from kernels import reference
 from kernels.paged_attention_cpu import paged_attention_cpu
@@ -170,6 +171,7 @@ def test_without_a_compiler_the_backend_says_why(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         cpu_kernel._load.cache_clear()
+        fused_ops_cpu._load.cache_clear()  # get_attn_backend("cpu") may have tried it too
     assert cpu_kernel.available()
 
 
@@ -180,6 +182,7 @@ def fresh_build(monkeypatch):
     yield monkeypatch
     monkeypatch.undo()
     cpu_kernel._load.cache_clear()
+    fused_ops_cpu._load.cache_clear()
 
 
 def test_a_cache_folder_that_cannot_be_written_is_a_reason_not_a_traceback(fresh_build, tmp_path):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,11 +60,12 @@ def test_every_bundled_model_folder_ships_in_the_package():
         assert f"{folder}/*" in patterns, f"mini_vllm/{folder}/ is not in pyproject's package-data"
 
 
-def test_the_c_kernel_source_ships_in_the_package():
-    """The cpu attention backend compiles kernels/paged_attention_cpu.c on first use: an installed
-    (non-editable) mini-vLLM needs the file beside its Python module."""
-    from kernels import paged_attention_cpu
+@pytest.mark.parametrize("module", ["paged_attention_cpu", "fused_ops_cpu"])
+def test_the_c_kernel_sources_ship_in_the_package(module):
+    """The cpu attention backend compiles kernels/paged_attention_cpu.c and kernels/fused_ops_cpu.c
+    on first use: an installed (non-editable) mini-vLLM needs the files beside their Python modules."""
+    source = importlib.import_module(f"kernels.{module}").SOURCE
 
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert paged_attention_cpu.SOURCE.suffix == ".c" and paged_attention_cpu.SOURCE.parent.name == "kernels"
-    assert any(Path(paged_attention_cpu.SOURCE.name).match(pattern) for pattern in package_data["kernels"])
+    assert source.suffix == ".c" and source.parent.name == "kernels" and source.is_file()
+    assert any(Path(source.name).match(pattern) for pattern in package_data["kernels"])

@@ -255,6 +255,20 @@ def test_torch_backend_greedy_equals_transformers_batched_and_alone(models, tran
     llm.llm_engine.kv_cache_manager.check_invariants()
 
 
+@needs_real_model
+def test_cpu_backend_greedy_equals_transformers_batched_and_alone(models, transformers_greedy):
+    """The CPU's fast path on a Llama: decode attention, RMSNorm, RoPE and SwiGLU's gate in C."""
+    _, _, tokenizer = models
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    llm = LLM(REAL_MODEL, dtype="float32", attention_backend="cpu", num_blocks=64)
+    assert llm.llm_engine.model_runner.model.model.norm.kernel is not None
+    alone = greedy(llm, prompts, MAX_TOKENS, batched=False)
+    batched = greedy(llm, prompts, MAX_TOKENS, batched=True)
+    assert [o.outputs[0].token_ids for o in alone] == transformers_greedy
+    assert [o.outputs[0].token_ids for o in batched] == transformers_greedy
+    llm.llm_engine.kv_cache_manager.check_invariants()
+
+
 # Raw text for the interpreted Triton run: short (19 tokens) and sharing one whole block.
 TRITON_PREFIX = "The capital of France is Paris. The capital of Italy is Rome. The capital of"
 TRITON_PROMPTS = [TRITON_PREFIX + " Spain is", TRITON_PREFIX + " Germany is"]

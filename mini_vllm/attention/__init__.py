@@ -2,9 +2,9 @@
 
 ``get_attn_backend(name)`` returns a backend by name: ``"torch"`` (the reference,
 always available), ``"triton"`` (the kernels in :mod:`kernels`; needs Triton),
-``"cpu"`` (the torch backend with decode attention in C, for speed on a CPU; needs
-a C compiler), or ``"auto"`` (Triton on a CUDA device, the torch reference
-otherwise: the readable path the chapters show).
+``"cpu"`` (the torch backend with decode attention in C, and the model's element-wise
+operations in C too, for speed on a CPU; needs a C compiler), or ``"auto"`` (Triton
+on a CUDA device, the torch reference otherwise: the readable path the chapters show).
 
 Each backend is one function registered with ``@register_attention_backend(name)``
 below, which imports its class only when it is called: this module loads
@@ -75,16 +75,18 @@ def create_triton_backend(device: str) -> AttentionBackend:
 
 @register_attention_backend("cpu")
 def create_cpu_backend(device: str) -> AttentionBackend:
-    """The torch backend with decode attention in C (:mod:`kernels.paged_attention_cpu`)."""
+    """The torch backend with decode attention in C (:mod:`kernels.paged_attention_cpu`), and
+    the model's norms, RoPE and SwiGLU's gate in C too (:mod:`kernels.fused_ops_cpu`)."""
     if _device_type(device) != "cpu":
         raise ValueError(f"attention_backend='cpu' runs on the CPU, but the engine's device is {device!r}")
-    from kernels import paged_attention_cpu
+    from kernels import fused_ops_cpu, paged_attention_cpu
 
-    if not paged_attention_cpu.available():
-        raise ValueError(
-            f"attention_backend='cpu' needs its C kernel, which could not be built here "
-            f"({paged_attention_cpu.unavailable_reason()}); use attention_backend='torch'"
-        )
+    for module in (paged_attention_cpu, fused_ops_cpu):
+        if not module.available():
+            raise ValueError(
+                f"attention_backend='cpu' needs its C kernels, which could not be built here "
+                f"({module.unavailable_reason()}); use attention_backend='torch'"
+            )
     from .cpu_backend import CpuAttentionBackend
 
     return CpuAttentionBackend()

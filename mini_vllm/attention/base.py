@@ -84,6 +84,9 @@ class AttentionBackend(ABC):
     """
 
     name: str = "abstract"
+    # True: the model runs its element-wise operations (RMSNorm, RoPE, SwiGLU's gate) as fused
+    # C kernels too (CausalLM.use_fused_cpu_ops): the ``cpu`` backend, the CPU's fast path.
+    fused_cpu_ops: bool = False
 
     @abstractmethod
     def store_kv(

@@ -10,7 +10,12 @@ the whole batch (as vLLM's CPU backend does in C++). Prefill steps, and other
 dtypes or devices, stay the torch backend's: a prefill's attention is already
 PyTorch's fused flash kernel, which this loop would not beat.
 
-The C file is compiled on first use with the machine's C compiler; asking for
+It is the CPU's fast path as a whole: with this backend the model also runs
+RMSNorm, RoPE and SwiGLU's gate as fused C kernels (``fused_cpu_ops``;
+:mod:`kernels.fused_ops_cpu`, what vLLM's CPU backend does in C++), where the
+readable path makes several PyTorch calls of each.
+
+The C files are compiled on first use with the machine's C compiler; asking for
 this backend where that failed is a ValueError naming the reason.
 """
 
@@ -28,6 +33,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
     """``store_kv`` and prefill as the torch backend; an all-decode float32 CPU batch in C."""
 
     name = "cpu"
+    fused_cpu_ops = True
 
     def attention(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         in_c = query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.float32

@@ -1,0 +1,65 @@
+/* The decoder layer's small operations, each fused into one pass, in C for the CPU (chapter 07).
+ *
+ * Between its matrix multiplies a decoder layer runs a handful of element-wise
+ * operations: RMSNorm (twice), RoPE on the query and key heads, and SwiGLU's
+ * silu(gate) * up. In PyTorch each is several calls (RMSNorm
+ * alone is pow, mean, add, rsqrt, two multiplies), and in a decode step of a few
+ * tokens each call costs more in overhead than in arithmetic. vLLM's CPU backend
+ * runs them as fused C++ operations (rms_norm, rotary_embedding, silu_and_mul);
+ * these are the same three, one pass over the data each. The readable
+ * definitions are mini_vllm/model.py's rms_norm, apply_rotary_pos_emb and
+ * silu_and_mul: tests/test_kernels_fused_ops_cpu.py holds these functions to them.
+ *
+ * Everything is float32, rows contiguous unless a stride is given.
+ */
+
+#include <math.h>
+#include <stdint.h>
+
+/* One row: out = x / sqrt(mean(x^2) + eps) * weight. */
+static inline void rms_norm_row(float *out, const float *x, const float *weight, int64_t dim, float eps) {
+    float sum_sq = 0.0f;
+    for (int64_t i = 0; i < dim; i++) sum_sq += x[i] * x[i];
+    const float inv_rms = 1.0f / sqrtf(sum_sq / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) out[i] = weight[i] * (x[i] * inv_rms);
+}
+
+/* out[r] = rms_norm(x[r]) for each of `rows` rows of `dim`. */
+void rms_norm_f32(float *out, const float *x, const float *weight, int64_t rows, int64_t dim, float eps) {
+    for (int64_t r = 0; r < rows; r++) rms_norm_row(out + r * dim, x + r * dim, weight, dim, eps);
+}
+
+/* SwiGLU's gate: out[r][i] = silu(gate_up[r][i]) * gate_up[r][inter + i],
+ * silu(g) = g / (1 + exp(-g)); gate_up rows are [gate | up], 2 * inter wide.
+ * exp's argument is capped at 88 (exp(88) ~ 1.7e38, the largest float32 power of e):
+ * -ffast-math assumes no infinity, so a very negative g must not overflow exp. It still
+ * gives ~0, as silu(g) is for g below -88. */
+void silu_and_mul_f32(float *out, const float *gate_up, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        float *o = out + r * inter;
+        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.0f + expf(fminf(-gate[i], 88.0f))) * up[i];
+    }
+}
+
+/* RoPE in place, the half-split layout: for each of the `heads` heads of token t (head h
+ * at x + t * row_stride + h * head_dim), pair (i, i + D/2) turns by its angle:
+ *   x1' = x1 * cos - x2 * sin,  x2' = x2 * cos + x1 * sin,
+ * with cos/sin [num_tokens, head_dim] as RotaryEmbedding makes them (the angle of pair i
+ * repeated at i + D/2). row_stride lets x be the query and key heads inside the fused
+ * qkv projection's output, rotated where they lie. */
+void rotary_f32(float *x, const float *cos, const float *sin, int64_t num_tokens, int64_t heads, int64_t head_dim,
+                int64_t row_stride) {
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *c = cos + t * head_dim, *s = sin + t * head_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            float *x1 = x + t * row_stride + h * head_dim, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[half + i] + a * s[half + i];
+            }
+        }
+    }
+}

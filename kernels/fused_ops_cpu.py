@@ -1,0 +1,118 @@
+"""The decoder layer's element-wise operations, each one fused pass in C, for the CPU (chapter 07).
+
+``rms_norm``, ``rotary_embedding_`` and ``silu_and_mul`` compute what
+:func:`mini_vllm.model.rms_norm`, :func:`mini_vllm.model.apply_rotary_pos_emb` and
+:func:`mini_vllm.model.silu_and_mul` compute (the readable definitions, which the
+tests hold these to), for float32 tensors on the CPU. The loops are
+``fused_ops_cpu.c``, beside this file.
+
+Why: in a decode step of a few tokens, each PyTorch call costs more in overhead
+than in arithmetic, and RMSNorm alone is six of them (``pow``, ``mean``, ``add``,
+``rsqrt``, two multiplies); RoPE is five, SwiGLU's gate three. vLLM's CPU backend
+runs the same three operations as fused C++ kernels. The ``cpu`` attention
+backend turns these on for the whole model (:meth:`mini_vllm.model.CausalLM.use_fused_cpu_ops`);
+the chapters run the readable ones.
+
+Compiled on first use as :mod:`kernels.paged_attention_cpu` is (:mod:`kernels._c_build`);
+:func:`available` says whether that worked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from ._c_build import load_library
+
+SOURCE = Path(__file__).with_name("fused_ops_cpu.c")
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {
+    "rms_norm_f32": [_P, _P, _P, _I, _I, _F],
+    "silu_and_mul_f32": [_P, _P, _I, _I],
+    "rotary_f32": [_P, _P, _P, _I, _I, _I, _I],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    """Compile (once per source, compiler and CPU) and load the C file: ``(library, "")`` or ``(None, why not)``."""
+    lib, why_not = load_library(SOURCE)
+    if lib is not None:
+        for name, argtypes in _SIGNATURES.items():
+            function = getattr(lib, name)
+            function.restype, function.argtypes = None, argtypes
+    return lib, why_not
+
+
+def available() -> bool:
+    """True when the C file compiled and loaded on this machine."""
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ("" when it is True)."""
+    return _load()[1]
+
+
+def _library(function: str, **tensors: torch.Tensor) -> ctypes.CDLL:
+    """The loaded library, after checking that every tensor is float32 on the CPU (ValueError naming it)."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
+            raise ValueError(f"{function} takes float32 CPU tensors, but {name} is {tensor.dtype} on {tensor.device}")
+    lib, why_not = _load()
+    if lib is None:
+        raise RuntimeError(f"the C element-wise kernels are unavailable: {why_not}")
+    return lib
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dimension; a new tensor of ``x``'s shape."""
+    lib = _library("rms_norm", x=x, weight=weight)
+    dim = x.shape[-1] if x.dim() else 0
+    if weight.shape != (dim,):
+        raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({dim},) for x {tuple(x.shape)}")
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    lib.rms_norm_f32(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // max(dim, 1), dim, float(eps))
+    return out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: ``silu(gate) * up`` where ``gate_up = [gate | up]`` along the last dimension."""
+    lib = _library("silu_and_mul", gate_up=gate_up)
+    width = gate_up.shape[-1] if gate_up.dim() else 1
+    if width % 2:
+        raise ValueError(f"silu_and_mul: the last dimension ({width}) must hold gate and up, two equal halves")
+    gate_up = gate_up.contiguous()
+    out = gate_up.new_empty(*gate_up.shape[:-1], width // 2)
+    lib.silu_and_mul_f32(out.data_ptr(), gate_up.data_ptr(), out.numel() // max(width // 2, 1), width // 2)
+    return out
+
+
+def rotary_embedding_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate every head of ``x`` ``[n, heads, D]`` by RoPE's angles, in place; returns ``x``.
+
+    ``cos``, ``sin``: ``[n, 1, D]`` (or ``[n, D]``) as :class:`mini_vllm.model.RotaryEmbedding`
+    makes them. ``x``'s heads must be contiguous (strides ``(any, D, 1)``), so that ``x`` can
+    be the query and key heads where they lie in the fused qkv projection's output.
+    """
+    lib = _library("rotary_embedding_", x=x, cos=cos, sin=sin)
+    if x.dim() != 3:
+        raise ValueError(f"rotary_embedding_: x must be [tokens, heads, head_dim], got shape {tuple(x.shape)}")
+    n, heads, head_dim = x.shape
+    if head_dim % 2 or x.stride(2) != 1 or x.stride(1) != head_dim:
+        raise ValueError(
+            f"rotary_embedding_: x's heads must be contiguous with an even head_dim, "
+            f"got shape {tuple(x.shape)}, strides {x.stride()}"
+        )
+    if cos.numel() != n * head_dim or sin.numel() != n * head_dim:
+        raise ValueError(f"rotary_embedding_: cos and sin must hold [{n}, {head_dim}] angles, got {tuple(cos.shape)}")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    lib.rotary_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, head_dim, x.stride(0))
+    return x
