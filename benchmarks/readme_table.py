@@ -119,7 +119,7 @@ def table(results: dict) -> str:
         lines.append(
             f"| {name}: decode step, 1 request | {r['decode_step_ms']:.1f} ms = **{r['decode_vs_floor']:.2f}×** the floor "
             f"of reading every weight once ({r['weight_bytes'] / 1e6:.0f} MB at {r['memory_bandwidth_gbs']:.0f} GB/s = "
-            f"{r['weights_read_floor_ms']:.1f} ms) | {goal} |"
+            f"{r['weights_read_floor_ms']:.1f} ms{_rounds(r, 'decode_vs_floor_range')}) | {goal} |"
         )
     for name, r in results.get("serving", {}).items():
         vllm_config = "vLLM's OpenAI server, eager, 1 thread" if "vllm_throughput_tok_s" in r else "no vLLM measured"

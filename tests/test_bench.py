@@ -35,7 +35,13 @@ FIXED_KEYS = {
     "block_manager": {"admit_free_us", "decode_step_us", "free_us", "vllm", "ratio_vs_vllm"},
 }
 # Per model, keyed by the model's folder name.
-ROOFLINE_KEYS = {"decode_step_ms": float, "weights_read_floor_ms": float, "decode_vs_floor": float, "weight_bytes": int}
+ROOFLINE_KEYS = {
+    "decode_step_ms": float,
+    "weights_read_floor_ms": float,
+    "decode_vs_floor": float,
+    "decode_vs_floor_range": list,
+    "weight_bytes": int,
+}
 VS_VLLM_KEYS = {
     "vllm_version": str,
     "threads": int,
