@@ -10,6 +10,12 @@
  * definitions are mini_vllm/model.py's rms_norm, apply_rotary_pos_emb and
  * silu_and_mul: tests/test_kernels_fused_ops_cpu.py holds these functions to them.
  *
+ * And one that is not element-wise: a projection of one to three rows (a decode step
+ * of one to three sequences) as plain dot products, one weight row at a time. Such a
+ * multiply only streams the weight from memory; on CPUs where MKL's matrix-vector path
+ * does not run at the memory's speed (measured on AMD EPYC: benchmarks/README.md),
+ * this loop does.
+ *
  * Everything is float32, rows contiguous unless a stride is given.
  */
 
@@ -60,6 +66,22 @@ void rotary_f32(float *x, const float *cos, const float *sin, int64_t num_tokens
                 x1[i] = a * c[i] - b * s[i];
                 x2[i] = b * c[half + i] + a * s[half + i];
             }
+        }
+    }
+}
+
+/* y[r] = weight @ x[r] (+ bias) for `rows` rows: weight [out, in] row-major as nn.Linear
+ * keeps it, x [rows, in], y [rows, out]. Each weight row is read once and used for every
+ * x row while it is in cache; the x rows (a few KB) stay in L1. */
+void linear_f32(float *y, const float *x, const float *weight, const float *bias, int64_t rows, int64_t in,
+                int64_t out) {
+    for (int64_t o = 0; o < out; o++) {
+        const float *w = weight + o * in;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * in;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < in; i++) acc += w[i] * xr[i];
+            y[r * out + o] = bias ? acc + bias[o] : acc;
         }
     }
 }

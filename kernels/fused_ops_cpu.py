@@ -13,6 +13,10 @@ runs the same three operations as fused C++ kernels. The ``cpu`` attention
 backend turns these on for the whole model (:meth:`mini_vllm.model.CausalLM.use_fused_cpu_ops`);
 the chapters run the readable ones.
 
+``linear`` is the odd one out: ``nn.functional.linear`` for a few rows, as plain dot
+products streaming the weight (the model uses it below ``PACKED_MIN_ROWS`` rows, where
+on some CPUs MKL's matrix-vector path reads the weight well below memory speed).
+
 Compiled on first use as :mod:`kernels.paged_attention_cpu` is (:mod:`kernels._c_build`);
 :func:`available` says whether that worked.
 """
@@ -34,6 +38,7 @@ _SIGNATURES = {
     "rms_norm_f32": [_P, _P, _P, _I, _I, _F],
     "silu_and_mul_f32": [_P, _P, _I, _I],
     "rotary_f32": [_P, _P, _P, _I, _I, _I, _I],
+    "linear_f32": [_P, _P, _P, _P, _I, _I, _I],
 }
 
 
@@ -116,3 +121,22 @@ def rotary_embedding_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     cos, sin = cos.contiguous(), sin.contiguous()
     lib.rotary_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, head_dim, x.stride(0))
     return x
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``nn.functional.linear(x, weight, bias)`` for ``x`` ``[rows, in]``: meant for a few rows
+    (a decode step of one to three sequences), where the multiply only streams the weight."""
+    tensors = {"x": x, "weight": weight} | ({} if bias is None else {"bias": bias})
+    lib = _library("linear", **tensors)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} must be [rows, in] and [out, in]"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias has shape {tuple(bias.shape)}, expected ({weight.shape[0]},)")
+    x, weight = x.contiguous(), weight.contiguous()
+    bias = None if bias is None else bias.contiguous()  # kept alive until the call returns
+    bias_ptr = None if bias is None else bias.data_ptr()
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    lib.linear_f32(out.data_ptr(), x.data_ptr(), weight.data_ptr(), bias_ptr, x.shape[0], x.shape[1], weight.shape[0])
+    return out

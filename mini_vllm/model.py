@@ -377,7 +377,8 @@ class Linear(nn.Linear):
     this course's CPUs makes multiplies of a few rows and more ~1.5-2.5x faster
     (vLLM's CPU backend does the same). :meth:`pack_for_cpu` makes that copy
     (the model runner calls it once, after loading); inputs of fewer than
-    ``PACKED_MIN_ROWS`` rows keep the plain multiply, which is faster there.
+    ``PACKED_MIN_ROWS`` rows keep the plain multiply, which is faster there (or, with
+    the ``cpu`` backend, ``kernel``: a C loop of dot products, :func:`kernels.fused_ops_cpu.linear`).
     The parameter stays the source of truth: when it is replaced or changed in
     place (its version counter moves), the packed copy is ignored and the plain
     multiply runs.
@@ -385,6 +386,7 @@ class Linear(nn.Linear):
 
     packed_weight = None  # the oneDNN copy, or None
     _packed_from = None  # (the weight tensor it was made from, its version then)
+    kernel = None  # below PACKED_MIN_ROWS: None, the plain multiply; CausalLM.use_fused_cpu_ops sets the C loop
 
     def pack_for_cpu(self) -> bool:
         """Make the oneDNN copy of the weight; False (and nothing changes) where oneDNN cannot."""
@@ -404,6 +406,8 @@ class Linear(nn.Linear):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] < PACKED_MIN_ROWS and self.kernel is not None:
+            return self.kernel(x, self.weight, self.bias)
         if self.packed_weight is None or x.dim() != 2 or x.shape[0] < PACKED_MIN_ROWS:
             return super().forward(x)
         source, version = self._packed_from
@@ -613,7 +617,8 @@ class CausalLM(nn.Module):
         return sum(module.pack_for_cpu() for module in self.modules() if isinstance(module, Linear))
 
     def use_fused_cpu_ops(self) -> bool:
-        """Run RMSNorm, RoPE and SwiGLU's gate as fused C kernels (:mod:`kernels.fused_ops_cpu`).
+        """Run RMSNorm, RoPE and SwiGLU's gate as fused C kernels (:mod:`kernels.fused_ops_cpu`),
+        and projections of fewer than ``PACKED_MIN_ROWS`` rows as its plain C loop.
 
         The same numbers up to float rounding, in one pass each instead of several
         PyTorch calls: what vLLM's CPU backend does, and what the ``cpu`` attention
@@ -634,6 +639,8 @@ class CausalLM(nn.Module):
                 module.kernel = fused_ops_cpu.silu_and_mul
             elif isinstance(module, Attention):
                 module.rotary_kernel = fused_ops_cpu.rotary_embedding_
+            elif isinstance(module, Linear):
+                module.kernel = fused_ops_cpu.linear
         return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -172,12 +172,20 @@ def test_the_bundled_model_with_fused_ops_gives_the_readable_paths_hidden_states
     model = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
     cache = PagedCache(model.config)
     input_ids, positions, metadata = cache.step([("a", list(range(5, 45))), ("b", list(range(100, 107)))])
+    rows = torch.tensor([0, 39, 46])  # three rows: the logits take the C projection loop
     with torch.no_grad():
         expected = model(input_ids, positions, cache.kv_caches, metadata)
+        expected_logits = model.compute_logits(expected[rows])
         assert model.use_fused_cpu_ops() is True
         got = model(input_ids, positions, cache.kv_caches, metadata)
-    kernels = {type(m).__name__: m.kernel for m in model.modules() if isinstance(m, (M.RMSNorm, M.MLP))}
-    assert kernels == {"RMSNorm": fused_ops_cpu.rms_norm, "MLP": fused_ops_cpu.silu_and_mul}
+        got_logits = model.compute_logits(got[rows])
+    torch.testing.assert_close(got_logits, expected_logits, rtol=1e-4, atol=1e-4)
+    kernels = {type(m).__name__: m.kernel for m in model.modules() if isinstance(m, (M.RMSNorm, M.MLP, M.Linear))}
+    assert kernels == {
+        "RMSNorm": fused_ops_cpu.rms_norm,
+        "MLP": fused_ops_cpu.silu_and_mul,
+        "Linear": fused_ops_cpu.linear,
+    }
     assert model.model.layers[0].self_attn.rotary_kernel is fused_ops_cpu.rotary_embedding_
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -195,3 +203,37 @@ def test_only_the_cpu_backend_turns_them_on(backend, fused):
     llm = LLM(dtype="float32", num_blocks=16, attention_backend=backend)
     norm = llm.llm_engine.model_runner.model.model.norm
     assert (norm.kernel is fused_ops_cpu.rms_norm) is fused
+
+
+@pytest.mark.parametrize("rows, in_features, out_features", [(1, 576, 960), (3, 1536, 576), (2, 7, 5), (9, 64, 33)])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_linear_is_torchs(rows, in_features, out_features, bias):
+    x, weight = randn(rows, in_features, seed=11), randn(out_features, in_features, seed=12)
+    b = randn(out_features, seed=13) if bias else None
+    torch.testing.assert_close(
+        fused_ops_cpu.linear(x, weight, b), torch.nn.functional.linear(x, weight, b), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_linear_comparison_catches_a_transposed_weight():
+    x, weight = randn(2, 16, seed=14), randn(16, 16, seed=15)
+    assert not torch.allclose(fused_ops_cpu.linear(x, weight), torch.nn.functional.linear(x, weight.t()), atol=1e-3)
+
+
+def test_linear_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"x \(2, 5\) and weight \(3, 4\)"):
+        fused_ops_cpu.linear(torch.ones(2, 5), torch.ones(3, 4))
+    with pytest.raises(ValueError, match=r"bias has shape \(4,\), expected \(3,\)"):
+        fused_ops_cpu.linear(torch.ones(2, 4), torch.ones(3, 4), torch.ones(4))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])
+def test_a_projection_takes_the_c_loop_below_packed_min_rows_only(rows, monkeypatch):
+    """Below PACKED_MIN_ROWS rows the C loop; from there on the packed oneDNN copy (or the plain multiply)."""
+    layer = M.Linear(16, 8, bias=True)
+    layer.pack_for_cpu()
+    calls = []
+    monkeypatch.setattr(layer, "kernel", lambda *args: calls.append(args) or fused_ops_cpu.linear(*args), raising=False)
+    x = randn(rows, 16, seed=16)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+    assert len(calls) == (1 if rows < M.PACKED_MIN_ROWS else 0)

@@ -79,6 +79,7 @@ class BenchSettings:
     block_manager_requests: int = 400
     no_sharing_prompt_len: tuple[int, int] = (200, 400)
     shared_prefix_rounds: int = 15  # timed rounds of warm / cold / fresh TTFT per request
+    roofline_rounds: int = 15  # decode-step requests, each followed by a bandwidth measurement
     no_sharing_rounds: int = 9  # rounds of on, off, off, on (or off, on, on, off)
     vs_transformers_rounds: int = 5
     block_manager_rounds: int = 7  # mini-vLLM and each vLLM, interleaved
@@ -109,6 +110,7 @@ class BenchSettings:
             num_turns=4,
             block_manager_requests=100,
             shared_prefix_rounds=3,
+            roofline_rounds=3,
             no_sharing_rounds=3,
             vs_transformers_rounds=3,
             block_manager_rounds=3,
@@ -126,6 +128,7 @@ class BenchSettings:
             block_manager_requests=40,
             no_sharing_prompt_len=(100, 150),
             shared_prefix_rounds=2,
+            roofline_rounds=2,
             no_sharing_rounds=1,
             vs_transformers_rounds=1,
             block_manager_rounds=1,
@@ -145,6 +148,7 @@ class BenchSettings:
             max_tokens=8,
             num_turns=4,
             shared_prefix_rounds=2 if quick else 3,
+            roofline_rounds=2 if quick else 9,  # ~4 s each; its goal (<= 1.8x) is this model's
             no_sharing_rounds=3,
             vs_transformers_rounds=3,
         )
@@ -733,7 +737,7 @@ def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = Non
     num_tokens = 32
     params = SamplingParams(temperature=0, max_tokens=num_tokens, ignore_eos=True)
     steps, bandwidths, ratios = [], [], []
-    for _ in progress(range(max(2, args.shared_prefix_rounds)), "roofline"):
+    for _ in progress(range(max(2, args.roofline_rounds)), "roofline"):
         output = llm.generate([{"prompt_token_ids": _random_prompt(rng, vocab_size, 300)}], params)[0]
         metrics = output.metrics
         steps.append((metrics.finished_time - metrics.first_token_time) / (num_tokens - 1))
@@ -750,6 +754,7 @@ def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = Non
         "memory_bandwidth_gbs": bandwidth["bandwidth_gbs"],
         "copy_bandwidth_gbs": bandwidth["copy_gbs"],
         "read_bandwidth_gbs": bandwidth["read_gbs"],
+        "rounds": len(steps),
         "threads": torch.get_num_threads(),
         "batch_size": 1,
     }
