@@ -11,9 +11,10 @@ dtypes or devices, stay the torch backend's: a prefill's attention is already
 PyTorch's fused flash kernel, which this loop would not beat.
 
 It is the CPU's fast path as a whole: with this backend the model also runs
-RMSNorm, RoPE and SwiGLU's gate as fused C kernels (``fused_cpu_ops``;
-:mod:`kernels.fused_ops_cpu`, what vLLM's CPU backend does in C++), where the
-readable path makes several PyTorch calls of each.
+RMSNorm, RoPE and SwiGLU's gate as fused C kernels, and projections of one to
+three rows as a C loop (``fused_cpu_ops``; :mod:`kernels.fused_ops_cpu`, what
+vLLM's CPU backend does in C++), where the readable path makes several PyTorch
+calls of each.
 
 The C files are compiled on first use with the machine's C compiler; asking for
 this backend where that failed is a ValueError naming the reason.
