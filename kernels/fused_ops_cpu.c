@@ -37,14 +37,18 @@ void rms_norm_f32(float *out, const float *x, const float *weight, int64_t rows,
 
 /* SwiGLU's gate: out[r][i] = silu(gate_up[r][i]) * gate_up[r][inter + i],
  * silu(g) = g / (1 + exp(-g)); gate_up rows are [gate | up], 2 * inter wide.
- * exp's argument is capped at 88 (exp(88) ~ 1.7e38, the largest float32 power of e):
- * -ffast-math assumes no infinity, so a very negative g must not overflow exp. It still
- * gives ~0, as silu(g) is for g below -88. */
+ * Below g = -88, exp(-g) overflows float32 (exp(88) ~ 1.7e38): PyTorch's formula then
+ * divides by infinity and gives 0, but -ffast-math assumes no infinity, so 0 is written
+ * out (the exact value there is below 2e-36). */
 void silu_and_mul_f32(float *out, const float *gate_up, int64_t rows, int64_t inter) {
     for (int64_t r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
         float *o = out + r * inter;
-        for (int64_t i = 0; i < inter; i++) o[i] = gate[i] / (1.0f + expf(fminf(-gate[i], 88.0f))) * up[i];
+        for (int64_t i = 0; i < inter; i++) {
+            const float g = gate[i];
+            const float silu = g < -88.0f ? 0.0f : g / (1.0f + expf(-g));
+            o[i] = silu * up[i];
+        }
     }
 }
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import numbers
 from pathlib import Path
 
 import torch
@@ -63,13 +65,25 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types whose data_ptr() is their memory
+
+
 def _library(function: str, **tensors: torch.Tensor) -> ctypes.CDLL:
-    """The loaded library, after checking that every tensor is float32 on the CPU (ValueError naming it)."""
+    """The loaded library, after checking that every tensor is a plain float32 CPU tensor with its
+    data in memory, and not one autograd tracks (ValueError naming it): the C code reads raw pointers."""
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
         if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
             raise ValueError(f"{function} takes float32 CPU tensors, but {name} is {tensor.dtype} on {tensor.device}")
+        if type(tensor) not in _PLAIN or tensor.layout != torch.strided or tensor.is_nested:
+            raise ValueError(
+                f"{function}: {name} must be a plain dense tensor (not sparse, nested, fake or a subclass)"
+            )
+        if tensor.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{function} is for inference (no autograd), but {name} requires grad: call it under torch.no_grad()"
+            )
     lib, why_not = _load()
     if lib is None:
         raise RuntimeError(f"the C element-wise kernels are unavailable: {why_not}")
@@ -79,12 +93,16 @@ def _library(function: str, **tensors: torch.Tensor) -> ctypes.CDLL:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last dimension; a new tensor of ``x``'s shape."""
     lib = _library("rms_norm", x=x, weight=weight)
-    dim = x.shape[-1] if x.dim() else 0
+    if x.dim() == 0:
+        raise ValueError("rms_norm: x must have at least one dimension (the one normalised)")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"rms_norm: eps must be a finite number >= 0, got {eps!r}")
+    dim = x.shape[-1]
     if weight.shape != (dim,):
         raise ValueError(f"rms_norm: weight has shape {tuple(weight.shape)}, expected ({dim},) for x {tuple(x.shape)}")
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
-    lib.rms_norm_f32(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // max(dim, 1), dim, float(eps))
+    lib.rms_norm_f32(out.data_ptr(), x.data_ptr(), weight.data_ptr(), x.numel() // max(dim, 1), dim, eps)
     return out
 
 
@@ -116,8 +134,16 @@ def rotary_embedding_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
             f"rotary_embedding_: x's heads must be contiguous with an even head_dim, "
             f"got shape {tuple(x.shape)}, strides {x.stride()}"
         )
-    if cos.numel() != n * head_dim or sin.numel() != n * head_dim:
-        raise ValueError(f"rotary_embedding_: cos and sin must hold [{n}, {head_dim}] angles, got {tuple(cos.shape)}")
+    if n > 1 and x.stride(0) < heads * head_dim:
+        raise ValueError(
+            f"rotary_embedding_: x's tokens overlap in memory (strides {x.stride()}): each must be its own"
+        )
+    angles = ((n, 1, head_dim), (n, head_dim))
+    if tuple(cos.shape) not in angles or tuple(sin.shape) not in angles:
+        raise ValueError(
+            f"rotary_embedding_: cos and sin must be [{n}, 1, {head_dim}] or [{n}, {head_dim}], "
+            f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     cos, sin = cos.contiguous(), sin.contiguous()
     lib.rotary_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), n, heads, head_dim, x.stride(0))
     return x

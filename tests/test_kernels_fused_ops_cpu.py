@@ -144,6 +144,47 @@ def clear_build_caches():
     paged_attention_cpu._load.cache_clear()
 
 
+def test_silu_and_mul_of_gates_past_exps_range_is_zero_as_torchs():
+    """exp(-g) overflows float32 below g = -88: PyTorch's formula gives 0 there; -ffast-math
+    assumes no infinity, so the kernel must not compute it."""
+    gate_up = torch.tensor([[-3e38, -1e30, -100.0, -89.0, 1.0, 1e10, 1e30, 2.0]])
+    torch.testing.assert_close(fused_ops_cpu.silu_and_mul(gate_up), silu_and_mul(gate_up))
+
+
+def test_what_the_c_code_cannot_read_is_refused():
+    """Raw pointers need dense tensors with their data in memory, and no autograd."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # data_ptr() is 0: the C code would write through a null pointer
+        fake = torch.randn(2, 4)
+        with pytest.raises(ValueError, match="x must be a plain dense tensor"):
+            fused_ops_cpu.rms_norm(fake, torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match="gate_up must be a plain dense tensor"):
+        fused_ops_cpu.silu_and_mul(torch.ones(2, 4).to_sparse())
+    weight = torch.ones(4, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="linear is for inference .* weight requires grad"):
+        fused_ops_cpu.linear(torch.ones(1, 4), weight)
+    with torch.no_grad():
+        fused_ops_cpu.linear(torch.ones(1, 4), weight)
+
+
+@pytest.mark.parametrize("eps", [None, "1e-6", float("nan"), float("inf"), -1.0, True])
+def test_rms_norm_names_a_bad_eps(eps):
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        fused_ops_cpu.rms_norm(torch.ones(2, 4), torch.ones(4), eps)
+
+
+def test_rotary_refuses_tokens_that_overlap_and_angles_of_the_wrong_shape():
+    x = torch.randn(1, 2, 4).expand(3, 2, 4)  # three tokens on one row of memory
+    cos, sin = torch.ones(3, 1, 4), torch.zeros(3, 1, 4)
+    with pytest.raises(ValueError, match="tokens overlap in memory"):
+        fused_ops_cpu.rotary_embedding_(x, cos, sin)
+    with pytest.raises(ValueError, match=r"cos and sin must be \[3, 1, 4\] or \[3, 4\], got \(4, 3\)"):
+        fused_ops_cpu.rotary_embedding_(torch.randn(3, 2, 4), cos.reshape(3, 4).t(), sin.reshape(3, 4).t())
+    with pytest.raises(ValueError, match="x must have at least one dimension"):
+        fused_ops_cpu.rms_norm(torch.tensor(3.0), torch.ones(0), 1e-6)
+
+
 def test_without_a_compiler_the_cpu_backend_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("MINI_VLLM_CACHE_DIR", str(tmp_path))
@@ -235,5 +276,7 @@ def test_a_projection_takes_the_c_loop_below_packed_min_rows_only(rows, monkeypa
     calls = []
     monkeypatch.setattr(layer, "kernel", lambda *args: calls.append(args) or fused_ops_cpu.linear(*args), raising=False)
     x = randn(rows, 16, seed=16)
-    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
+    with torch.no_grad():  # the C loop is for inference
+        got = layer(x)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
     assert len(calls) == (1 if rows < M.PACKED_MIN_ROWS else 0)
