@@ -6,6 +6,8 @@ PyTorch headers: each is compiled once per machine with ``cc`` (or ``$CC``) into
 home cannot be written), in under a second, and loaded with :mod:`ctypes`.
 :func:`load_library` says why not when that fails (no compiler, a compile error, a folder
 that cannot be written), so that a caller can report it instead of raising.
+:func:`check_c_tensors` is what every wrapper checks before it hands a tensor's raw
+pointer to C.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import torch
 
 # -O3 with the CPU's own vector instructions; -ffast-math lets the compiler reorder float32
 # sums into vector lanes and use its vector exp (the rounding of any blocked sum: the tests
@@ -67,8 +72,13 @@ def _build(command: list[str], source: Path, library: Path) -> None:
         os.replace(built, library)
 
 
-def load_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
-    """Compile ``source`` (once per source, compiler and CPU) and load it: ``(library, "")`` or ``(None, why not)``."""
+def load_library(
+    source: Path, signatures: Mapping[str, tuple[type | None, Sequence[type]]]
+) -> tuple[ctypes.CDLL | None, str]:
+    """Compile ``source`` (once per source, compiler and CPU) and load it: ``(library, "")`` or ``(None, why not)``.
+
+    ``signatures``: each C function's name -> ``(restype, argtypes)``, set on the loaded library.
+    """
     command = compiler()
     if not command:
         return None, "no C compiler found (install gcc, or set CC)"
@@ -85,9 +95,39 @@ def load_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
             # The default folder cannot be written (a read-only home): a private folder of this process.
             library = Path(tempfile.mkdtemp(prefix="mini_vllm-")) / name
             _build(command, source, library)
-        return ctypes.CDLL(str(library)), ""
+        lib = ctypes.CDLL(str(library))
     except subprocess.SubprocessError as error:
         detail = getattr(error, "stderr", "") or str(error)
         return None, f"compiling {source.name} failed: {detail.strip()[:500]}"
     except OSError as error:  # no such compiler, a cache folder that cannot be written, a library that cannot load
         return None, f"building or loading {library} failed: {error}"
+    for function_name, (restype, argtypes) in signatures.items():
+        function = getattr(lib, function_name)
+        function.restype, function.argtypes = restype, list(argtypes)
+    return lib, ""
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types whose data_ptr() is their memory
+
+
+def check_c_tensors(function: str, dtype: torch.dtype | None, **tensors: torch.Tensor) -> None:
+    """ValueError naming the first tensor the C code cannot read through its raw pointer: not a
+    plain dense CPU tensor (sparse, nested, fake, another device), not of ``dtype`` (None: any),
+    or one autograd tracks while grad is on (the kernels are for inference)."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{function} runs on the CPU, but {name} is on {tensor.device}")
+        if dtype is not None and tensor.dtype != dtype:
+            raise ValueError(
+                f"{function} takes {str(dtype).removeprefix('torch.')} tensors, but {name} is {tensor.dtype}"
+            )
+        if type(tensor) not in _PLAIN or tensor.layout != torch.strided or tensor.is_nested:
+            raise ValueError(
+                f"{function}: {name} must be a plain dense tensor (not sparse, nested, fake or a subclass)"
+            )
+        if tensor.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                f"{function} is for inference (no autograd), but {name} requires grad: call it under torch.no_grad()"
+            )

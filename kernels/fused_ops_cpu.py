@@ -31,28 +31,23 @@ from pathlib import Path
 
 import torch
 
-from ._c_build import load_library
+from ._c_build import check_c_tensors, load_library
 
 SOURCE = Path(__file__).with_name("fused_ops_cpu.c")
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
-    "rms_norm_f32": [_P, _P, _P, _I, _I, _F],
-    "silu_and_mul_f32": [_P, _P, _I, _I],
-    "rotary_f32": [_P, _P, _P, _I, _I, _I, _I],
-    "linear_f32": [_P, _P, _P, _P, _I, _I, _I],
+    "rms_norm_f32": (None, [_P, _P, _P, _I, _I, _F]),
+    "silu_and_mul_f32": (None, [_P, _P, _I, _I]),
+    "rotary_f32": (None, [_P, _P, _P, _I, _I, _I, _I]),
+    "linear_f32": (None, [_P, _P, _P, _P, _I, _I, _I]),
 }
 
 
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source, compiler and CPU) and load the C file: ``(library, "")`` or ``(None, why not)``."""
-    lib, why_not = load_library(SOURCE)
-    if lib is not None:
-        for name, argtypes in _SIGNATURES.items():
-            function = getattr(lib, name)
-            function.restype, function.argtypes = None, argtypes
-    return lib, why_not
+    return load_library(SOURCE, _SIGNATURES)
 
 
 def available() -> bool:
@@ -65,25 +60,9 @@ def unavailable_reason() -> str:
     return _load()[1]
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types whose data_ptr() is their memory
-
-
 def _library(function: str, **tensors: torch.Tensor) -> ctypes.CDLL:
-    """The loaded library, after checking that every tensor is a plain float32 CPU tensor with its
-    data in memory, and not one autograd tracks (ValueError naming it): the C code reads raw pointers."""
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
-        if tensor.device.type != "cpu" or tensor.dtype != torch.float32:
-            raise ValueError(f"{function} takes float32 CPU tensors, but {name} is {tensor.dtype} on {tensor.device}")
-        if type(tensor) not in _PLAIN or tensor.layout != torch.strided or tensor.is_nested:
-            raise ValueError(
-                f"{function}: {name} must be a plain dense tensor (not sparse, nested, fake or a subclass)"
-            )
-        if tensor.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                f"{function} is for inference (no autograd), but {name} requires grad: call it under torch.no_grad()"
-            )
+    """The loaded library, after :func:`~kernels._c_build.check_c_tensors` (float32) on every tensor."""
+    check_c_tensors(function, torch.float32, **tensors)
     lib, why_not = _load()
     if lib is None:
         raise RuntimeError(f"the C element-wise kernels are unavailable: {why_not}")

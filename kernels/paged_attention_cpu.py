@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from ._c_build import load_library
+from ._c_build import check_c_tensors, load_library
 from ._validate import check_attention, check_sliding_window
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
@@ -44,15 +44,18 @@ _ERRORS = {
 }
 
 
+_SIGNATURES = {
+    "paged_attention_f32": (
+        ctypes.c_int,
+        [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p],
+    )
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _load() -> tuple[ctypes.CDLL | None, str]:
     """Compile (once per source, compiler and CPU) and load the C kernel: ``(library, "")`` or ``(None, why not)``."""
-    lib, why_not = load_library(SOURCE)
-    if lib is not None:
-        function = lib.paged_attention_f32
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 8 + [ctypes.c_float, ctypes.c_void_p]
-    return lib, why_not
+    return load_library(SOURCE, _SIGNATURES)
 
 
 def available() -> bool:
@@ -91,11 +94,8 @@ def paged_attention_cpu(
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, interpreted=True)
     check_sliding_window(sliding_window)
-    for name, tensor in (("query", query), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if tensor.device.type != "cpu":
-            raise ValueError(f"paged_attention_cpu runs on the CPU, but {name} is on {tensor.device}")
-        if tensor.dtype != torch.float32:
-            raise ValueError(f"paged_attention_cpu takes float32 tensors, but {name} is {tensor.dtype}")
+    check_c_tensors("paged_attention_cpu", torch.float32, query=query, k_cache=k_cache, v_cache=v_cache)
+    check_c_tensors("paged_attention_cpu", None, block_tables=block_tables, seq_lens=seq_lens)  # int32: checked above
     lib, why_not = _load()
     if lib is None:
         raise RuntimeError(f"the C decode-attention kernel is unavailable: {why_not}")

@@ -406,9 +406,9 @@ class Linear(nn.Linear):
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] < PACKED_MIN_ROWS and self.kernel is not None:
-            return self.kernel(x, self.weight, self.bias)
-        if self.packed_weight is None or x.dim() != 2 or x.shape[0] < PACKED_MIN_ROWS:
+        if x.dim() == 2 and x.shape[0] < PACKED_MIN_ROWS:
+            return super().forward(x) if self.kernel is None else self.kernel(x, self.weight, self.bias)
+        if self.packed_weight is None or x.dim() != 2:
             return super().forward(x)
         source, version = self._packed_from
         packed_is_current = source is self.weight and version == self.weight._version

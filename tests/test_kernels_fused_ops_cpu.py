@@ -159,6 +159,14 @@ def test_what_the_c_code_cannot_read_is_refused():
         fake = torch.randn(2, 4)
         with pytest.raises(ValueError, match="x must be a plain dense tensor"):
             fused_ops_cpu.rms_norm(fake, torch.ones(4), 1e-6)
+        with pytest.raises(ValueError, match="paged_attention_cpu: query must be a plain dense tensor"):
+            paged_attention_cpu.paged_attention_cpu(
+                torch.randn(1, 2, 8),
+                torch.randn(2, 4, 1, 8),
+                torch.randn(2, 4, 1, 8),
+                torch.zeros(1, 1, dtype=torch.int32),
+                torch.ones(1, dtype=torch.int32),
+            )
     with pytest.raises(ValueError, match="gate_up must be a plain dense tensor"):
         fused_ops_cpu.silu_and_mul(torch.ones(2, 4).to_sparse())
     weight = torch.ones(4, 4, requires_grad=True)
@@ -196,6 +204,9 @@ def test_without_a_compiler_the_cpu_backend_says_why(monkeypatch, tmp_path):
             get_attn_backend("cpu")
         with pytest.raises(RuntimeError, match="the C element-wise kernels are unavailable"):
             fused_ops_cpu.rms_norm(torch.ones(1, 4), torch.ones(4), 1e-6)
+        from mini_vllm.tools.bench import fastest_attention_backend
+
+        assert fastest_attention_backend("cpu") == "auto"  # make bench asks the factory, which refuses
         model = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
         assert model.use_fused_cpu_ops() is False  # nothing changes: the readable path runs
         assert all(getattr(m, "kernel", None) is None for m in model.modules())

@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ..attention import get_attn_backend
 from ..llm import LLM
 from ..kv_cache_manager import max_cache_hit_blocks
 from ..llm_engine import resolve_device
@@ -172,15 +173,15 @@ def _llm(args, **kwargs) -> LLM:
 
 
 def fastest_attention_backend(device: str) -> str:
-    """The attention backend ``make bench`` measures mini-vLLM with: on a CPU, ``"cpu"`` (decode
-    attention in C, as vLLM's CPU backend runs its own C++ kernels) where its C kernel builds;
-    otherwise ``"auto"`` (Triton on a GPU). The chapters run the readable ``"torch"`` backend."""
-    if resolve_device(device).type == "cpu":
-        from kernels import paged_attention_cpu
-
-        if paged_attention_cpu.available():
-            return "cpu"
-    return "auto"
+    """The attention backend ``make bench`` measures mini-vLLM with: ``"cpu"`` (decode attention
+    and the element-wise operations in C, as vLLM's CPU backend runs its own C++ kernels) where
+    its factory accepts the device and its C files build; otherwise ``"auto"`` (Triton on a GPU).
+    The chapters run the readable ``"torch"`` backend."""
+    try:
+        get_attn_backend("cpu", str(resolve_device(device)))
+    except ValueError:
+        return "auto"
+    return "cpu"
 
 
 def model_name(model: str | None) -> str:
