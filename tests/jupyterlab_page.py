@@ -44,15 +44,39 @@ def accept_kernel_dialog(page) -> None:
         dialog.first.click()
 
 
-def wait_kernel_idle(page, timeout: float) -> None:
-    """Until the notebook in front says its kernel is idle (choosing the default kernel if asked)."""
+def session_kernel(page, path: str) -> dict | None:
+    """The server's own record of notebook ``path``'s kernel, ``{"id", "state"}``; None while it has no session."""
+    return page.evaluate(
+        """async (path) => {
+            const config = JSON.parse(document.getElementById('jupyter-config-data').textContent);
+            const xsrf = decodeURIComponent((document.cookie.match(/_xsrf=([^;]+)/) || [])[1] || "");
+            const r = await fetch(`${config.baseUrl}api/sessions`, {headers: {"X-XSRFToken": xsrf}});
+            if (!r.ok) return null;
+            const s = (await r.json()).find(s => s.path === path);
+            return s && s.kernel ? {id: s.kernel.id, state: s.kernel.execution_state} : null;
+        }""",
+        path,
+    )
+
+
+def wait_kernel_idle(page, timeout: float, path: str | None = None) -> str | None:
+    """Until the notebook in front says its kernel is idle (choosing the default kernel if asked), and
+    with ``path`` (the notebook's, from the server's root) until the server says so too: its kernel's id.
+
+    The page's indicator can say "idle" before the server has the notebook's session (seen in a hub
+    log); a cell run then makes JupyterLab start a second kernel, which replaces the first after the
+    cell ran there, and the next cell finds nothing the first one defined.
+    """
     idle = (
         f"() => [...document.querySelectorAll('{VISIBLE} .jp-Notebook-ExecutionIndicator,"
         f" {VISIBLE} .jp-Toolbar-kernelStatus')]"
         ".some(e => /idle/i.test(e.getAttribute('data-status') || e.title || e.textContent || ''))"
     )
     deadline = time.monotonic() + timeout
-    while not page.evaluate(idle):
-        assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s"
+    while True:
+        kernel = session_kernel(page, path) if path is not None else None
+        if page.evaluate(idle) and (path is None or (kernel and kernel["state"] == "idle")):
+            return kernel["id"] if kernel else None
+        assert time.monotonic() < deadline, f"the kernel was not idle within {timeout:.0f} s (the server's: {kernel})"
         accept_kernel_dialog(page)
         page.wait_for_timeout(300)

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ from traitlets.config import Config
 
 from mini_vllm.course import lab
 from http_wait import wait_for_http
-from jupyterlab_page import VISIBLE, wait_kernel_idle
+from jupyterlab_page import VISIBLE, session_kernel, wait_kernel_idle
 from prerequisites import CHROMIUM, missing, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -303,15 +304,40 @@ def _dialogs(page) -> list[str]:
     return [text[:300] for text in page.locator(".jp-Dialog").all_inner_texts()]
 
 
-def _learner(page, base: str, name: str, home: Path) -> None:
+def _kernel_history(log_path: Path, name: str) -> str:
+    """The hub log's lines on kernels and ``name``'s sessions: what replaced a kernel, if one was replaced."""
+    marks = ("Kernel started", "Kernel shutdown", "Kernel restarted", "restarting kernel", "died", "Starting buffering")
+    lines = [
+        line[:220]
+        for line in log_path.read_text(errors="replace").splitlines()
+        if any(m in line for m in marks) or (f"/user/{name}/api/sessions" in line and " GET " not in line)
+    ]
+    return "\n".join(lines[-20:])
+
+
+def _learner(page, base: str, name: str, home: Path, log_path: Path) -> None:
     source, says, _ = LEARNERS[name]
     # Logged in: the hub started their server, which opened their own chapter 00.
     page.wait_for_url(f"**/user/{name}/lab/**", timeout=300_000)
     page.wait_for_selector(f"{VISIBLE} .jp-Notebook .jp-Cell", timeout=180_000)
     assert page.url.split("?")[0].endswith(f"/user/{name}/lab/tree/{lab.START_NOTEBOOK}")
-    wait_kernel_idle(page, timeout=240.0)
-    _run_cell_until(page, 0, "system prompt 0")  # an engine on the bundled model
-    _run_cell(page, 1)  # its live dashboard
+    kernel = wait_kernel_idle(page, timeout=240.0, path=lab.START_NOTEBOOK)
+    for attempt in range(2):
+        _run_cell_until(page, 0, "system prompt 0")  # an engine on the bundled model
+        _run_cell(page, 1)  # its live dashboard
+        dashboard_output = page.locator(f"{VISIBLE} .jp-CodeCell").nth(1).locator(".jp-OutputArea").inner_text()
+        if "NameError" not in dashboard_output or attempt:
+            break
+        # The dashboard ran in a kernel without the engine: JupyterLab replaced the notebook's kernel
+        # between the two cells (seen once under CI's load, at a kernel's start). A learner runs the
+        # first cell again; so does the test, once, and says so with what the server logged.
+        warnings.warn(
+            f"{name}: chapter 00's kernel changed between its first two cells (started as {kernel}, now "
+            f"{session_kernel(page, lab.START_NOTEBOOK)}); ran them again. The hub log:\n"
+            f"{_kernel_history(log_path, name)}",
+            stacklevel=1,
+        )
+        kernel = wait_kernel_idle(page, timeout=240.0, path=lab.START_NOTEBOOK)
     page.wait_for_selector(f"{VISIBLE} .mv-dashboard", timeout=120_000)
     assert "Traceback" not in page.inner_text(f"{VISIBLE} .jp-Notebook")
     page.screenshot(path=str(SCREENSHOTS / f"workshop_{name}_00.png"))
@@ -329,7 +355,7 @@ def _learner(page, base: str, name: str, home: Path) -> None:
     page.wait_for_function(
         f"() => document.querySelector('{VISIBLE} .jp-Notebook').textContent.includes('slot_mapping')", timeout=60_000
     )
-    wait_kernel_idle(page, timeout=240.0)
+    wait_kernel_idle(page, timeout=240.0, path=f"my-course/exercises/{EXERCISE}")
     if source is not None:
         _type_into_cell(page, 1, source)
     for index in range(3):  # the imports, the function, the check cell
@@ -403,12 +429,13 @@ def _workshop_then_grade(workdir: Path, sync_playwright) -> None:
                     pages[name] = page
                 for name, page in pages.items():
                     try:
-                        _learner(page, base, name, ws / "home" / name)
+                        _learner(page, base, name, ws / "home" / name, log_path)
                     except Exception as err:
                         page.screenshot(path=str(SCREENSHOTS / "workshop_failure.png"), full_page=True)
                         raise AssertionError(
                             f"{name}: {err}\n--- JupyterLab dialogs open: {_dialogs(page)!r}"
                             f"\n--- the page showed:\n{page.inner_text('body')[:3000]}"
+                            f"\n--- the hub log on kernels and {name}'s sessions:\n{_kernel_history(log_path, name)}"
                         ) from err
             finally:
                 browser.close()

@@ -254,7 +254,7 @@ def _learner_path(page, base: str, root: Path) -> None:
     for folder in ("exercises", "my-course", "notebooks", "solutions"):
         _listing_item(page, folder).wait_for(timeout=30_000)
     _open_from_file_browser(page, "my-course", "notebooks", "00_welcome.ipynb")
-    wait_kernel_idle(page, timeout=90.0)
+    wait_kernel_idle(page, timeout=90.0, path="my-course/notebooks/00_welcome.ipynb")
 
     # 2. Run All: every cell runs, nothing fails, the live dashboard is there at the end.
     _run_all(page)
@@ -334,7 +334,7 @@ def _learner_path(page, base: str, root: Path) -> None:
     _pass_exercise(page, EXERCISE, "class FreeKVCacheBlockQueue", parts_yours=1)
     _pass_exercise(page, "03_block_tables.ipynb", "def compute_slot_mapping", parts_yours=2)
     _open_from_file_browser(page, "my-course", "notebooks", "08_engine.ipynb")
-    wait_kernel_idle(page, timeout=90.0)
+    wait_kernel_idle(page, timeout=90.0, path="my-course/notebooks/08_engine.ipynb")
     chapter = json.loads((root / "my-course" / "notebooks" / "08_engine.ipynb").read_text())
     sources = ["".join(c["source"]) for c in chapter["cells"] if c["cell_type"] == "code"]
     dashboard_cell = next(i for i, source in enumerate(sources) if "EngineDashboard(dash_llm" in source)
@@ -381,7 +381,7 @@ def _paste_into_cell(page, marker: str, text: str) -> None:
 def _pass_exercise(page, name: str, marker: str, parts_yours: int) -> None:
     """Open exercise ``name``, paste the right answer over its stub, Run All: its check passes, the part is kept."""
     _open_from_file_browser(page, "my-course", "exercises", name)
-    wait_kernel_idle(page, timeout=90.0)
+    wait_kernel_idle(page, timeout=90.0, path=f"my-course/exercises/{name}")
     _paste_into_cell(page, marker, _solution_code(name))
     _run_all(page)
     _wait_all_run(page)
