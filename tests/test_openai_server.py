@@ -203,6 +203,24 @@ BAD = [
     ),
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "allowed_token_ids": [5]}, 400, "allowed_token_ids"),
+    ({"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True}, 400, "use_beam_search"),
+    ({"messages": [{"role": "user", "content": "hi"}], "length_penalty": 2.0}, 400, "length_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "priority": 5}, 400, "priority"),
+    ({"messages": [{"role": "user", "content": "hi"}], "return_token_ids": True}, 400, "return_token_ids"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "return_tokens_as_token_ids": True},
+        400,
+        "return_tokens_as_token_ids",
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True}, 400, "add_special_tokens"),
+    # A template sent with the request runs on the engine's thread: refused unless trusted (vLLM's flag).
+    ({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 'x' }}"}, 400, "chat_template"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "{{ 'x' }}"}},
+        400,
+        "chat_template",
+    ),
     ({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
 ]
 
@@ -260,6 +278,37 @@ def test_neutral_values_of_fields_the_server_does_not_implement_are_accepted(ser
     with pytest.raises(APIStatusError) as raised:
         client.completions.create(model=MODEL, prompt="once", max_tokens=2, suffix="the end")
     assert raised.value.status_code == 400 and raised.value.body["param"] == "suffix"
+    # Each endpoint's own add_special_tokens default is neutral; the other value is refused.
+    same = client.completions.create(model=MODEL, prompt="once", max_tokens=2, temperature=0)
+    for value, status in ((True, 200), (False, 400)):
+        response = httpx.post(
+            server.url + "/v1/completions",
+            json={"prompt": "once", "max_tokens": 2, "temperature": 0, "add_special_tokens": value},
+        )
+        assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == "add_special_tokens"
+    reply = chat(client, "hi", max_tokens=3, extra_body={"add_special_tokens": False, "length_penalty": 1.0})
+    assert reply.choices[0].message.content == chat(client, "hi", max_tokens=3).choices[0].message.content
+    assert same.choices[0].text
+
+
+def test_a_request_chat_template_is_used_only_when_the_server_trusts_it():
+    """vLLM's --trust-request-chat-template: the template a request sends renders its prompt."""
+    llm = LLM(device="cpu", num_blocks=32)
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    content = "Once upon a time"
+    with BackgroundServer(llm, served_model_name=MODEL, trust_request_chat_template=True) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        for extra in ({"chat_template": template}, {"chat_template_kwargs": {"chat_template": template}}):
+            reply = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=2, temperature=0,
+                extra_body=extra,
+            )  # fmt: skip
+            assert reply.usage.prompt_tokens == len(llm.get_tokenizer().encode(content, add_special_tokens=False))
+        plain = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=2, temperature=0
+        )
+        assert plain.usage.prompt_tokens > reply.usage.prompt_tokens  # the model's own template, with its headers
 
 
 def test_max_tokens_past_the_context_is_capped_and_completions_default_to_16(served):

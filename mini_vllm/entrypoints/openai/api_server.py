@@ -115,6 +115,9 @@ class ServerSettings:
     max_model_len: int
     enable_prompt_tokens_details: bool = False
     default_sampling: dict[str, Any] | None = None
+    # A Jinja template sent with a request runs on the engine's thread (a slow one stalls everyone):
+    # refused unless the operator trusts its clients, as vLLM's --trust-request-chat-template.
+    trust_request_chat_template: bool = False
 
 
 def default_sampling_from(model_path: str) -> dict[str, Any]:
@@ -196,11 +199,22 @@ class OpenAIServing:
     async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         conversation = [{"role": message.role, "content": message.text()} for message in body.messages]
         llm = self.engine.llm
+        template_kwargs = dict(body.chat_template_kwargs or {})
+        if body.request_chat_template() is not None:
+            if not self.settings.trust_request_chat_template:
+                raise APIError(  # vLLM's words
+                    400,
+                    "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                    "Refused request with untrusted chat template.",
+                    param="chat_template",
+                )
+            if body.chat_template is not None:
+                template_kwargs["chat_template"] = body.chat_template
 
         def render() -> list[int]:
             check_conversation(conversation)
             try:
-                return llm.apply_chat_template(conversation, **(body.chat_template_kwargs or {}))
+                return llm.apply_chat_template(conversation, **template_kwargs)
             except Exception as error:  # jinja's TemplateError, a template raising on a role it does not know
                 raise ValueError(f"the chat template rejected the conversation: {error}") from error
 
@@ -624,6 +638,7 @@ class BackgroundServer:
         port: int = 0,
         served_model_name: str = "mini-vllm",
         enable_prompt_tokens_details: bool = True,
+        trust_request_chat_template: bool = False,
     ) -> None:
         import uvicorn
 
@@ -634,6 +649,7 @@ class BackgroundServer:
             max_model_len=servable_model_len(engine),
             enable_prompt_tokens_details=enable_prompt_tokens_details,
             default_sampling=default_sampling_from(engine.model_path),
+            trust_request_chat_template=trust_request_chat_template,
         )
         self.engine = AsyncLLM(llm)
         self.app = build_app(self.engine, settings)
@@ -701,6 +717,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="report usage.prompt_tokens_details.cached_tokens",
     )
     parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="use a chat template sent with a request (chat_template, chat_template_kwargs.chat_template); "
+        "refused by default: it runs on the engine's thread",
+    )
+    parser.add_argument(
         "--learner-engine",
         action="store_true",
         help="serve your own engine: the parts you passed in the exercises (mini_vllm.course.learner_engine)",
@@ -753,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
         max_model_len=servable_model_len(engine),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         default_sampling=default_sampling_from(engine.model_path),
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     engine = AsyncLLM(llm)
     app = build_app(engine, server_settings)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -56,6 +56,12 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "continue_final_message": (False, None),
     "add_generation_prompt": (True, None),
+    "allowed_token_ids": (None, []),
+    "use_beam_search": (False, None),
+    "length_penalty": (1, 1.0, None),
+    "priority": (0, None),
+    "return_token_ids": (False, None),
+    "return_tokens_as_token_ids": (False, None),
 }
 
 
@@ -68,10 +74,14 @@ class _Request(BaseModel):
     # Unknown fields are kept (in model_extra) so that NOT_IMPLEMENTED ones can be refused by name.
     model_config = ConfigDict(extra="allow")
 
+    # Fields whose neutral value is this endpoint's own (vLLM's defaults differ between chat and completions).
+    ENDPOINT_NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
     def not_implemented_field(self) -> str | None:
         """The first field that asks for something this server does not implement (see NOT_IMPLEMENTED)."""
+        refused = NOT_IMPLEMENTED | self.ENDPOINT_NOT_IMPLEMENTED
         for name, value in (self.model_extra or {}).items():
-            if name in NOT_IMPLEMENTED and not _is_off(value, NOT_IMPLEMENTED[name]):
+            if name in refused and not _is_off(value, refused[name]):
                 return name
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             return "stream_options.continuous_usage_stats"
@@ -113,12 +123,23 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Request):
+    ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
+    chat_template: StrictStr | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    def request_chat_template(self) -> str | None:
+        """The Jinja template the request sends, as ``chat_template`` or in ``chat_template_kwargs`` (None: the model's)."""
+        if self.chat_template is not None:
+            return self.chat_template
+        return (self.chat_template_kwargs or {}).get("chat_template")
 
 
 class CompletionRequest(_Request):
+    ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (True, None)}
+
     # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
