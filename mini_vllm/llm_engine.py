@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ from .kv_cache_manager import KVCacheManager, cdiv
 from .model import ModelConfig, default_model_path, load_model
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .parallel_sampling import ParentRequest
+from .parallel_sampling import ParentRequest, parent_id_of
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample
 from .sampling_params import SamplingParams
@@ -274,7 +274,10 @@ class LLMEngine:
                 max_blocks_per_request, self.kv_cache_config, max_num_batched_tokens=config.max_num_batched_tokens
             ),
         )
-        self.requests: dict[str, Request] = {}  # queued and not finished, by id: the engine's only per-request state
+        self.requests: dict[str, Request] = {}  # queued and not finished, by id: the engine's per-request state
+        # An n > 1 prompt's completion ids by the prompt's id, while any of them is unfinished, so that
+        # abort_request takes the prompt's id, as vLLM's does (_finish drops it with the last completion).
+        self.parent_requests: dict[str, list[str]] = {}
         self.num_steps = 0
         self._request_counter = itertools.count()
         self._batch_counter = itertools.count()  # add_requests' automatic ids: "{batch}-{index}"
@@ -449,6 +452,8 @@ class LLMEngine:
                         request_id, child_params = parent.get_child_info(index)
                         self.add_validated_request(request_id, list(token_ids), child_params, cache_salt, shown)
                         queued.append(request_id)
+                    if parent.n > 1:
+                        self.parent_requests[parent.request_id] = parent.child_request_ids
         except BaseException:
             for request_id in queued:
                 self.abort_request(request_id)
@@ -492,12 +497,28 @@ class LLMEngine:
                 self.events.emit(RequestAdded(request_id, request.num_prompt_tokens))
         return request
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request now and free its blocks (unknown ids are ignored)."""
-        request = self.requests.get(request_id)
-        if request is not None and not request.is_finished():
-            with keyboard_interrupts_deferred():
-                self._finish(request, RequestStatus.FINISHED_ABORTED)
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Stop requests now and free their blocks: one id or several, as vLLM's ``abort_request``.
+
+        The id of an ``n > 1`` prompt stops all its completions; ids of requests
+        that are unknown or already finished are ignored.
+        """
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        elif not isinstance(request_ids, Iterable):
+            raise TypeError(f"request_ids must be a str or an iterable of str, got {type_name(request_ids)}")
+        request_ids = list(request_ids)
+        if not all(isinstance(request_id, str) for request_id in request_ids):
+            raise TypeError(f"request_ids must be a str or an iterable of str, got {request_ids!r:.80}")
+        for request_id in request_ids:
+            if request_id not in self.requests:
+                for child_id in self.parent_requests.pop(request_id, ()):
+                    self.abort_request(child_id)
+                continue
+            request = self.requests[request_id]
+            if not request.is_finished():
+                with keyboard_interrupts_deferred():
+                    self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -633,6 +654,10 @@ class LLMEngine:
             self.events.emit(RequestFinished(request.request_id, status.finish_reason or ""))
         output = self._make_output(request)
         del self.requests[request.request_id]
+        parent_id = parent_id_of(request.request_id)
+        siblings = self.parent_requests.get(parent_id, ())
+        if request.request_id in siblings and not any(child_id in self.requests for child_id in siblings):
+            del self.parent_requests[parent_id]
         return output
 
     def _make_output(self, request: Request) -> RequestOutput:

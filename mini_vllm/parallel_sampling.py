@@ -41,6 +41,12 @@ from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 
+def parent_id_of(child_request_id: str) -> str:
+    """The prompt id a completion id ``"{prompt id}-{k}"`` of an ``n > 1`` prompt came from (the
+    inverse of ``ParentRequest.child_request_ids``; for any other id, a string that names no prompt)."""
+    return child_request_id.rsplit("-", 1)[0]
+
+
 class ParentRequest:
     """The fan-out and the merge of one prompt's ``n`` completions (see the module docstring).
 

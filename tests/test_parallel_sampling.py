@@ -157,3 +157,31 @@ def test_add_requests_returns_the_parents_child_ids(llm):
     for request_id in ("c-0", "c-1"):
         engine.abort_request(request_id)
     assert not engine.requests
+
+
+def test_abort_request_takes_a_prompts_id_and_lists_of_ids_as_vllms_does(llm):
+    """vLLM's ``abort_request(request_ids)``: several ids at once, and a prompt's id stops all its completions."""
+    from engine_invariants import assert_nothing_leaked
+
+    engine = llm.llm_engine
+    long = SamplingParams(n=3, max_tokens=200, temperature=1.0, ignore_eos=True)
+    engine.add_requests(["Once upon a time"], long, request_ids=["P"])
+    engine.add_requests(["Hello", "Hi"], SamplingParams(max_tokens=200, ignore_eos=True), request_ids=["x", "y"])
+    engine.step()
+    assert sorted(engine.requests) == ["P-0", "P-1", "P-2", "x", "y"]
+    engine.abort_request("P")  # the prompt's id: its three completions
+    assert sorted(engine.requests) == ["x", "y"]
+    engine.abort_request(("x", "y"))  # a tuple of ids, as vLLM's list
+    assert not engine.requests
+    assert_nothing_leaked(engine)
+    engine.abort_request(["P", "x", "never-seen"])  # finished and unknown ids: nothing to do
+    for bad in (None, 5, ["x", 5]):
+        with pytest.raises(TypeError, match="request_ids must be a str or an iterable of str"):
+            engine.abort_request(bad)
+    # A prompt whose completions all finished is forgotten with the last one (no state left behind).
+    engine.add_requests(["Hello"], SamplingParams(n=2, max_tokens=1, temperature=1.0), request_ids=["z"])
+    assert engine.parent_requests == {"z": ["z-0", "z-1"]}
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine.parent_requests
+    assert_nothing_leaked(engine)
