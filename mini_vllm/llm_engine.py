@@ -210,10 +210,13 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.model_config = ModelConfig.from_pretrained(self.model_path)
         self.dtype = self._resolve_dtype(config.dtype)
-        self.max_model_len = min(
-            config.max_model_len or self.model_config.max_position_embeddings,
-            self.model_config.max_position_embeddings,
-        )
+        limit = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > limit:
+            raise ValueError(  # as vLLM's ModelConfig: a longer context would run past the trained positions
+                f"max_model_len={config.max_model_len} is longer than this model's {limit} positions "
+                f"(max_position_embeddings in {self.model_path}/config.json): use max_model_len <= {limit}"
+            )
+        self.max_model_len = config.max_model_len or limit
         self.tokenizer = load_tokenizer(self.model_path)
         self.eos_token_ids = self._eos_token_ids()
 

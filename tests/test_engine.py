@@ -375,3 +375,11 @@ def test_generate_ids_never_collide_with_an_id_already_queued(prompts, reference
     # The user's request was served along (generate steps the whole engine), never aborted.
     assert [(e.request_id, e.finish_reason) for e in finished if e.request_id == "0-1"] == [("0-1", "length")]
     assert_nothing_leaked(llm)
+
+
+def test_max_model_len_past_the_models_positions_is_refused_as_vllm_does():
+    """vLLM refuses a max_model_len longer than the model was trained for; it was silently lowered."""
+    limit = LLM(device="cpu", num_blocks=8).llm_engine.model_config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_model_len={limit + 1} is longer than this model's {limit} positions"):
+        LLM(device="cpu", num_blocks=8, max_model_len=limit + 1)
+    assert LLM(device="cpu", num_blocks=8, max_model_len=limit).llm_engine.max_model_len == limit
