@@ -146,6 +146,7 @@ class LLM:
         prompts = []
         for index, conversation in enumerate(conversations):
             where = f"conversation {index}, " if len(conversations) > 1 else ""
+            conversation = join_text_parts(conversation, where)
             check_conversation(conversation, where)
             try:
                 token_ids = self.apply_chat_template(conversation, **(chat_template_kwargs or {}))
@@ -165,6 +166,26 @@ class LLM:
         return self.get_tokenizer().encode(text, add_special_tokens=False)
 
 
+def join_text_parts(conversation: Any, where: str = "") -> Any:
+    """The conversation with each OpenAI-style content list (``[{"type": "text", "text": ...}, ...]``)
+    joined into one string with newlines, as vLLM's chat renderer and the server do; anything else as given."""
+    if not isinstance(conversation, (list, tuple)):
+        return conversation
+    joined = []
+    for index, message in enumerate(conversation):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part_index, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise TypeError(
+                        f"{where}message {index}: content part {part_index} must be "
+                        f"{{'type': 'text', 'text': str}} (this engine reads text only), got {part!r:.80}"
+                    )
+            message = {**message, "content": "\n".join(part["text"] for part in content)}
+        joined.append(message)
+    return joined
+
+
 def check_conversation(conversation: Any, where: str = "") -> None:
     """TypeError/ValueError naming the message index when a conversation is malformed."""
     if not isinstance(conversation, (list, tuple)) or not conversation:
@@ -178,8 +199,9 @@ def check_conversation(conversation: Any, where: str = "") -> None:
             if key not in message:
                 raise ValueError(f"{where}message {index} has no {key!r}: {message!r:.80}")
             if not isinstance(message[key], str):
+                kind = "a str or a list of text parts" if key == "content" else "a str"
                 raise TypeError(
-                    f"{where}message {index}: {key!r} must be a str, got {type(message[key]).__name__} {message[key]!r:.80}"
+                    f"{where}message {index}: {key!r} must be {kind}, got {type(message[key]).__name__} {message[key]!r:.80}"
                 )
         if not message["role"]:
             raise ValueError(f"{where}message {index}: 'role' is empty")

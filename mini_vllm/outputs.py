@@ -18,6 +18,10 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
     stop_reason: str | None = None  # the stop string that ended it (vLLM: also a stop token id); None otherwise
+    # vLLM's log-probability fields, None as in vLLM without SamplingParams(logprobs=...), which this
+    # engine does not implement (SamplingParams refuses it): code written for vLLM reads them unchanged.
+    cumulative_logprob: float | None = None
+    logprobs: None = None
 
 
 @dataclass
@@ -56,3 +60,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     # Each completion's own metrics, in completion order (``metrics`` is the first's; they differ for n > 1).
     per_completion_metrics: list[RequestMetrics] = field(default_factory=list, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        """Every completion has ended (vLLM's ``RequestOutput.finished``)."""
+        return all(completion.finish_reason is not None for completion in self.outputs)

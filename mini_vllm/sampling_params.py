@@ -6,6 +6,7 @@ here keep vLLM's names and meanings.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -24,6 +25,29 @@ MIN_TEMPERATURE = 0.01
 # What torch.Generator.manual_seed accepts.
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
+
+
+# vLLM's SamplingParams settings this engine does not implement, with the value that asks for nothing
+# (vLLM's default). That value is accepted and changes nothing, as the server accepts it; any other
+# is a ValueError that says so, not Python's "unexpected keyword argument".
+VLLM_NOT_IMPLEMENTED: dict[str, Any] = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "logprobs": None,
+    "prompt_logprobs": None,
+    "stop_token_ids": None,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "detokenize": True,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+    "structured_outputs": None,
+}
 
 
 def _check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> None:
@@ -116,3 +140,23 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _refuse_what_is_not_implemented(init):
+    """``SamplingParams.__init__``, first refusing vLLM settings this engine does not implement."""
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        for name in [name for name in kwargs if name in VLLM_NOT_IMPLEMENTED]:
+            value, neutral = kwargs.pop(name), VLLM_NOT_IMPLEMENTED[name]
+            if not (value is None or (value == neutral and isinstance(value, bool) == isinstance(neutral, bool))):
+                raise ValueError(
+                    f"{name}={value!r}: vLLM's SamplingParams has this setting, mini-vLLM does not implement it "
+                    "(it has n, temperature, top_p, top_k, max_tokens, seed, stop and ignore_eos)"
+                )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+SamplingParams.__init__ = _refuse_what_is_not_implemented(SamplingParams.__init__)

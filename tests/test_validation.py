@@ -318,7 +318,11 @@ def test_a_prompt_that_exactly_fills_the_pool_is_accepted_with_max_tokens_1():
 BAD_CHATS = [
     ([{"role": "user"}], ValueError, "message 0 has no 'content'"),
     ([{"content": "hi"}], ValueError, "message 0 has no 'role'"),
-    ([{"role": "user", "content": 42}], TypeError, "message 0: 'content' must be a str, got int 42"),
+    (
+        [{"role": "user", "content": 42}],
+        TypeError,
+        "message 0: 'content' must be a str or a list of text parts, got int 42",
+    ),
     (
         [{"role": "system", "content": "a"}, {"role": None, "content": "b"}],
         TypeError,
@@ -328,7 +332,7 @@ BAD_CHATS = [
     (
         [[{"role": "user", "content": "a"}], [{"role": "user", "content": ["parts"]}]],
         TypeError,
-        "conversation 1, message 0: 'content' must be a str, got list",
+        "conversation 1, message 0: content part 0 must be {'type': 'text', 'text': str}",
     ),
     ([[{"role": "user", "content": "a"}], []], TypeError, "conversation 1, a conversation must be a non-empty list"),
     ([], TypeError, "messages must be a non-empty list"),
@@ -535,3 +539,37 @@ def test_a_model_folder_that_does_not_exist_or_has_no_config_is_named(tmp_path):
         LLM(str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="has no config.json"):
         LLM(str(tmp_path))
+
+
+def test_vllm_sampling_settings_this_engine_lacks_say_so_and_their_neutral_values_pass(llm, reference):
+    """Code written for vLLM: a setting mini-vLLM lacks is a ValueError naming it, not Python's
+    "unexpected keyword argument"; vLLM's default value of such a setting asks for nothing and passes."""
+    for name, value in (("logprobs", 1), ("presence_penalty", 0.5), ("stop_token_ids", [2]), ("min_tokens", 3)):
+        with pytest.raises(ValueError, match=rf"{name}=.*mini-vLLM does not implement it"):
+            SamplingParams(max_tokens=4, **{name: value})
+    neutral = SamplingParams(
+        temperature=0, max_tokens=4, ignore_eos=True, logprobs=None, presence_penalty=0.0, repetition_penalty=1.0
+    )
+    assert neutral == GREEDY
+    with pytest.raises(ValueError, match="skip_special_tokens=1"):  # 1 is not vLLM's True
+        SamplingParams(skip_special_tokens=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):  # a typo stays Python's error
+        SamplingParams(temprature=0)
+    out = llm.generate([PROMPT], neutral)[0]
+    assert out.outputs[0].token_ids == reference and out.finished  # vLLM's RequestOutput.finished
+    assert out.outputs[0].cumulative_logprob is None and out.outputs[0].logprobs is None  # as vLLM without logprobs
+    assert_untouched_and_serving(llm, reference)
+
+
+def test_chat_takes_openai_style_text_parts_as_vllm_does(llm):
+    text = [{"role": "user", "content": "Tell me a story.\nAbout a fox."}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "Tell me a story."}, {"type": "text", "text": "About a fox."}],
+        }
+    ]
+    assert llm.chat(parts, GREEDY)[0].prompt_token_ids == llm.chat(text, GREEDY)[0].prompt_token_ids
+    with pytest.raises(TypeError, match="message 0: content part 1 must be"):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}], GREEDY)
+    assert_nothing_leaked(llm)
