@@ -183,7 +183,30 @@ class Scheduler:
             self.kv_cache_manager.uncache_blocks(self.kv_cache_manager.take_newly_cached_blocks())
             raise
         output.newly_cached_blocks = self.kv_cache_manager.take_newly_cached_blocks()
+        if not output.scheduled and not output.preempted and not self.running and self.waiting:
+            raise RuntimeError(self._stalled())
         return output
+
+    def _stalled(self) -> str:
+        """Why nothing can ever run: requests wait, none runs, and the first one was refused blocks.
+
+        Every queued request fits in the whole pool (the engine checks that before
+        queueing it), so with nothing running this means blocks that no request holds
+        never came back: a leak. Without this error, ``LLM.generate`` would step forever.
+        """
+        manager = self.kv_cache_manager
+        in_use = manager.num_blocks - manager.get_num_free_blocks()
+        stalled = (
+            f"the engine cannot make progress: {len(self.waiting)} request(s) wait, none runs, and "
+            f"{self.waiting[0].request_id!r} was not admitted. "
+        )
+        if in_use:
+            return stalled + (
+                f"{in_use} of the pool's {manager.num_blocks} blocks are in use although no request holds "
+                "any: they leaked (a ref_cnt that never came back to 0, or a freed block that never "
+                "reached the free queue)"
+            )
+        return stalled + "Every block is free, so schedule_waiting admitted nothing it could have"
 
     def _schedule_admissions(self, token_budget: int, output: SchedulerOutput) -> int:
         """``schedule_waiting`` plus what the scheduler records around it, whoever wrote it.

@@ -491,7 +491,7 @@ def test_ch06_free_request_blocks_catalogue(wrong, fragment):
 
 def _get_new_blocks(pool, num_blocks, *, mistake=None):
     limit = pool.num_blocks if mistake == "all blocks" else pool.get_num_free_blocks()
-    if num_blocks > limit:
+    if num_blocks > limit or (mistake == ">= in the pre-check" and num_blocks >= limit):
         raise ValueError(f"cannot get {num_blocks} blocks")
     blocks = []
     for _ in range(num_blocks):
@@ -507,6 +507,8 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
                     if cached is block:
                         pool.cached_block_hash_to_block.pop(block_hash, block.block_id)
             else:
+                if mistake == "pop without the block id":
+                    pool.cached_block_hash_to_block.pop(block.block_hash)
                 pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
             if mistake != "uncounted":
                 pool.num_evictions += 1
@@ -524,6 +526,10 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
     "mistake, fragment",
     [
         ("all blocks", "pool.get_num_free_blocks()"),
+        # The learner's own raise, not the engine's: the message says to look at its condition.
+        (">= in the pre-check", "your own code raised this ValueError: check the condition before that raise"),
+        # A library method called with the wrong arguments, not the learner's signature.
+        ("pop without the block id", "a call in your code passes other arguments than that function or method"),
         ("scans the map", "walked the hash map 1 time(s)"),
         ("one block alone", "you returned one block"),
         ("uncounted", "pool.num_evictions += 1"),

@@ -187,6 +187,29 @@ def _a_new_null_block(*args):
     return learner_lookup(*args, null=KVCacheBlock(-1))
 
 
+def _a_new_block_0_as_null(*args):
+    """Found by a learner: a hand-made placeholder with a real block's id got a hint about get_cached_block."""
+    return learner_lookup(*args, null=KVCacheBlock(0))
+
+
+def _no_reset_with_a_counter(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    """Found by a learner: the run's counter not reset at a miss, blocks collected afterwards; the hint blamed
+    an index off by one."""
+    n = min(max_num_blocks, len(block_hashes))
+    run, start = 0, 0
+    for i in range(n - 1, -1, -1):
+        if block_pool.get_cached_block(block_hashes[i], group) is None:
+            continue  # meant: run = 0
+        run += 1
+        if run >= num_contiguous_blocks:
+            start = i
+            break
+    if run == 0:
+        return []
+    blocks = [block_pool.get_cached_block(block_hashes[j], group) for j in range(start, start + run)]
+    return [block_pool.null_block] * start + blocks
+
+
 def _reverses_the_hashes(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, kv_cache_group_id):
     block_hashes.reverse()  # "search from the right"
     found = []
@@ -306,6 +329,8 @@ MISTAKES = [
     (_returns_hashes, "not block ids or hashes"),
     (_none_for_null, "put block_pool.null_block there, not None"),
     (_a_new_null_block, "not a new KVCacheBlock(-1)"),
+    (_a_new_block_0_as_null, "the positions before the run hold the pool's own null block, block_pool.null_block"),
+    (_no_reset_with_a_counter, "the run's count was not set back to 0 at that miss"),
     (_reverses_the_hashes, "changed the block_hashes list"),
     (_whole_run, "you kept every cached block of the run"),
     (_keeps_the_trailing_nulls, "a null block after a cached one"),

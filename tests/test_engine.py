@@ -383,3 +383,28 @@ def test_max_model_len_past_the_models_positions_is_refused_as_vllm_does():
     with pytest.raises(ValueError, match=rf"max_model_len={limit + 1} is longer than this model's {limit} positions"):
         LLM(device="cpu", num_blocks=8, max_model_len=limit + 1)
     assert LLM(device="cpu", num_blocks=8, max_model_len=limit).llm_engine.max_model_len == limit
+
+
+def test_leaked_blocks_stop_the_engine_with_an_error_not_an_endless_loop():
+    """Blocks that never come back (a learner's free_blocks that loses some) leave a request that can
+    never be admitted; LLM.generate used to step forever. The scheduler says why, and nothing is left queued."""
+    llm = LLM(device="cpu", num_blocks=16, block_size=16)
+    engine = llm.llm_engine
+    pool = engine.kv_cache_manager.block_pool
+    leaked = pool.get_new_blocks(14)  # held by no request, never freed
+    with pytest.raises(RuntimeError, match=r"cannot make progress.*14 of the pool's 16 blocks are in use.*leaked"):
+        llm.generate({"prompt_token_ids": list(range(1, 60))}, SamplingParams(max_tokens=4))
+    assert not engine.has_unfinished_requests()  # generate's own requests were taken back
+    pool.free_blocks(leaked)
+    out = llm.generate({"prompt_token_ids": list(range(1, 60))}, SamplingParams(max_tokens=4, temperature=0))[0]
+    assert len(out.outputs[0].token_ids) == 4  # the same engine serves again once the blocks are back
+    assert_nothing_leaked(engine)
+
+
+def test_a_schedule_waiting_that_admits_nothing_is_named():
+    from mini_vllm.engine_parts import EngineParts
+
+    llm = LLM(device="cpu", num_blocks=16, parts=EngineParts(schedule_waiting=lambda scheduler, budget, output: budget))
+    with pytest.raises(RuntimeError, match="Every block is free, so schedule_waiting admitted nothing"):
+        llm.generate("Once upon a time", SamplingParams(max_tokens=2))
+    assert not llm.llm_engine.has_unfinished_requests()

@@ -323,6 +323,11 @@ def likely_mistake(error: BaseException) -> str:
             )
         if "NoneType" in text:
             return "a value you compute with is None: a function that forgot to return, or a lookup that found nothing"
+        if "argument" in text and _raised_in_learner_code(error):
+            return (
+                "a call in your code passes other arguments than that function or method takes: compare it "
+                "with its signature (help(...) shows it)"
+            )
         if "argument" in text:
             return "a function was called with other arguments than it takes: keep the signature the exercise gives"
         return "a value of the wrong type: print the types of what your code receives and returns"
@@ -342,6 +347,11 @@ def likely_mistake(error: BaseException) -> str:
         return "a dict lookup with a key that is not there: check with `in`, or use .get(key)"
     if isinstance(error, ZeroDivisionError):
         return "a division by zero: an empty range or a sum of zero weights"
+    if isinstance(error, ValueError) and _raised_in_learner_code(error):
+        return (
+            "your own code raised this ValueError: check the condition before that raise (e.g. >= where > "
+            "is meant: asking for exactly as much as there is is allowed)"
+        )
     if isinstance(error, ValueError):
         return (
             "a ValueError: if it comes from the engine (e.g. 'No free blocks available'), your code asked for "
@@ -350,6 +360,17 @@ def likely_mistake(error: BaseException) -> str:
     if isinstance(error, AssertionError):
         return "an assert in your code failed"
     return f"{kind}: read the traceback below, it starts at your code"
+
+
+def _raised_in_learner_code(error: BaseException) -> bool:
+    """The innermost Python frame of ``error``'s traceback is the learner's code (their own ``raise``,
+    or a built-in called from it), not the engine's, the check's or a library's."""
+    traceback = error.__traceback__
+    if traceback is None:
+        return False
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    return _is_learner_file(traceback.tb_frame.f_code.co_filename)
 
 
 def _is_learner_file(filename: str) -> bool:

@@ -434,8 +434,10 @@ class _SlidingWindowCheck:
             check.fail(
                 f"{call}: returned {_describe(result, pool)}: entry {stray_none} is None, after a block",
                 f"get_cached_block found nothing for block_hashes[{stray_none}] in group {group}, yet your answer "
-                "puts it in the run: the positions you return are not the ones you checked (an index off by one "
-                "when you walk from the right, e.g. max_num_blocks - j instead of max_num_blocks - 1 - j?)",
+                "puts it in the run. Either the run's count was not set back to 0 at that miss (a block that is not "
+                "cached breaks the run: it must start again after it), or the positions you return are not the "
+                "ones you checked (an index off by one when you walk from the right, e.g. max_num_blocks - j "
+                "instead of max_num_blocks - 1 - j?)",
             )
         if any(item is None for item in result):
             check.fail(
@@ -457,12 +459,19 @@ class _SlidingWindowCheck:
             "recognises it by identity (block is block_pool.null_block) and never frees or touches it",
             random_case=random_case,
         )
-        foreign = next((b for b in result if b is not pool.null_block and not _in_pool(pool, b)), None)
+        foreign_at = next((i for i, b in enumerate(result) if b is not pool.null_block and not _in_pool(pool, b)), None)
+        if foreign_at is None:
+            return
+        placeholder = all(b is result[foreign_at] for b in result[: foreign_at + 1])  # the padding before the run
         check.expect(
-            foreign is None,
-            f"{call}: returned block {foreign.block_id if foreign else ''}, which is not one of the pool's blocks",
-            "return what block_pool.get_cached_block(block_hash, kv_cache_group_id) gives you in this call: not a "
-            "new KVCacheBlock, and not one remembered from an earlier call (another pool's block)",
+            False,
+            f"{call}: returned block {result[foreign_at].block_id} at position {foreign_at}, which is not one of "
+            "the pool's blocks",
+            "the positions before the run hold the pool's own null block, block_pool.null_block, not a new "
+            "KVCacheBlock: the engine recognises it by identity and never frees or touches it"
+            if placeholder
+            else "return what block_pool.get_cached_block(block_hash, kv_cache_group_id) gives you in this call: "
+            "not a new KVCacheBlock, and not one remembered from an earlier call (another pool's block)",
             random_case=random_case,
         )
 
