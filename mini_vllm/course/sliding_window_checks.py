@@ -460,13 +460,12 @@ class _SlidingWindowCheck:
             random_case=random_case,
         )
         foreign_at = next((i for i, b in enumerate(result) if b is not pool.null_block and not _in_pool(pool, b)), None)
-        if foreign_at is None:
-            return
-        placeholder = all(b is result[foreign_at] for b in result[: foreign_at + 1])  # the padding before the run
+        # A placeholder before the run (the same object at every position up to it) stands in for the null block.
+        placeholder = foreign_at is not None and all(b is result[foreign_at] for b in result[: foreign_at + 1])
         check.expect(
-            False,
-            f"{call}: returned block {result[foreign_at].block_id} at position {foreign_at}, which is not one of "
-            "the pool's blocks",
+            foreign_at is None,
+            f"{call}: returned block {result[foreign_at].block_id if foreign_at is not None else ''} at position "
+            f"{foreign_at}, which is not one of the pool's blocks",
             "the positions before the run hold the pool's own null block, block_pool.null_block, not a new "
             "KVCacheBlock: the engine recognises it by identity and never frees or touches it"
             if placeholder
