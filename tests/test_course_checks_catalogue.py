@@ -477,11 +477,17 @@ def _frees_one_block_at_a_time(pool, req_blocks):
         _free_blocks(pool, block)  # one block where an iterable of blocks is expected
 
 
+def _frees_by_block_id(pool, req_blocks):
+    """Found by a learner: physical order instead of the table's; it got an expected/got pair and no hint."""
+    _free_blocks(pool, sorted(req_blocks, key=lambda b: b.block_id, reverse=True))
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
         (_reverses_the_table_in_place, "changed the block table"),
         (_frees_one_block_at_a_time, "you passed one block where a list"),
+        (_frees_by_block_id, "whatever their block ids"),
     ],
     ids=lambda value: getattr(value, "__name__", "")[:40],
 )

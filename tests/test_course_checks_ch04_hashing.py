@@ -109,6 +109,38 @@ def _pickles_the_list(parent, token_ids, extra_keys=None):
     return hashlib.sha256(pickle.dumps((parent, list(token_ids), extra_keys), protocol=5)).digest()
 
 
+def _default_protocol(parent, token_ids, extra_keys=None):
+    parent = parent or hashing.NONE_HASH
+    return hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys))).digest()
+
+
+def _tokens_first(parent, token_ids, extra_keys=None):
+    parent = parent or hashing.NONE_HASH
+    return hashlib.sha256(pickle.dumps((tuple(token_ids), parent, extra_keys), protocol=5)).digest()
+
+
+def _empty_tuple_for_no_extra_keys(parent, token_ids, extra_keys=None):
+    parent = parent or hashing.NONE_HASH
+    return hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys or ()), protocol=5)).digest()
+
+
+# Found by a learner: these three got the whole recipe as their hint, not the one difference.
+@pytest.mark.parametrize(
+    "wrong,expected_message",
+    [
+        pytest.param(
+            _default_protocol,
+            "without protocol=5",
+            marks=pytest.mark.skipif(pickle.DEFAULT_PROTOCOL == 5, reason="pickle's default is protocol 5 here"),
+        ),
+        (_tokens_first, r"you hashed \(tuple\(token_ids\), parent, extra_keys\)"),
+        (_empty_tuple_for_no_extra_keys, "not \\(\\)"),
+    ],
+)
+def test_ch04_hash_block_tokens_names_the_one_difference_from_the_recipe(wrong, expected_message):
+    rejects(check_hash_block_tokens, wrong, expected_message, regex=True)
+
+
 @pytest.mark.parametrize(
     "wrong,expected_message",
     [

@@ -10,6 +10,9 @@ cache (chapter 04 looks them up in a running engine's map).
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
+import pickle
 from collections.abc import Callable, Sequence
 
 from ..hashing import NONE_HASH, block_extra_keys
@@ -21,6 +24,32 @@ EXACT_HINT = (
     "hash hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest(), "
     "with NONE_HASH as the parent of a first block"
 )
+
+
+def _recipe_mistake(got: object, parent: bytes | None, token_ids: Sequence[int], extra_keys: object) -> str:
+    """The one difference from the recipe that gives ``got``, if it is a known one ("" otherwise)."""
+    parent = NONE_HASH if parent is None else parent
+    tokens = tuple(token_ids)
+
+    def digest(obj: object, protocol: int = pickle.HIGHEST_PROTOCOL) -> bytes:
+        return hashlib.sha256(pickle.dumps(obj, protocol=protocol)).digest()
+
+    if pickle.DEFAULT_PROTOCOL != pickle.HIGHEST_PROTOCOL and got == digest(
+        (parent, tokens, extra_keys), pickle.DEFAULT_PROTOCOL
+    ):
+        return (
+            f"pickle.dumps(...) without protocol=5 pickles with protocol {pickle.DEFAULT_PROTOCOL}, whose bytes "
+            "differ: pass protocol=5 (pickle.HIGHEST_PROTOCOL), as vLLM does"
+        )
+    parts = {"parent": parent, "tuple(token_ids)": tokens, "extra_keys": extra_keys}
+    for order in itertools.permutations(parts):
+        if order != tuple(parts) and got == digest(tuple(parts[name] for name in order)):
+            return (
+                f"you hashed ({', '.join(order)}): the tuple is (parent, tuple(token_ids), extra_keys), in that order"
+            )
+    if extra_keys is None and got == digest((parent, tokens, ())):
+        return "a block without extra keys hashes extra_keys=None as it is, not () (None and () pickle differently)"
+    return ""
 
 
 @guarded_check(part="hash_block_tokens")
@@ -90,16 +119,18 @@ def check_hash_block_tokens(hash_block_tokens: Callable) -> None:
         ("a block under a parent", (other_parent, block, None)),
         ("a block with extra keys", (None, block, salt)),
     ]:
-        check.expect_equal(hash_block_tokens(*args), reference_hash_block_tokens(*args), case, EXACT_HINT)
+        got = hash_block_tokens(*args)
+        check.expect_equal(got, reference_hash_block_tokens(*args), case, _recipe_mistake(got, *args) or EXACT_HINT)
     for _ in range(100):
         parent = check.rng.choice([None, other_parent, reference_hash_block_tokens(None, [check.rng.randrange(50)])])
         tokens = [check.rng.randrange(5000) for _ in range(check.rng.randint(1, 16))]
         extra = check.rng.choice([None, (("lora", "x"),), (("cache_salt", "s"),)])
+        got = hash_block_tokens(parent, tokens, extra)
         check.expect_equal(
-            hash_block_tokens(parent, tokens, extra),
+            got,
             reference_hash_block_tokens(parent, tokens, extra),
             f"random block {tokens} with extra_keys={extra}",
-            EXACT_HINT,
+            _recipe_mistake(got, parent, tokens, extra) or EXACT_HINT,
             random_case=True,
         )
     check.passed()
