@@ -518,6 +518,8 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
                 pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
             if mistake != "uncounted":
                 pool.num_evictions += 1
+            if mistake == "event after clearing the hash":
+                block.block_hash = None
             if mistake != "no event" and pool.enable_kv_cache_events:
                 pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
             block.block_hash = None
@@ -540,6 +542,7 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
         ("one block alone", "you returned one block"),
         ("uncounted", "pool.num_evictions += 1"),
         ("no event", "record each eviction when the pool records events"),
+        ("event after clearing the hash", "you queued them after clearing block.block_hash"),  # found by a learner
         ("counts every pop", "count only the popped blocks that still had a hash"),
         ("event when events are off", "only when pool.enable_kv_cache_events is on"),
     ],

@@ -533,10 +533,14 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
     get_new_blocks(listened, 2)
     removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
     expected_events = [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
+    cleared_first = bool(removed) and all(event.block_hashes == (None,) for event in removed)
     check.expect(
         removed == expected_events,
         f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {removed}",
-        "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
+        "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
+        "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
+        if cleared_first
+        else "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
         "pool.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,))) "
         "(a router mirrors each replica's cache from these events)",
     )
