@@ -452,12 +452,16 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
             num_new_tokens = min(num_new_tokens, token_budget)
         if mistake == "hits not passed to allocate_slots":
             new_blocks = manager.allocate_slots(request, num_new_tokens)
+        elif mistake == "hit blocks passed with a count of 0":
+            new_blocks = manager.allocate_slots(request, num_new_tokens, 0, computed_blocks)
         else:
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_computed_tokens, computed_blocks)
         if new_blocks is None and mistake != "no None check":
             if mistake == "skips what does not fit":
                 skipped.append(scheduler.waiting.popleft())
                 continue
+            if mistake == "requeues what does not fit at the end":
+                scheduler.waiting.append(scheduler.waiting.popleft())
             break
         if mistake != "takes it off the queue before allocating":
             scheduler.waiting.popleft()
@@ -466,7 +470,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
             request.num_cached_tokens = num_computed_tokens
         scheduler.schedule_request(request, num_computed_tokens, num_new_tokens, output)
-        token_budget -= num_new_tokens
+        token_budget -= num_new_tokens + (num_computed_tokens if mistake == "budget charged for the hit" else 0)
     scheduler.waiting.extendleft(reversed(skipped))
     return token_budget
 
@@ -534,6 +538,20 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
 )
 def test_ch08_schedule_waiting_names_what_happens_to_a_request_that_does_not_fit(mistake, expected_message):
     """Found by a learner: these four got a generic hint, or one about admitted requests, or an engine assert."""
+
+    rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        ("hit blocks passed with a count of 0", "Pass the hit's token count as allocate_slots' third argument"),
+        ("requeues what does not fit at the end", "yours put it back at the end (append)"),
+        ("budget charged for the hit", "cached tokens cost no budget"),
+    ],
+)
+def test_ch08_schedule_waiting_names_three_mistakes_a_learner_got_other_hints_for(mistake, expected_message):
+    """Found by a learner pass: each got a hint about another mistake (or a generic one)."""
 
     rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
 

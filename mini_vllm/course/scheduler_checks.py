@@ -258,6 +258,13 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                     "(allocate_slots(request, num_new_tokens, num_new_local_computed_tokens, new_computed_blocks)), "
                     "or they are allocated a second time and not shared"
                 )
+            if want_computed and len(blocks) < len(want_blocks):
+                return problem, (
+                    f"the table is short: its {want_computed} cached tokens were not counted. Pass the hit's token "
+                    "count as allocate_slots' third argument (allocate_slots(request, num_new_tokens, "
+                    "num_new_local_computed_tokens, new_computed_blocks)): with 0 it sizes the table as if the "
+                    "hit blocks held nothing"
+                )
             return problem, "allocate the slots with kv_cache_manager.allocate_slots, once per admitted request"
     for rid, want_cached in want["num_cached_tokens"].items():
         got_cached = got["num_cached_tokens"][rid]
@@ -289,6 +296,16 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 f"'{lost[0]}' did not fit, so it must stay at the front of scheduler.waiting; yours took it off the "
                 "queue. Look at scheduler.waiting[0] and popleft() only once allocate_slots has returned blocks"
             )
+        if (
+            want["waiting"]
+            and sorted(got["waiting"]) == sorted(want["waiting"])
+            and got["waiting"][-1] == want["waiting"][0] != got["waiting"][0]
+        ):
+            return problem, (
+                f"'{want['waiting'][0]}' did not fit, so it must stay at the FRONT of scheduler.waiting; yours put it "
+                "back at the end (append). Look at scheduler.waiting[0] and popleft() only once allocate_slots has "
+                "returned blocks"
+            )
         return problem, (
             "an admitted request leaves the front of scheduler.waiting (popleft) and joins the end of scheduler.running"
         )
@@ -296,7 +313,9 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
         return (
             f"{where}: your function should return {want['budget_returned']} (the token budget left); "
             f"it returned {got['budget_returned']}",
-            "return token_budget minus the tokens you scheduled",
+            "cached tokens cost no budget: only each request's num_new_tokens comes off token_budget"
+            if got["budget_returned"] < want["budget_returned"]
+            else "return token_budget minus the tokens you scheduled",
         )
     if got["prefix_cache_stats"] != want["prefix_cache_stats"]:
         return (
