@@ -28,11 +28,15 @@ def rejects(check, wrong, fragment: str, *args, regex: bool = False) -> str:
     return message
 
 
-def make_decode(*, position=None, feed_all=False, seq_len_shift=0, feed_token=None, fresh_cache=False):
+def make_decode(
+    *, position=None, feed_all=False, seq_len_shift=0, feed_token=None, fresh_cache=False, cache_for_prompt_only=False
+):
     """Chapter 01's exercise, a greedy decode loop, correct unless one of the mistakes is switched on."""
 
     def greedy_decode(model, prompt_ids, max_new_tokens):
-        kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
+        kv_caches = contiguous_kv_cache(
+            model.config, len(prompt_ids) + (0 if cache_for_prompt_only else max_new_tokens)
+        )
         tokens = list(prompt_ids)
         logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), len(tokens))
         new_tokens = [int(logits.argmax())]

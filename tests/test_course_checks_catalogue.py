@@ -170,9 +170,30 @@ class ConsumesTheBlocks(Queue):
             self.append(blocks.pop(0))
 
 
+class ListsTheSentinels(FreeKVCacheBlockQueue):
+    """Found by a learner: the sentinels in get_all_free_blocks got a hint about __init__'s order."""
+
+    def get_all_free_blocks(self):
+        blocks, block = [], self.fake_head
+        while block is not None:
+            blocks.append(block)
+            block = block.next_free_block
+        return blocks
+
+
+class AppendleftSecond(FreeKVCacheBlockQueue):
+    """Found by a learner: inserted after the first free block; the hint blamed a stale head."""
+
+    def appendleft(self, block):
+        first = self.fake_head.next_free_block
+        self._insert_run_after(first if first is not self.fake_tail else self.fake_head, (block,))
+
+
 @pytest.mark.parametrize(
     "wrong, fragment",
     [
+        (ListsTheSentinels, "leave the sentinels out"),
+        (AppendleftSecond, "appendleft put the block second"),
         (SentinelsInTheClassBody, "two queues alive at once interfere"),
         (ConsumesTheBlocks, "must never change the list of blocks __init__ is given"),
         (RemoveWalksTheList, "O(1)"),

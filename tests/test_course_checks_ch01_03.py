@@ -35,8 +35,10 @@ def test_ch01_decode_loop_accepts_a_correct_loop(default_model, capsys):
         (make_decode(feed_token=lambda prompt, tokens: prompt[-1]), "feed the token you generated"),
         # a new (empty) cache every step
         (make_decode(fresh_cache=True), "create the cache once"),
+        # a cache with no room for the new tokens (found by a learner: the hint was about loop bounds)
+        (make_decode(cache_for_prompt_only=True), r"size it for len\(prompt\) \+ max_new_tokens"),
     ],
-    ids=["positions", "refeed", "seq_len", "append", "fresh-cache"],
+    ids=["positions", "refeed", "seq_len", "append", "fresh-cache", "cache-too-small"],
 )
 def test_ch01_decode_loop_rejects_typical_mistakes(default_model, wrong, expected_message):
     rejects(check_decode_loop, wrong, expected_message, default_model, regex=True)

@@ -338,6 +338,12 @@ def likely_mistake(error: BaseException) -> str:
                 "or get_cached_block(...) for a hash that is not cached"
             )
         return "an attribute or method that the object does not have: check the names the exercise uses"
+    if isinstance(error, IndexError) and "out of bounds for dimension" in text:
+        return (
+            "a position past the end of a tensor: a KV cache needs a row for every position written to it "
+            "(the prompt's and every new token's: size it for len(prompt) + max_new_tokens), and an index "
+            "stays below the tensor's size"
+        )
     if isinstance(error, IndexError):
         return (
             "an index past the end: check your loop bounds (range(start, end), len(...) // block_size) and "

@@ -76,7 +76,9 @@ class _Scenario:
         check = self.check
         _expect_given_list_unchanged(check, self.given, self.blocks, self.where())
         got = block_ids(self.free_list())
-        check.expect_equal(got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", hint)
+        check.expect_equal(
+            got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", self._named(got) or hint
+        )
         check.expect_equal(
             self.queue.num_free_blocks,
             len(self.expected),
@@ -104,6 +106,24 @@ class _Scenario:
                 "every change must fix the links on BOTH sides: remove(b) sets b.prev.next = b.next AND "
                 "b.next.prev = b.prev (forgetting one neighbour breaks a later append or popleft)",
             )
+
+    def _named(self, got: list) -> str:
+        """A hint naming the mistake when ``got`` is what a known one gives ("" otherwise)."""
+        if got == self.expected:
+            return ""
+        pool_ids = {block.block_id for block in self.blocks}
+        if len(got) > len(self.expected) and [i for i in got if i in pool_ids] == self.expected:
+            return (
+                f"the list holds {sorted(set(got) - pool_ids)}, which are no free blocks: leave the sentinels out "
+                "(start at head.next_free_block and stop when you reach the tail)"
+            )
+        swapped = self.expected[1:2] + self.expected[:1] + self.expected[2:]
+        if self.history[-1].startswith("appendleft") and len(got) > 1 and got == swapped:
+            return (
+                "appendleft put the block second, after the first free block: it goes first, between the head "
+                "sentinel and the old first block"
+            )
+        return ""
 
     def free_list(self) -> list:
         """``get_all_free_blocks()`` as a list of blocks, or a message saying what came back instead."""
