@@ -210,6 +210,30 @@ def _no_reset_with_a_counter(block_pool, block_hashes, max_num_blocks, num_conti
     return [block_pool.null_block] * start + blocks
 
 
+def _never_looks_at_block_0(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    """Found by a learner: range(n - 1, 0, -1); the hint was the general recipe."""
+    n = min(max_num_blocks, len(block_hashes))
+    run = []
+    for i in range(n - 1, 0, -1):
+        block = block_pool.get_cached_block(block_hashes[i], group)
+        run = [block, *run] if block is not None else []
+        if len(run) == num_contiguous_blocks:
+            return [block_pool.null_block] * i + run
+    return []
+
+
+def _one_position_short(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, group):
+    """Found by a learner: min(max_num_blocks - 1, ...); the hint was the general recipe."""
+    n = min(max_num_blocks - 1, len(block_hashes))
+    run = []
+    for i in range(n - 1, -1, -1):
+        block = block_pool.get_cached_block(block_hashes[i], group)
+        run = [block, *run] if block is not None else []
+        if len(run) == num_contiguous_blocks:
+            return [block_pool.null_block] * i + run
+    return run
+
+
 def _reverses_the_hashes(block_pool, block_hashes, max_num_blocks, num_contiguous_blocks, kv_cache_group_id):
     block_hashes.reverse()  # "search from the right"
     found = []
@@ -331,6 +355,8 @@ MISTAKES = [
     (_a_new_null_block, "not a new KVCacheBlock(-1)"),
     (_a_new_block_0_as_null, "the positions before the run hold the pool's own null block, block_pool.null_block"),
     (_no_reset_with_a_counter, "the run's count was not set back to 0 at that miss"),
+    (_never_looks_at_block_0, "your search never looks at block 0"),
+    (_one_position_short, "you searched the first max_num_blocks - 1 positions only"),
     (_reverses_the_hashes, "changed the block_hashes list"),
     (_whole_run, "you kept every cached block of the run"),
     (_keeps_the_trailing_nulls, "a null block after a cached one"),

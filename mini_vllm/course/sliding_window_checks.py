@@ -41,6 +41,7 @@ SLIDING = 1  # the sliding-window group's id in the fixed cases (group 0: full a
 OFFSET = 10  # group 1 caches prompt block i in pool block OFFSET + i
 
 NAME = "find_sliding_window_cache_hit"
+_NEVER_CACHED = b"\0" * 32  # a block hash no pool holds (a real one is a SHA-256 of a pickle)
 
 
 # -- what known mistakes return (the check names the mistake when the learner's answer is one of these) --------
@@ -92,6 +93,20 @@ def _whole_run(pool, hashes, max_num_blocks, n, group):
         hit[i] = _get(pool, hashes, i, group)
         i -= 1
     return hit
+
+
+def _skips_block_0(pool, hashes, max_num_blocks, n, group):
+    """range(max_num_blocks - 1, 0, -1): block 0 is never looked at (as if it were not cached)."""
+    if not hashes:
+        return None
+    return reference_find_sliding_window_cache_hit(pool, [_NEVER_CACHED, *hashes[1:]], max_num_blocks, n, group)
+
+
+def _one_position_fewer(pool, hashes, max_num_blocks, n, group):
+    """min(max_num_blocks - 1, len(block_hashes)): the last position that may hit is never looked at."""
+    if max_num_blocks < 1:
+        return None
+    return reference_find_sliding_window_cache_hit(pool, hashes, max_num_blocks - 1, n, group)
 
 
 def _no_reset(pool, hashes, max_num_blocks, n, group):
@@ -191,6 +206,18 @@ MISTAKES: list[tuple[str, Callable, str]] = [
         "with no run of num_contiguous_blocks, a shorter run that starts at block 0 is still a hit (the window "
         "of its next token reaches back to the start of the prompt, and all of that is cached): return those "
         "blocks instead of []",
+    ),
+    (
+        "skips block 0",
+        _skips_block_0,
+        "your search never looks at block 0: walk i from max_num_blocks - 1 down to 0, block 0 included "
+        "(range(max_num_blocks - 1, -1, -1); the stop of a range is excluded)",
+    ),
+    (
+        "one position fewer",
+        _one_position_fewer,
+        "you searched the first max_num_blocks - 1 positions only: every position below max_num_blocks may "
+        "hit, the last one included",
     ),
     (
         "partial run anywhere",
@@ -475,14 +502,18 @@ class _SlidingWindowCheck:
         )
 
     def _diagnose(self, result, pool, hashes, max_num_blocks, n, group) -> str | None:
-        """The hint of the known mistake (one that agreed with the reference so far) whose answer this is."""
+        """The hint of the known mistake (one that agreed with the reference so far) whose answer this is;
+        when several give this very answer, each of them."""
+        hints = []
         for label, mistake, hint in MISTAKES:
             if label not in self.alive:
                 continue
             theirs = mistake(pool, list(hashes), max_num_blocks, n, group)
             if theirs is not None and len(theirs) == len(result) and all(a is b for a, b in zip(theirs, result)):
-                return hint
-        return None
+                hints.append(hint)
+        if len(hints) > 1:
+            return "one of these mistakes gives exactly your answer here: " + " | OR | ".join(hints)
+        return hints[0] if hints else None
 
     def _what_is_wrong(self, result, pool, hashes, n, group) -> str:
         """What is wrong in an answer no known mistake explains, from its shape."""
