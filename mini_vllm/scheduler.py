@@ -127,6 +127,14 @@ class SchedulerOutput:
         return not self.scheduled
 
 
+class EngineStalled(RuntimeError):
+    """Requests wait and none can ever run (blocks leaked, or an admission that admits nothing).
+
+    Raised by ``Scheduler.schedule`` instead of letting ``LLM.generate`` step
+    forever; the message (``Scheduler._stalled``) says which of the two it is.
+    """
+
+
 class Scheduler:
     """Owns the waiting and running queues; the ``KVCacheManager`` owns the blocks.
 
@@ -184,10 +192,10 @@ class Scheduler:
             raise
         output.newly_cached_blocks = self.kv_cache_manager.take_newly_cached_blocks()
         if not output.scheduled and not output.preempted and not self.running and self.waiting:
-            raise RuntimeError(self._stalled())
+            raise EngineStalled(self._stalled())
         return output
 
-    def _stalled(self) -> str:
+    def _stalled(self) -> str:  # the message of EngineStalled
         """Why nothing can ever run: requests wait, none runs, and the first one was refused blocks.
 
         Every queued request fits in the whole pool (the engine checks that before

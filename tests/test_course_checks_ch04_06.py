@@ -425,11 +425,33 @@ def test_ch06_free_request_blocks_blames_the_learners_failing_free_blocks():
     from mini_vllm.course._harness import CheckFailure
 
     learner = _learners_freeing(WRONG_FREE_BLOCKS, "reversed(req_blocks)")  # free_request_blocks itself is right
-    with pytest.raises(CheckFailure, match="calls your free_blocks, which fails its own check"):
+    with pytest.raises(CheckFailure, match="calls your free_blocks, which fails its own check") as failure:
         check_free_request_blocks(learner["free_request_blocks"])
+    # Its own hint ("pass reversed(req_blocks) to your free_blocks") would point at the right code.
+    assert "hint" not in str(failure.value) and "reversed" not in str(failure.value)
     # A right free_blocks with free_request_blocks in table order: the mistake is free_request_blocks' own.
     learner = _learners_freeing(RIGHT_FREE_BLOCKS, "req_blocks")
     check_free_blocks.__wrapped__(learner["free_blocks"])  # passes its own check
     with pytest.raises(CheckFailure) as failure:
         check_free_request_blocks(learner["free_request_blocks"])
     assert "fails its own check" not in str(failure.value) and "LAST block first" in str(failure.value)
+
+
+def test_ch06_free_blocks_that_loops_twice_over_an_iterator_is_told_so():
+    """Found by a learner pass: a second loop over reversed(table) finds it empty (the check said only 'differs')."""
+    learner = {}
+    exec(
+        """
+def free_blocks(pool, ordered_blocks):
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+    unhashed = [b for b in ordered_blocks if b.ref_cnt == 0 and b.block_hash is None]
+    for block in reversed(unhashed):
+        pool.free_block_queue.appendleft(block)
+    for block in ordered_blocks:
+        if block.ref_cnt == 0 and block.block_hash is not None:
+            pool.free_block_queue.append(block)
+""",
+        learner,
+    )
+    rejects(check_free_blocks, learner["free_blocks"], "an iterator can be looped over only once")

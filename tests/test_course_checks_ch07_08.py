@@ -534,24 +534,13 @@ def test_ch08_schedule_waiting_names_the_hit_counted_as_new_and_the_missing_budg
         ("no None check", "allocate_slots returned None for it, and None means nothing was allocated"),
         ("running before allocating", "was not admitted (it did not fit), so it stays waiting"),
         ("takes it off the queue before allocating", "did not fit, so it must stay at the front of scheduler.waiting"),
-    ],
-)
-def test_ch08_schedule_waiting_names_what_happens_to_a_request_that_does_not_fit(mistake, expected_message):
-    """Found by a learner: these four got a generic hint, or one about admitted requests, or an engine assert."""
-
-    rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
-
-
-@pytest.mark.parametrize(
-    "mistake, expected_message",
-    [
-        ("hit blocks passed with a count of 0", "Pass the hit's token count as allocate_slots' third argument"),
         ("requeues what does not fit at the end", "yours put it back at the end (append)"),
+        ("hit blocks passed with a count of 0", "Pass the hit's token count as allocate_slots' third argument"),
         ("budget charged for the hit", "cached tokens cost no budget"),
     ],
 )
-def test_ch08_schedule_waiting_names_three_mistakes_a_learner_got_other_hints_for(mistake, expected_message):
-    """Found by a learner pass: each got a hint about another mistake (or a generic one)."""
+def test_ch08_schedule_waiting_names_mistakes_learner_passes_got_other_hints_for(mistake, expected_message):
+    """Found by learner passes: each got a generic hint, one about another mistake, or an engine assert."""
 
     rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
 

@@ -436,3 +436,45 @@ def test_every_function_a_kept_message_names_is_exported_from_the_course():
     named = set(re.findall(r"mini_vllm\.course\.(\w+)\(", source))
     assert named >= {"load_part", "reset_parts"}
     assert [name for name in sorted(named) if not hasattr(course, name)] == []
+
+
+def test_a_lookup_that_returns_none_in_its_list_is_named_with_the_entry(parts_folder):
+    """Found by a learner pass (08b): a None in the hit's list ended steps later in 'NoneType' has no 'ref_cnt'."""
+    from mini_vllm.course.learner_engine import NotAListOfBlocks
+    from mini_vllm.kv_cache_manager import find_longest_cache_hit
+
+    def hit_with_a_hole(block_pool, block_hashes, max_num_blocks):
+        hit = find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)
+        return hit + [None] if hit else hit
+
+    mine = learner_engine(parts={"find_longest_cache_hit": hit_with_a_hole}, **_engine_args())
+    mine.generate(PROMPTS[:1], GREEDY)  # caches the shared start: the next prompt hits it
+    with pytest.raises(
+        TypeError, match=r"your find_longest_cache_hit returned a list whose entry \d+ is None"
+    ) as caught:
+        mine.generate(PROMPTS[1:2], GREEDY)
+    assert isinstance(caught.value, NotAListOfBlocks)
+    assert any("your part 'find_longest_cache_hit'" in note for note in caught.value.__notes__)
+    assert "ref_cnt" not in str(caught.value)
+    assert mine.llm_engine.kv_cache_manager.block_pool.get_num_free_blocks() == _engine_args()["num_blocks"]
+    assert not mine.llm_engine.has_unfinished_requests()
+
+
+def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_parts(parts_folder):
+    """Found by a learner pass (06): the stall's message under the engine's traceback did not point at the check."""
+    from mini_vllm.block_pool import BlockPool
+    from mini_vllm.scheduler import EngineStalled
+
+    def free_blocks_keeping_one(block_pool, ordered_blocks):
+        BlockPool.free_blocks(block_pool, list(ordered_blocks)[1:])  # the request's last block never comes back
+
+    mine = learner_engine(parts={"free_blocks": free_blocks_keeping_one}, **dict(_engine_args(), num_blocks=8))
+    with pytest.raises(EngineStalled, match="cannot make progress") as caught:
+        for prompt in PROMPTS * 4:  # a block lost per request: the pool of 8 runs dry within a few
+            mine.generate(prompt, GREEDY)
+    note = "\n".join(caught.value.__notes__)
+    assert "your free_blocks" in note and "check_free_blocks" in note, note
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert names[1:] == ["generate"], names  # this test's call, then generate: none of the scheduler's frames
+    # The reference engine serves the same prompts: the part, not the workload, stalled it.
+    assert len(learner_engine(parts={}, **dict(_engine_args(), num_blocks=8)).generate(PROMPTS, GREEDY)) == 4

@@ -57,6 +57,11 @@ class CheckFailure(AssertionError):
         self.message = message
         self.learner_traceback = learner_traceback
 
+    @property
+    def seen(self) -> str:
+        """The message without its hint: what was wrong, for a caller that names the fix itself."""
+        return self.message.split("\n    hint: ")[0]
+
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of printing the full traceback.
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: " + str(self)]

@@ -277,7 +277,14 @@ def check_free_blocks(free_blocks: Callable) -> None:
         ) from None
     expected_pool, expected_table = one_request()
     _reference_free_blocks(expected_pool, reversed(expected_table))
-    _compare_states(check, pool, expected_pool, "ordered_blocks given as an iterator")
+    _compare_states(  # case 1 freed this very table as a list, and passed: the iterator is the difference
+        check,
+        pool,
+        expected_pool,
+        "ordered_blocks given as an iterator (reversed(table)), after the same table given as a list passed",
+        "an iterator can be looped over only once, and the second loop finds it empty: loop over ordered_blocks "
+        "once, or make a list of it first (blocks = list(ordered_blocks))",
+    )
 
     # 4. Freed blocks join the tail after the blocks already free, oldest first (LRU).
     def two_requests() -> tuple[BlockPool, list[KVCacheBlock], list[KVCacheBlock]]:
@@ -330,7 +337,7 @@ def check_free_request_blocks(free_request_blocks: Callable) -> None:
         raise CheckFailure(
             "free_request_blocks: it calls your free_blocks, which fails its own check "
             "(check_free_blocks, above): fix free_blocks first, then run this check again.\n"
-            f"    what this check saw: {failure.message}"
+            f"    what this check saw: {failure.seen}"
         ) from None
 
 

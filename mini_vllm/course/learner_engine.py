@@ -24,6 +24,7 @@ from typing import Any
 
 from ..engine_parts import EngineParts
 from ..llm import LLM
+from ..scheduler import EngineStalled
 from ._harness import _is_learner_file
 from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts, parts_dir
 
@@ -57,15 +58,41 @@ class LearnerLLM(LLM):
 
     def generate(self, *args: Any, **kwargs: Any) -> list:
         self.part_errors.clear()
-        outputs = super().generate(*args, **kwargs)
+        try:
+            outputs = super().generate(*args, **kwargs)
+        except EngineStalled as error:
+            error.add_note(self._stall_note())
+            raise error.with_traceback(None) from None  # the scheduler's frames: the message says it all
+        except (
+            Exception
+        ) as error:  # a part the scheduler calls: its error stops the step (the call's requests are aborted)
+            if not any(error is raised for _, raised in self.part_errors):
+                raise
+            self.part_errors[:] = [(key, raised) for key, raised in self.part_errors if raised is error]
         if self.part_errors:
             key, error = self.part_errors[0]
             self.part_errors.clear()
-            note = part_error_note(key)
-            if hasattr(error, "add_note"):
-                error.add_note(note)
-            raise error.with_traceback(_from_the_learners_code(error.__traceback__))
+            error.add_note(part_error_note(key))
+            # The engine's frames tell a learner nothing: from their own code on, or none at all for a wrong return.
+            tb = None if isinstance(error, NotAListOfBlocks) else _from_the_learners_code(error.__traceback__)
+            raise error.with_traceback(tb)
         return outputs
+
+    def _stall_note(self) -> str:
+        """Which of the learner's parts running here own the blocks and the admissions that stalled."""
+        yours = [key for key in BLOCK_PARTS if self.course_parts[key] == "yours"]
+        if not yours:
+            return "every part that frees, allocates or admits is the reference's here"
+        checks = ", ".join(f"check_{key}" for key in yours)
+        return (
+            f"this engine runs your {', '.join(yours)}: a block that never returns to the free queue, or an "
+            f"admission that admits nothing, stops the engine. Run their checks ({checks}) "
+            "until they pass; learner_engine(parts={}) builds an engine of the reference alone."
+        )
+
+
+BLOCK_PARTS = ("free_queue", "free_blocks", "free_request_blocks", "get_new_blocks", "schedule_waiting")
+"""The parts that can stall the engine (:class:`~mini_vllm.scheduler.EngineStalled`): they free, allocate or admit."""
 
 
 def _from_the_learners_code(tb: TracebackType | None) -> TracebackType | None:
@@ -144,15 +171,55 @@ def _triton_interpreted() -> bool:
     return kernels.TRITON_INTERPRETED
 
 
+RETURNS_BLOCKS = {
+    "find_longest_cache_hit": "the hit's blocks, in order",
+    "find_sliding_window_cache_hit": "the hit's blocks, block_pool.null_block for each one outside the window",
+    "get_new_blocks": "the blocks popped from the free queue",
+}
+"""The parts that return a list of ``KVCacheBlock``, and what it holds: the engine uses every entry as a block."""
+
+
+class NotAListOfBlocks(TypeError):
+    """A part of :data:`RETURNS_BLOCKS` returned something else: the message says what, the traceback is the engine's."""
+
+
+def check_returned_blocks(key: str, returned: Any) -> None:
+    """Raise :class:`NotAListOfBlocks` (a ``TypeError``) naming ``key`` and the entry when ``returned`` is not a list of ``KVCacheBlock``.
+
+    Without it, a ``None`` in a learner's list surfaces steps later as the
+    engine's ``'NoneType' object has no attribute 'ref_cnt'``.
+    """
+    from ..block_pool import KVCacheBlock
+
+    what = RETURNS_BLOCKS[key]
+    if not isinstance(returned, list):
+        raise NotAListOfBlocks(
+            f"your {key} returned {type(returned).__name__} {returned!r:.80}: return a list of KVCacheBlock ({what})"
+        )
+    for index, block in enumerate(returned):
+        if not isinstance(block, KVCacheBlock):
+            raise NotAListOfBlocks(
+                f"your {key} returned a list whose entry {index} is {block!r:.80} ({type(block).__name__}), not a "
+                f"KVCacheBlock: the list holds {what}"
+            )
+
+
 def _raising_into(errors: list, key: str, fn: Any) -> Any:
-    """``fn``, recording into ``errors`` any exception it raises before raising it on (classes pass as they are)."""
+    """``fn``, recording into ``errors`` any exception it raises before raising it on (classes pass as they are).
+
+    A part in :data:`RETURNS_BLOCKS` that returns something else than a list of
+    blocks raises a ``TypeError`` saying which entry (:func:`check_returned_blocks`).
+    """
     if isinstance(fn, type) or not callable(fn):
         return fn  # the free queue: its errors reach the caller directly (scheduling is not a forward pass)
 
     @functools.wraps(fn)
     def part(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            returned = fn(*args, **kwargs)
+            if key in RETURNS_BLOCKS:
+                check_returned_blocks(key, returned)
+            return returned
         except Exception as error:
             errors.append((key, error))
             raise
