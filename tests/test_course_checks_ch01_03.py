@@ -270,9 +270,30 @@ def _adds_the_whole_position(block_ids, start, end, block_size):
     return [block_ids[p // block_size] * block_size + p for p in range(start, end)]
 
 
+def _block_of_start_for_every_position(block_ids, start, end, block_size):
+    block = block_ids[start // block_size]
+    return [block * block_size + p % block_size for p in range(start, end)]
+
+
+def _sixteen_written_in(block_ids, start, end, block_size):
+    return [block_ids[p // 16] * 16 + p % 16 for p in range(start, end)]
+
+
+def _next_position(block_ids, start, end, block_size):
+    return [block_ids[(p + 1) // block_size] * block_size + (p + 1) % block_size for p in range(start, end)]
+
+
+def _previous_position(block_ids, start, end, block_size):
+    return [block_ids[(p - 1) // block_size] * block_size + (p - 1) % block_size for p in range(start, end)]
+
+
 @pytest.mark.parametrize(
     "wrong,expected_message",
     [
+        (_block_of_start_for_every_position, "looked up the block of `start` once"),
+        (_sixteen_written_in, "you wrote 16 where block_size belongs"),
+        (_next_position, "slot of the NEXT position"),
+        (_previous_position, "slot of the PREVIOUS position"),
         (_logical_index, "LOGICAL block index"),
         (_offset_from_chunk_start, "start of the BLOCK"),
         (_slot_without_multiplying, "multiply the physical block id"),

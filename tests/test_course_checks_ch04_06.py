@@ -92,6 +92,10 @@ def _one_too_few(block_pool, block_hashes, max_num_blocks):
     return reference_lookup(block_pool, block_hashes, max(0, max_num_blocks - 1))
 
 
+def _recomputes_the_cap(block_pool, block_hashes, max_num_blocks):
+    return reference_lookup(block_pool, block_hashes, len(block_hashes) - 1)  # the last-token rule, again
+
+
 def _touches_the_hits(block_pool, block_hashes, max_num_blocks):
     hits = reference_lookup(block_pool, block_hashes, max_num_blocks)
     block_pool.touch(hits)
@@ -120,7 +124,8 @@ def _newest_duplicate(block_pool, block_hashes, max_num_blocks):
         (_returns_block_ids, "not block ids or hashes"),
         (_returns_hashes, "not block ids or hashes"),
         (_one_too_many, "off by one"),
-        (_one_too_few, "off by one"),
+        (_one_too_few, "stopped one block early"),
+        (_recomputes_the_cap, "a cap of your own such as len\\(block_hashes\\) - 1"),
         (_touches_the_hits, "takes no references"),
         (_returns_a_generator, "not a list"),
         (_newest_duplicate, "first block inserted"),

@@ -162,7 +162,13 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
         "blocks [0, 1, 2, 3]",
         "4 cached blocks, max_num_blocks=4",
         "all four hashes are in the map: return their blocks, in order"
-        + ("; off by one? you stopped one block early (range(max_num_blocks - 1)?)" if len(result) == 3 else ""),
+        + (
+            "; you stopped one block early: range(max_num_blocks - 1), or a cap of your own such as "
+            "len(block_hashes) - 1? max_num_blocks IS the cap (the caller applied the last-token rule): stop "
+            "after max_num_blocks blocks, no earlier"
+            if len(result) == 3
+            else ""
+        ),
     )
     check.expect(
         all(got is pool.blocks[i] for i, got in enumerate(result)),

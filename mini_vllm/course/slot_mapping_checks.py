@@ -51,6 +51,23 @@ def _bit_tricks(block_ids, start, end, block_size):
     return [block_ids[p >> shift] * block_size + (p & (block_size - 1)) for p in range(start, end)]
 
 
+def _first_block_for_all(block_ids, start, end, block_size):
+    # The block of `start` looked up once, used for every position of the chunk.
+    return [block_ids[start // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def _sixteen(block_ids, start, end, block_size):
+    return [block_ids[p // 16] * 16 + p % 16 for p in range(start, end)]
+
+
+def _one_later(block_ids, start, end, block_size):
+    return reference_slot_mapping(block_ids, start + 1, end + 1, block_size)
+
+
+def _one_earlier(block_ids, start, end, block_size):
+    return [block_ids[(p - 1) // block_size] * block_size + (p - 1) % block_size for p in range(start, end)]
+
+
 def _inclusive_end(block_ids, start, end, block_size):
     return reference_slot_mapping(block_ids, start, min(end + 1, len(block_ids) * block_size), block_size)
 
@@ -89,6 +106,26 @@ _MISTAKES = [
         _bit_tricks,
         "shifts and masks (p >> 4, p & (block_size - 1)) compute p // block_size and p % block_size only "
         "when block_size is a power of two; the engine accepts any block size: use // and %",
+    ),
+    (
+        _first_block_for_all,
+        "you looked up the block of `start` once and used it for every position: a chunk can cross into "
+        "the next block, so look up block_ids[p // block_size] for each position p",
+    ),
+    (
+        _sixteen,
+        "you wrote 16 where block_size belongs: the engine (and this check) use other block sizes too; "
+        "use the block_size argument in both the division and the remainder",
+    ),
+    (
+        _one_later,
+        "each of your slots is the slot of the NEXT position (p + 1): the slots are those of positions "
+        "start, start+1, ..., end-1 exactly",
+    ),
+    (
+        _one_earlier,
+        "each of your slots is the slot of the PREVIOUS position (p - 1): positions count from 0, so "
+        "position p itself goes in block p // block_size at offset p % block_size",
     ),
     (
         _inclusive_end,
