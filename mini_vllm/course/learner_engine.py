@@ -47,6 +47,10 @@ class LearnerLLM(LLM):
     a learner sees *their* error, as itself, ``generate`` (and ``chat``) raise
     the first exception one of the learner's parts raised during the call,
     after the engine has finished the call's requests and freed their blocks.
+    A part the scheduler calls stops the step instead; its error is raised the
+    same way, with the same note. An engine stalled by lost blocks
+    (:class:`~mini_vllm.scheduler.EngineStalled`) gets a note naming the
+    learner's parts that free, allocate or admit, and their checks.
     """
 
     part_errors: list[tuple[str, BaseException]]  # (part key, exception), filled by the wrapped parts
@@ -63,9 +67,9 @@ class LearnerLLM(LLM):
         except EngineStalled as error:
             error.add_note(self._stall_note())
             raise error.with_traceback(None) from None  # the scheduler's frames: the message says it all
-        except (
-            Exception
-        ) as error:  # a part the scheduler calls: its error stops the step (the call's requests are aborted)
+        except Exception as error:
+            # A part the scheduler calls (a lookup, an allocation): its error stops the step, and
+            # LLM.generate aborts the call's requests before it arrives here.
             if not any(error is raised for _, raised in self.part_errors):
                 raise
             self.part_errors[:] = [(key, raised) for key, raised in self.part_errors if raised is error]
