@@ -6,10 +6,12 @@ raise AssertionError with a message that names the mistake."""
 from __future__ import annotations
 
 import pytest
+import torch
 from course_fixtures import make_decode, rejects
 
 from mini_vllm.block_pool import FreeKVCacheBlockQueue
 from mini_vllm.course import check_decode_loop, check_free_queue, check_slot_mapping
+from mini_vllm.course.one_sequence import contiguous_kv_cache, run_model
 from mini_vllm.model_runner import compute_slot_mapping
 
 # --------------------------------------------------------------------------- #
@@ -49,6 +51,41 @@ def test_ch01_decode_loop_rejects_an_extra_token(default_model):
         return make_decode()(model, prompt_ids, max_new_tokens + 1)
 
     rejects(check_decode_loop, one_too_many, "exactly max_new_tokens", default_model, regex=True)
+
+
+def test_ch01_decode_loop_that_never_appends_is_stopped(default_model):
+    """Found by a learner pass: a loop whose `while` measures a list it never appends to hung the check."""
+
+    def never_appends(model, prompt_ids, max_new_tokens):
+        kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
+        tokens = list(prompt_ids)
+        logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), seq_len=len(tokens))
+        out = [int(logits.argmax())]
+        while len(out) < max_new_tokens:
+            logits = run_model(model, kv_caches, [out[-1]], [len(tokens)], seq_len=len(tokens) + 1)
+            _next_token = int(logits.argmax())  # never appended
+        return out
+
+    rejects(
+        check_decode_loop,
+        never_appends,
+        r"a loop that never ends.*\n.*hint: .*append each new token",
+        default_model,
+        regex=True,
+    )
+
+
+def test_ch01_decode_loop_names_the_item_that_is_not_an_int(default_model):
+    def tensors(model, prompt_ids, max_new_tokens):
+        return [torch.tensor(t) for t in make_decode()(model, prompt_ids, max_new_tokens)]
+
+    rejects(
+        check_decode_loop,
+        tensors,
+        r"list of 6 whose item 0 is a Tensor \(6 of the 6 are not ints\)",
+        default_model,
+        regex=True,
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -304,3 +341,19 @@ def _previous_position(block_ids, start, end, block_size):
 )
 def test_ch03_slot_mapping_rejects_typical_mistakes(wrong, expected_message):
     rejects(check_slot_mapping, wrong, expected_message, regex=True)
+
+
+def test_ch03_slot_mapping_an_empty_range_is_an_empty_list():
+    """Found by a learner pass: `if start == end: return None` passed (no case had start == end)."""
+
+    def none_when_empty(block_ids, start, end, block_size):
+        if start == end:
+            return None
+        return compute_slot_mapping(block_ids, start, end, block_size)
+
+    rejects(
+        check_slot_mapping,
+        none_when_empty,
+        r"start == end == 16.* returned None, not a list\n.*return an empty list",
+        regex=True,
+    )

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._harness import Checker, guarded_check
+from ._harness import Checker, describe_type, guarded_check
 from .one_sequence import contiguous_kv_cache, run_model
 
 # Logits computed incrementally and all at once differ by float rounding only;
@@ -28,14 +28,29 @@ _ARGMAX_TOLERANCE = 1e-3
 
 
 class _RecordingModel:
-    """Stands in for a ``CausalLM``: records every forward, then runs the real model."""
+    """Stands in for a ``CausalLM``: records every forward, then runs the real model.
 
-    def __init__(self, model: Any) -> None:
+    A loop that never ends (one that forgets to append the new token) is stopped
+    after ``max_forwards`` forwards with a message that says so.
+    """
+
+    def __init__(self, model: Any, check: Checker, case: str, max_new_tokens: int) -> None:
         self._model = model
         self.config = model.config
         self.calls: list[dict] = []
+        self._check, self._case, self._max_new_tokens = check, case, max_new_tokens
+        # Room for an off-by-one loop to finish (and be told so), not for one that never ends.
+        self.max_forwards = 2 * max_new_tokens + 8
 
     def __call__(self, input_ids, positions, kv_caches, attn_metadata):
+        if len(self.calls) >= self.max_forwards:
+            self._check.fail(
+                f"{self._case}: your function called model(...) {len(self.calls)} times for "
+                f"max_new_tokens={self._max_new_tokens} and had not returned: a loop that never ends",
+                "the loop stops when max_new_tokens tokens were generated: append each new token to the list "
+                "your `while` condition measures (new_tokens.append(next_token)), or loop with "
+                "`for _ in range(max_new_tokens - 1)`",
+            )
         self.calls.append(
             {
                 "input_ids": [int(t) for t in input_ids.tolist()],
@@ -78,7 +93,7 @@ def _check_one(
     case: str,
     random_case: bool,
 ) -> None:
-    recorder = _RecordingModel(model)
+    recorder = _RecordingModel(model, check, case, max_new_tokens)
     given = list(prompt)
     output = check.call(
         greedy_decode,
@@ -97,9 +112,14 @@ def _check_one(
         "the prompt belongs to the caller: copy it before appending new tokens (tokens = list(prompt_ids))",
     )
     output = check.expect_list(output, f"{case}: greedy_decode", random_case=random_case)
+    not_ints = [(i, t) for i, t in enumerate(output) if not isinstance(t, int)]
     check.expect(
-        all(isinstance(t, int) for t in output),
-        f"{case}: greedy_decode returned {[type(t).__name__ for t in output][:4]} items, expected int token ids",
+        not not_ints,
+        f"{case}: greedy_decode returned a list of {len(output)} whose item {not_ints[0][0]} is "
+        f"{describe_type(not_ints[0][1])} ({len(not_ints)} of the {len(output)} are not ints); expected int "
+        "token ids"
+        if not_ints
+        else "",
         "return only the NEW tokens, as Python ints (int(logits.argmax()))",
         random_case,
     )

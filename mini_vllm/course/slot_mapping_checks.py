@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..model_runner import compute_slot_mapping as reference_slot_mapping
-from ._harness import Checker, guarded_check, snapshot
+from ._harness import Checker, describe_type, guarded_check, snapshot
 
 
 # What each typical mistake computes, with the hint that names it.
@@ -160,6 +160,12 @@ def _run(check: Checker, compute_slot_mapping: Callable, args: tuple, case: str,
         what=f"{case}: compute_slot_mapping{args}",
         expected=f"{end - start} slots, one per position in range({start}, {end})",
     )
+    if start == end and not isinstance(got, (list, tuple)):
+        check.fail(
+            f"{case}: compute_slot_mapping{args} returned {describe_type(got)}, not a list",
+            "an empty range has no positions, so it has no slots: return an empty list [] "
+            "(range(start, end) is empty and the loop adds nothing)",
+        )
     got = check.expect_list(got, f"{case}: compute_slot_mapping{args}", int, "int slot numbers", random_case)
     check.expect_unchanged(
         before,
@@ -189,6 +195,7 @@ def check_slot_mapping(compute_slot_mapping: Callable) -> None:
         ("an identity table [0, 1, 2] with a chunk at 5..11, block_size 4", ([0, 1, 2], 5, 11, 4)),
         ("block_size 6 (not a power of two), positions 4..17", ([3, 0, 8], 4, 18, 6)),
         ("block_size 12 (not a power of two), a decode token at 25", ([2, 7, 1], 25, 26, 12)),
+        ("an empty range (start == end == 16): no positions", ([7, 2], 16, 16, 16)),
     ]
     for case, args in cases:
         _run(check, compute_slot_mapping, args, case)
