@@ -183,6 +183,30 @@ def stop_string_window(stop_strings: list[str]) -> int:
     return 4 * max(len(stop) for stop in stop_strings) + 8
 
 
+# An unfinished UTF-8 character has at most 3 bytes, so at most 3 byte-level tokens; a few more
+# cover special tokens, which decode to nothing.
+INCOMPLETE_CHARACTER_WINDOW = 8
+
+
+def decode_output_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text of output tokens, leaving out a character that the last tokens only began (as vLLM shows it).
+
+    A byte-level token can hold the first bytes of a multi-byte character, which decode to
+    "\ufffd" until the tokens with its other bytes come. vLLM's incremental detokenizer
+    (tokenizers' ``DecodeStream``) holds back the tokens whose text ends in "\ufffd" until a later
+    token completes it, so a generation that stops in the middle of a character never shows
+    them. Here those trailing tokens are left out (looking at the last few tokens only: the check
+    costs the same at any length). An invalid byte followed by more text stays "\ufffd", as in vLLM.
+    """
+    end = len(token_ids)
+    while end:
+        tail = tokenizer.decode(token_ids[max(0, end - INCOMPLETE_CHARACTER_WINDOW) : end], skip_special_tokens=True)
+        if not tail.endswith("\ufffd"):
+            break
+        end -= 1
+    return tokenizer.decode(token_ids[:end], skip_special_tokens=True)
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner.
 
@@ -672,7 +696,7 @@ class LLMEngine:
         if request.status is RequestStatus.FINISHED_ERROR:
             text = ""  # decoding may be what failed: the tokens so far are in token_ids
         else:
-            text = self.tokenizer.decode(token_ids_for_text, skip_special_tokens=True)
+            text = decode_output_text(self.tokenizer, token_ids_for_text)
         stop_reason = None  # the stop string that ended it, as vLLM reports (None for EOS, length, ...)
         hit = first_stop_string(text, request.sampling_params.stop_strings)
         if hit is not None:

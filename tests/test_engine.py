@@ -183,6 +183,43 @@ def test_stop_strings_late_in_a_long_output_stop_where_a_whole_decode_would(llm,
         assert len(out.token_ids) > window or stop == full.text[len(full.text) // 3 :][:14]
 
 
+# Byte-level tokens of the bundled tokenizer: "a", " ", then the two bytes of "é" and the three of "日".
+A, SPACE, E_ACUTE, JAPANESE_DAY = [67], [223], [130, 105], [165, 248, 101]
+
+
+def scripted_sampler(monkeypatch, token_ids):
+    """The engine samples ``token_ids`` in turn (a model that stops mid-character on demand)."""
+    script = iter(token_ids)
+    monkeypatch.setattr("mini_vllm.llm_engine.sample", lambda logits, params, generator: next(script))
+
+
+@pytest.mark.parametrize(
+    "token_ids",
+    [
+        A + SPACE + E_ACUTE + JAPANESE_DAY[:1],  # stops after the first of 日's three bytes
+        A + JAPANESE_DAY[:2],  # after two of them
+        A + E_ACUTE[:1],
+        JAPANESE_DAY[:1],  # nothing complete at all
+        JAPANESE_DAY[:1] + A,  # a lone byte followed by text stays "\ufffd", as in vLLM
+        A + JAPANESE_DAY + SPACE,
+    ],
+)
+def test_a_generation_that_stops_mid_character_shows_no_replacement_character(llm, monkeypatch, token_ids):
+    """As vLLM's incremental detokenizer (tokenizers' DecodeStream): the tokens that only began a
+    character are not shown; the token ids still are."""
+    from tokenizers.decoders import DecodeStream
+
+    tokenizer = llm.get_tokenizer()
+    stream = DecodeStream(skip_special_tokens=True)
+    vllm_text = "".join(stream.step(tokenizer._tokenizer, token_id) or "" for token_id in token_ids)
+    scripted_sampler(monkeypatch, token_ids)
+    params = SamplingParams(temperature=0, max_tokens=len(token_ids))
+    [output] = llm.generate([{"prompt_token_ids": [5, 6, 7]}], params)
+    assert output.outputs[0].text == vllm_text
+    assert output.outputs[0].token_ids == token_ids
+    assert not vllm_text.endswith("\ufffd")
+
+
 def test_cache_salt_separates_tenants(prompts):
     llm = LLM(num_blocks=256, device="cpu")
     token_ids = prompts[0]["prompt_token_ids"]

@@ -117,6 +117,30 @@ def test_streaming_gives_the_same_text_and_usage_last(served):
     assert all(getattr(c, "usage", None) is None for c in no_usage)
 
 
+def test_a_completion_that_stops_mid_character_ends_without_a_replacement_character(served, monkeypatch):
+    """Streamed or whole, the text leaves out the bytes of a character the last tokens only began (vLLM's
+    incremental detokenizer); the completion tokens still count them."""
+    llm, server, client = served
+    a, space, e_acute, japanese_day = [67], [223], [130, 105], [165, 248, 101]  # byte-level tokens
+    token_ids = a + space + e_acute + japanese_day[:2]
+    for stream in (False, True):
+        script = iter(token_ids)
+        monkeypatch.setattr("mini_vllm.llm_engine.sample", lambda logits, params, generator: next(script))
+        reply = client.completions.create(
+            model=MODEL, prompt=[5, 6, 7], max_tokens=len(token_ids), stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+        )  # fmt: skip
+        if stream:
+            chunks = list(reply)
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            assert chunks[-1].usage.completion_tokens == len(token_ids)
+        else:
+            text = reply.choices[0].text
+            assert reply.usage.completion_tokens == len(token_ids)
+        assert text == "a \u00e9", (stream, text)
+    wait_idle(llm)
+
+
 def test_completions_batch_n_and_token_ids(served):
     llm, server, client = served
     reply = client.completions.create(

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..llm import LLM
+from ..llm_engine import decode_output_text
 from ..outputs import RequestOutput
 from ..request import Request
 from ..sampling_params import SamplingParams
@@ -322,9 +323,8 @@ class AsyncLLM:
 
     def _new_text(self, request: Request, stream: _Stream) -> str:
         """Text that is safe to send now: no stop string can still cut it, no half-decoded character."""
-        text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=True)
+        text = decode_output_text(self.tokenizer, request.output_token_ids)  # as the final text will be
         safe = text[: len(text) - stream.hold_back] if stream.hold_back else text
-        safe = safe.rstrip("\ufffd")  # a multi-byte character whose last bytes come with the next token
         if len(safe) <= len(stream.text_sent) or not safe.startswith(stream.text_sent):
             return ""
         new = safe[len(stream.text_sent) :]
