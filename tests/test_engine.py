@@ -299,7 +299,8 @@ def test_bad_prompts_raise_value_error_and_the_engine_keeps_serving(llm, prompts
 
 @pytest.mark.parametrize("prompt_len", [20, 30, 31])
 def test_max_model_len_counts_prompt_and_output_as_vllm_does(prompt_len):
-    """vLLM's check_stop ends a request at num_tokens >= max_model_len: prompt + output never exceed it."""
+    """vLLM's check_stop ends a request at num_tokens >= max_model_len: prompt + output never exceed it.
+    A max_tokens above max_model_len is capped, not refused, as vLLM's offline LLM does (its server refuses it)."""
     llm = LLM(device="cpu", max_model_len=32, block_size=16)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     output = llm.generate([{"prompt_token_ids": list(range(10, 10 + prompt_len))}], params)[0]

@@ -337,11 +337,26 @@ def test_a_request_chat_template_is_used_only_when_the_server_trusts_it():
 
 def test_max_tokens_past_the_context_is_capped_and_completions_default_to_16(served):
     """As vLLM's get_max_tokens: max_tokens is capped at the rest of max_model_len (1024 here), not refused;
-    /v1/completions without max_tokens generates 16 tokens (vLLM's and OpenAI's default), chat the rest."""
+    /v1/completions without max_tokens generates 16 tokens (vLLM's and OpenAI's default), chat the rest.
+    A max_tokens greater than max_model_len itself is a 400, in vLLM's words (its TokenizeParams check)."""
     llm, server, client = served
     prompt = list(range(100, 1100))  # 1000 tokens: room for 24
-    capped = client.completions.create(model=MODEL, prompt=prompt, max_tokens=100, extra_body={"ignore_eos": True})
-    assert capped.usage.completion_tokens == 24 and capped.choices[0].finish_reason == "length"
+    for max_tokens in (100, 1024):
+        capped = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, extra_body={"ignore_eos": True}
+        )
+        assert capped.usage.completion_tokens == 24 and capped.choices[0].finish_reason == "length"
+    for field, create in (
+        ("max_tokens", lambda **kw: client.completions.create(model=MODEL, prompt="Once", **kw)),
+        ("max_tokens", lambda **kw: chat(client, "hi", **kw)),
+        ("max_completion_tokens", lambda **kw: chat(client, "hi", **kw)),
+    ):
+        with pytest.raises(APIStatusError) as raised:
+            create(**{field: 1025})
+        assert raised.value.status_code == 400 and raised.value.body["param"] == field
+        assert raised.value.body["message"] == (
+            f"{field}=1025 cannot be greater than max_model_len=1024. Please request fewer output tokens."
+        )
     default = client.completions.create(model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True})
     assert default.usage.completion_tokens == 16
     with pytest.raises(APIStatusError) as raised:  # no room for one output token

@@ -160,16 +160,28 @@ class OpenAIServing:
         if field is not None:
             raise APIError(400, f"{field} is not supported by mini-vLLM's server", param=field)
 
-    def sampling_params(
-        self, body: Any, max_tokens: int | None, num_prompt_tokens: int, max_tokens_name: str = "max_tokens"
-    ) -> SamplingParams:
-        """``SamplingParams`` from the request, the model's defaults filling what it leaves out.
+    @staticmethod
+    def requested_max_tokens(body: Any) -> tuple[str, int | None]:
+        """The field that sets the output length and its value: chat's ``max_completion_tokens`` wins over ``max_tokens``."""
+        if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+            return "max_completion_tokens", body.max_completion_tokens
+        return "max_tokens", body.max_tokens
 
-        ``max_tokens_name``: the field ``max_tokens`` came from (chat's ``max_completion_tokens``).
-        """
+    def sampling_params(self, body: Any, num_prompt_tokens: int) -> SamplingParams:
+        """``SamplingParams`` from the request, the model's defaults filling what it leaves out."""
         limit = self.settings.max_model_len
+        max_tokens_name, max_tokens = self.requested_max_tokens(body)
         if max_tokens is not None and max_tokens < 1:
             raise APIError(400, f"{max_tokens_name} must be an integer >= 1, got {max_tokens}", param=max_tokens_name)
+        if max_tokens is not None and max_tokens > limit:
+            raise APIError(  # vLLM's TokenizeParams check, in its words
+                400,
+                f"{max_tokens_name}={max_tokens} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                param=max_tokens_name,
+            )
+        if max_tokens is None and isinstance(body, CompletionRequest):
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         if num_prompt_tokens >= limit:
             raise APIError(
                 400,
@@ -178,7 +190,8 @@ class OpenAIServing:
                 "Please reduce the length of the input prompt.",
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
             )
-        # As vLLM's get_max_tokens: what was asked for (or the default), capped at the rest of the context.
+        # As vLLM's get_max_tokens: what was asked for (or the default), capped at the rest of the context
+        # (a prompt of 1000 tokens with max_tokens=100 and max_model_len=1024 gets 24).
         room = limit - num_prompt_tokens
         max_tokens = room if max_tokens is None else min(max_tokens, room)
         if body.stream_options is not None and not body.stream:
@@ -410,10 +423,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_cache_salt(body.cache_salt)
         serving.check_implemented(body)
         token_ids = await serving.chat_prompt(body)
-        if body.max_completion_tokens is not None:
-            params = serving.sampling_params(body, body.max_completion_tokens, len(token_ids), "max_completion_tokens")
-        else:
-            params = serving.sampling_params(body, body.max_tokens, len(token_ids))
+        params = serving.sampling_params(body, len(token_ids))
         stream = await serving.start(token_ids, body.cache_salt, params, "messages", "messages")
         response = _Response("chatcmpl", "chat.completion", name, details, body.n, chat=True)
         if body.stream:
@@ -428,8 +438,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_cache_salt(body.cache_salt)
         serving.check_implemented(body)
         prompts = await serving.completion_prompts(body)
-        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        params = [serving.sampling_params(body, max_tokens, len(token_ids)) for token_ids in prompts]
+        params = [serving.sampling_params(body, len(token_ids)) for token_ids in prompts]
         streams = []
         try:
             for index, (token_ids, prompt_params) in enumerate(zip(prompts, params)):
