@@ -65,6 +65,8 @@ if kernels.TRITON_AVAILABLE:
         "slot * stride_cache_offset": 10,
         "cache strides worked out from the shape": 11,
         "tile mask & slot >= 0": 12,
+        "value loaded with the key's strides": 13,
+        "offset and head strides from the shape": 14,
     }
 
     @triton.jit
@@ -115,6 +117,9 @@ if kernels.TRITON_AVAILABLE:
         elif MISTAKE == 11:  # "the cache is [num_blocks, block_size, heads, head_dim]": its strides from the shape
             row = (slot // BLOCK_SIZE) * (BLOCK_SIZE * num_kv_heads * head_dim)
             row = row + (slot % BLOCK_SIZE) * (num_kv_heads * head_dim) + heads * head_dim + dims
+        elif MISTAKE == 14:  # the block stride taken, the rest "known" from the shape
+            row = (slot // BLOCK_SIZE) * stride_cache_block
+            row = row + (slot % BLOCK_SIZE) * (num_kv_heads * head_dim) + heads * head_dim + dims
         else:
             row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
             row = row + heads * stride_cache_head + dims
@@ -128,6 +133,9 @@ if kernels.TRITON_AVAILABLE:
             tl.store(k_cache_ptr + row, key)
             tl.store(v_cache_ptr + row, value)
             return
+        elif MISTAKE == 13:
+            key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
+            value = tl.load(value_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
         else:
             key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
             value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims, mask=in_tile)
@@ -234,6 +242,23 @@ def test_ch07_store_kv_a_cache_whose_blocks_are_not_packed_needs_stride_cache_bl
 
 
 @needs_triton
+def test_ch07_store_kv_offset_and_head_strides_from_the_shape_are_named():
+    """Passed: the interleaved case changes only the block stride; the heads-first case changes the other two."""
+    message = rejects(check_store_kv, _store_kv_with("offset and head strides from the shape"), "its heads are")
+    assert "views of [num_blocks, num_kv_heads, block_size, head_dim] tensors" in message
+    assert "token 0's key (slot 5 = block 1, offset 1) was written as one run of 16 elements" in message
+    assert "heads are 32 elements apart (stride_cache_head) and its slots 8 (stride_cache_offset)" in message
+    assert "worked out the offset and head strides from the shape" in message
+
+
+@needs_triton
+def test_ch07_store_kv_a_value_loaded_with_the_keys_strides_is_named():
+    message = rejects(check_store_kv, _store_kv_with("value loaded with the key's strides"), "key is right")
+    assert "value is a view with other strides than key" in message
+    assert "stride_value_token" in message and "landed at element" not in message
+
+
+@needs_triton
 def test_ch07_store_kv_a_tile_mask_anded_with_the_slot_condition_is_named():
     """The old hint said only "build it from comparisons combined with & and |", which the learner had done."""
     message = rejects(check_store_kv, _store_kv_with("tile mask & slot >= 0"), "in_tile & (slot >= 0)")
@@ -275,10 +300,14 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     running_max = torch.full((num_q_heads,), float("-inf"), dtype=dtype)
     running_sum = torch.zeros(num_q_heads, dtype=dtype)
     acc = torch.zeros(num_q_heads, head_dim, dtype=dtype)
+    if mistake == "block_size 16":
+        block_size = 16
     num_blocks = seq_len // block_size if mistake == "floor division" else math.ceil(seq_len / block_size)
-    for i in range(num_blocks):
+    for i in range(num_blocks + (mistake == "one block too many")):
         block = i if mistake == "logical ids" else int(block_table[i])
         valid = min(block_size, seq_len - i * block_size)
+        if mistake == "every block partial":
+            valid = seq_len % block_size or block_size
         if mistake == "last block seq_len % block_size" and i == num_blocks - 1:
             valid = seq_len % block_size  # 0 when the last block is full
             if valid == 0:
@@ -395,6 +424,36 @@ def test_ch07_paged_decode_names_the_last_block_and_scale_mistakes(mistake, case
 
     message = rejects(check_paged_decode, wrong, expected_message)
     assert case in message and "compare your loop" not in message and "past seq_len" not in message
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        (
+            "block_size 16",
+            "(?s)three full blocks in shuffled physical blocks.*your loop read only the sequence's first 1 block\\(s\\) "
+            "\\(4 tokens\\) of its 3.*a block_size of 16 gives",
+        ),
+        (
+            "every block partial",
+            "(?s)a partial last block.*you took 2 token\\(s\\) \\(seq_len % block_size\\) from EVERY block",
+        ),
+        (
+            "one block too many",
+            "(?s)one full block, block_table \\[0\\].*raised IndexError.*\\n.*\\n.*likely mistake: an index past the end of "
+            "the block table or of a block: the sequence has ceil\\(seq_len / block_size\\) = 1 blocks",
+        ),
+    ],
+)
+def test_ch07_paged_decode_names_mistakes_learner_passes_got_general_hints_for(mistake, expected_message):
+    """A learner pass got "compare your loop with the reference" for the first two and exercise 01's
+    hint about sizing a KV cache for len(prompt) + max_new_tokens for the third."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    message = rejects(check_paged_decode, wrong, expected_message, regex=True)
+    assert "compare your loop" not in message and "max_new_tokens" not in message
 
 
 def test_ch07_paged_decode_half_precision_arithmetic_is_told_to_accumulate_in_float32():

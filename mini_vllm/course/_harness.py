@@ -30,6 +30,9 @@ from typing import Any
 from ..tools import paths
 from .parts import PARTS_BY_KEY, keep
 
+Hint = str | dict[type[BaseException], str]
+"""The likely mistake behind a learner's exception: one for all, or one per exception type."""
+
 _PACKAGE_DIRS = tuple(
     str(path)
     for path in (
@@ -101,8 +104,12 @@ class Checker:
         else:
             self.num_fixed += 1
 
-    def call(self, fn: Callable, *args, what: str, expected: str = "", hint: str = "", **kwargs):
-        """Call the learner's ``fn``; an exception becomes a message about ``what`` was called."""
+    def call(self, fn: Callable, *args, what: str, expected: str = "", hint: Hint = "", **kwargs):
+        """Call the learner's ``fn``; an exception becomes a message about ``what`` was called.
+
+        ``hint``: the likely mistake behind any exception, or a dict of hints by exception type
+        (``{IndexError: "..."}``) with :func:`likely_mistake`'s guess for the others.
+        """
         self.case = what
         return call_learner(fn, *args, name=self.name, what=what, expected=expected, hint=hint, **kwargs)
 
@@ -253,7 +260,7 @@ def _run_guarded(check_fn: Callable, args: tuple, kwargs: dict):
 
 
 def call_learner(
-    fn: Callable, *args, name: str = "your function", what: str = "", expected: str = "", hint: str = "", **kwargs
+    fn: Callable, *args, name: str = "your function", what: str = "", expected: str = "", hint: Hint = "", **kwargs
 ):
     """Call the learner's function; an exception becomes a :class:`CheckFailure`.
 
@@ -272,8 +279,10 @@ def call_learner(
         ) from None
 
 
-def learner_error(name: str, what: str, error: BaseException, expected: str = "", hint: str = "") -> CheckFailure:
+def learner_error(name: str, what: str, error: BaseException, expected: str = "", hint: Hint = "") -> CheckFailure:
     root = _innermost(error)
+    if isinstance(hint, dict):  # a hint for some kinds of exception; the general guess for the others
+        hint = next((text for kind, text in hint.items() if isinstance(root, kind)), "")
     lines = [f"{name}: {what} raised {type(root).__name__}: {_first_line(root)}"]
     if expected:
         lines.append(f"    expected: {expected}")
@@ -345,9 +354,8 @@ def likely_mistake(error: BaseException) -> str:
         return "an attribute or method that the object does not have: check the names the exercise uses"
     if isinstance(error, IndexError) and "out of bounds for dimension" in text:
         return (
-            "a position past the end of a tensor: a KV cache needs a row for every position written to it "
-            "(the prompt's and every new token's: size it for len(prompt) + max_new_tokens), and an index "
-            "stays below the tensor's size"
+            "an index past the end of a tensor (the message says which dimension and its size, the traceback "
+            "which line): check the loop bounds and the size you gave the tensor when you created it"
         )
     if isinstance(error, IndexError):
         return (

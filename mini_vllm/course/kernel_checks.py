@@ -281,29 +281,42 @@ def _store_case(
                 "(stride_value_head) in key/value and by the cache's head stride"
             )
         else:
-            found = k.find_row(want_k[0])
-            row = k.row
+            # Where did the wrong one of the two rows go (the key's, unless only the value is wrong)?
+            which, cache, want = ("key", k, want_k) if not torch.equal(got_k, want_k) else ("value", v, want_v)
+            source = f"{which} is a view into a fused qkv tensor here" if fused_qkv else ""
+            found = cache.find_row(want[0])
+            row = cache.row
             if found is None:
-                hint = "token %d's key is nowhere in k_cache" % token
-                if fused_qkv:
+                hint = f"token {token}'s {which} is nowhere in {which[0]}_cache"
+                if source:
                     hint += (
-                        ": key is a view into a fused qkv tensor here, so token t starts at "
-                        "t * stride_key_token, not t * num_kv_heads * head_dim"
+                        f": {source}, so token t starts at t * stride_{which}_token, not t * num_kv_heads * head_dim"
                     )
+                elif which == "value":
+                    hint += (
+                        " (its key is right): load V from value_ptr with value's own strides (stride_value_token, "
+                        "stride_value_head) and store it at the same cache offset as K, into v_cache_ptr"
+                    )
+            elif found == slot * row and which == "value":
+                hint = (
+                    f"token {token}'s key is right and head 0 of its value is in place, but not the rest of the "
+                    "value: load and store V with the same [heads, dims] tile and mask as K, with value's own "
+                    "strides (stride_value_token, stride_value_head)"
+                )
             elif found == slot * head_dim or found == slot:
                 hint = (
-                    f"token {token}'s key landed at element {found}, i.e. you used the slot as an element "
+                    f"token {token}'s {which} landed at element {found}, i.e. you used the slot as an element "
                     f"offset; a slot is a whole row of num_kv_heads * head_dim = {row} elements: "
                     "split it into (block, offset) and multiply each by its stride"
                 )
             elif found == slot * block_size * row:
                 hint = (
-                    f"token {token}'s key landed at block {slot}, i.e. you multiplied the slot by the "
+                    f"token {token}'s {which} landed at block {slot}, i.e. you multiplied the slot by the "
                     "block stride: block = slot // BLOCK_SIZE, offset = slot % BLOCK_SIZE"
                 )
             else:
                 hint = (
-                    f"token {token}'s key landed at element {found} instead of {slot * row} "
+                    f"token {token}'s {which} landed at element {found} instead of {slot * row} "
                     f"(block {block} * {block_size * row} + offset {offset} * {row})"
                 )
         fail(f"token {token} (slot {slot} = block {block}, offset {offset}) is not in its slot", hint)
@@ -352,16 +365,21 @@ def _store_case(
     )
 
 
-def _store_into_interleaved_caches(store_kv: Callable, check: Checker) -> None:
-    """K and V caches that are views into one ``[num_blocks, 2, block_size, heads, head_dim]`` tensor.
+def _store_into_strided_caches(store_kv: Callable, check: Checker, layout: str) -> None:
+    """K and V caches that are views with other strides than a contiguous ``[num_blocks, block_size, heads, dim]``.
 
-    A block's K and V sit side by side (FlashInfer's layout), so the caches'
-    block stride is twice ``block_size * stride_cache_offset``: a kernel that
-    ignores ``stride_cache_block`` (``slot * stride_cache_offset``, or strides
-    computed from the shape) is right on every contiguous cache and wrong
-    here. The expected caches are written in plain PyTorch
-    (``kernels.reference.store_kv`` takes contiguous caches only). The case
-    is not counted: a passing check prints the same counts as before it was added.
+    ``layout``:
+
+    - ``"interleaved"``: views into one ``[num_blocks, 2, block_size, heads, head_dim]`` tensor (a
+      block's K and V side by side, FlashInfer's layout), so the block stride is twice ``block_size *
+      stride_cache_offset``: a kernel that ignores ``stride_cache_block`` (``slot * stride_cache_offset``,
+      or strides computed from the shape) is right on every contiguous cache and wrong here;
+    - ``"heads first"``: views of ``[num_blocks, heads, block_size, head_dim]`` tensors, so a token's
+      heads are ``block_size * head_dim`` apart and its slots ``head_dim`` apart: a kernel that takes
+      ``stride_cache_block`` but works out the offset and head strides from the shape is wrong here.
+
+    The expected caches are written in plain PyTorch (``kernels.reference.store_kv`` takes contiguous
+    caches only). The cases are not counted: a passing check prints the same counts as before them.
     """
     num_blocks, block_size, num_kv_heads, head_dim = 4, 4, 2, 8
     slots = [5, 0, 13, 10]
@@ -369,35 +387,50 @@ def _store_into_interleaved_caches(store_kv: Callable, check: Checker) -> None:
     generator = torch.Generator().manual_seed(7)
     key = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
     value = torch.randn(len(slots), num_kv_heads, head_dim, generator=generator).to(device)
-    shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+    if layout == "interleaved":
+        shape = (num_blocks, 2, block_size, num_kv_heads, head_dim)
+
+        def caches(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return kv[:, 0], kv[:, 1]
+
+        described = (
+            "views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor (a block's K and V side by side)"
+        )
+    else:
+        shape = (2, num_blocks, num_kv_heads, block_size, head_dim)
+
+        def caches(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return kv[0].transpose(1, 2), kv[1].transpose(1, 2)
+
+        described = "views of [num_blocks, num_kv_heads, block_size, head_dim] tensors (each head's slots together)"
     # Room after the tensor: a store addressed as if the blocks were packed tighter or looser stays in it.
     buffer = torch.full((2 * math.prod(shape),), SENTINEL, device=device)
-    kv = buffer[: math.prod(shape)].view(shape)
-    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    k_cache, v_cache = caches(buffer[: math.prod(shape)].view(shape))
     expected = buffer.clone()
-    expected_kv = expected[: math.prod(shape)].view(shape)
+    expected_k, expected_v = caches(expected[: math.prod(shape)].view(shape))
     for token, slot in enumerate(slots):
-        expected_kv[slot // block_size, 0, slot % block_size] = key[token]
-        expected_kv[slot // block_size, 1, slot % block_size] = value[token]
+        expected_k[slot // block_size, slot % block_size] = key[token]
+        expected_v[slot // block_size, slot % block_size] = value[token]
     where = (
-        f"K and V caches that are views into one [num_blocks, 2, block_size, num_kv_heads, head_dim] tensor "
-        f"(a block's K and V side by side), block_size={block_size}, num_kv_heads={num_kv_heads}, "
+        f"K and V caches that are {described}, block_size={block_size}, num_kv_heads={num_kv_heads}, "
         f"head_dim={head_dim}, slots={slots}"
     )
     _call_kernel_launcher(store_kv, key, value, k_cache, v_cache, torch.tensor(slots, device=device), what=where)
     if torch.equal(buffer, expected):
         return
     row = num_kv_heads * head_dim
-    block_stride, offset_stride = k_cache.stride(0), k_cache.stride(1)
+    block_stride, offset_stride, head_stride = k_cache.stride()[:3]
     packed = block_size * offset_stride
+    k_start = k_cache.storage_offset()
     for token, slot in enumerate(slots):
         block, offset = divmod(slot, block_size)
         if torch.equal(k_cache[block, offset], key[token]):
             continue
-        if torch.equal(buffer[slot * row : slot * row + row], key[token].reshape(-1)):
+        at = block * block_stride + offset * offset_stride
+        if layout == "interleaved" and torch.equal(buffer[k_start + slot * row :][:row], key[token].reshape(-1)):
             check.fail(
                 f"{where}: token {token}'s key (slot {slot} = block {block}, offset {offset}) landed at element "
-                f"{slot * row} of k_cache instead of {block * block_stride + offset * offset_stride} "
+                f"{slot * row} of k_cache instead of {at} "
                 f"(block {block} * stride_cache_block {block_stride} + offset {offset} * {offset_stride})",
                 f"you ignored stride_cache_block: here the blocks are {block_stride} elements apart, not "
                 f"block_size * stride_cache_offset = {packed}. Address the cache with block * stride_cache_block "
@@ -405,11 +438,22 @@ def _store_into_interleaved_caches(store_kv: Callable, check: Checker) -> None:
                 "offset = slot % BLOCK_SIZE); slot * stride_cache_offset, or strides worked out from the shape, "
                 "are right only when the blocks are packed one after the other",
             )
+        contiguous_row = k_start + block * block_stride + offset * row
+        if layout == "heads first" and torch.equal(buffer[contiguous_row:][:row], key[token].reshape(-1)):
+            check.fail(
+                f"{where}: token {token}'s key (slot {slot} = block {block}, offset {offset}) was written as one "
+                f"run of {row} elements at element {contiguous_row - k_start} of k_cache; here its heads are "
+                f"{head_stride} elements apart (stride_cache_head) and its slots {offset_stride} "
+                "(stride_cache_offset)",
+                "you used stride_cache_block but worked out the offset and head strides from the shape "
+                "(offset * num_kv_heads * head_dim, heads * head_dim): use the strides the launcher passes, "
+                "block * stride_cache_block + offset * stride_cache_offset + heads * stride_cache_head + dims",
+            )
         break
     check.fail(
         f"{where}: the caches differ from what storing each token's K (V) row in its slot gives",
         "use the strides the launcher passes (stride_cache_block, stride_cache_offset, stride_cache_head): "
-        "a cache's blocks need not be packed one after the other",
+        "a cache's blocks need not be packed one after the other, nor a token's heads",
     )
 
 
@@ -559,7 +603,8 @@ def check_store_kv(store_kv: Callable) -> None:
         num_kv_heads=2,
         head_dim=8,
     )
-    _store_into_interleaved_caches(store_kv, check)
+    _store_into_strided_caches(store_kv, check, "interleaved")
+    _store_into_strided_caches(store_kv, check, "heads first")
     _store_past_two_to_the_31(store_kv, check)
     rng = check.rng
     for index in range(25):
@@ -720,6 +765,12 @@ def _decode_case(
         **kwargs,
         what=f"{where}: paged_decode(...)",
         expected=f"a tensor [num_q_heads, head_dim] = [{case.num_q_heads}, {case.head_dim}]",
+        hint={
+            IndexError: "an index past the end of the block table or of a block: the sequence has "
+            f"ceil(seq_len / block_size) = {math.ceil(case.seq_len / case.block_size)} blocks here, and the block "
+            "table may hold no entry after them; walk exactly that many, and take block_size from the cache "
+            "(k_cache.shape[1])"
+        },
     )
     want = case.expected(scale)
     check.expect(
@@ -778,6 +829,24 @@ def _decode_case(
             f"{full_blocks}..{case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
             f"{math.ceil(case.seq_len / case.block_size)} blocks (math.ceil, or (seq_len + block_size - 1) // "
             f"block_size), not seq_len // block_size = {case.seq_len // case.block_size}"
+        )
+    elif (num_read := _leading_blocks_read(got, case, used_scale)) is not None:
+        num_blocks = math.ceil(case.seq_len / case.block_size)
+        hint = (
+            f"your loop read only the sequence's first {num_read} block(s) ({num_read * case.block_size} tokens) "
+            f"of its {num_blocks}: walk ceil(seq_len / block_size) blocks"
+        )
+        if case.block_size != 16 and num_read == math.ceil(case.seq_len / 16):
+            hint += (
+                f", with this cache's block_size ({case.block_size}, k_cache.shape[1]): {num_read} is the number "
+                "of blocks a block_size of 16 gives. The engine's caches have other block sizes; never write 16"
+            )
+    elif case.seq_len % case.block_size and _close(got, _every_block_partial(case, used_scale)):
+        valid = case.seq_len % case.block_size
+        hint = (
+            f"you took {valid} token(s) (seq_len % block_size) from EVERY block; only the last block is "
+            f"partial: block i holds min(block_size, seq_len - i * block_size) of the sequence's tokens, "
+            "so every block before the last is full"
         )
     elif scale is None and _close(got, case.dense(1.0 / case.head_dim)):
         hint = (
@@ -947,6 +1016,23 @@ def _first_tokens_only(got: torch.Tensor, case: _DecodeCase, scale, num_tokens: 
     if num_tokens >= case.seq_len:
         return False
     return _close(got, case.dense(scale, keys=case.keys[:num_tokens], values=case.values[:num_tokens]))
+
+
+def _leading_blocks_read(got: torch.Tensor, case: _DecodeCase, scale) -> int | None:
+    """k when ``got`` is what reading only the sequence's first k whole blocks gives (0 < k < all)."""
+    num_blocks = math.ceil(case.seq_len / case.block_size)
+    return next(
+        (k for k in range(1, num_blocks) if _first_tokens_only(got, case, scale, k * case.block_size)),
+        None,
+    )
+
+
+def _every_block_partial(case: _DecodeCase, scale) -> torch.Tensor:
+    """What a loop that slices every block to seq_len % block_size tokens (as if each were the last) gives."""
+    valid = case.seq_len % case.block_size
+    num_blocks = math.ceil(case.seq_len / case.block_size)
+    positions = [i * case.block_size + j for i in range(num_blocks) for j in range(valid)]
+    return case.dense(scale, keys=case.keys[positions], values=case.values[positions])
 
 
 def _unmasked_output(case: _DecodeCase, scale) -> torch.Tensor:

@@ -102,6 +102,10 @@ def _check_one(
         max_new_tokens,
         what=f"{case}: greedy_decode(model, {len(prompt)} prompt tokens, max_new_tokens={max_new_tokens})",
         expected=f"a list of {max_new_tokens} new token ids",
+        hint={
+            IndexError: "a position past the end of the KV cache: it needs a row for every position written to "
+            "it (the prompt's and every new token's: size it for len(prompt) + max_new_tokens)"
+        },
     )
     n = len(prompt)
     check.expect_unchanged(
