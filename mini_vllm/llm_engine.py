@@ -207,6 +207,11 @@ def decode_output_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
     return tokenizer.decode(token_ids[:end], skip_special_tokens=True)
 
 
+def ids_of(parent: ParentRequest) -> list[str]:
+    """The request ids a prompt takes: its completions' and, with ``n > 1``, its own."""
+    return parent.child_request_ids if parent.n == 1 else [*parent.child_request_ids, parent.request_id]
+
+
 class LLMEngine:
     """Owns the tokenizer, the scheduler (and through it the KV-cache manager) and the model runner.
 
@@ -458,14 +463,14 @@ class LLMEngine:
             while True:  # skip batch numbers whose ids someone already uses
                 batch = next(self._batch_counter)
                 parents = [ParentRequest(f"{batch}-{index}", params) for index, params in enumerate(params_list)]
-                if not any(child_id in self.requests for parent in parents for child_id in parent.child_request_ids):
+                if not any(self.request_id_in_use(request_id) for parent in parents for request_id in ids_of(parent)):
                     break
         else:
             request_ids = list(request_ids)
             if len(request_ids) != len(prompts):
                 raise ValueError(f"got {len(request_ids)} request_ids for {len(prompts)} prompts")
             parents = [ParentRequest(request_id, params) for request_id, params in zip(request_ids, params_list)]
-            all_ids = [child_id for parent in parents for child_id in parent.child_request_ids]
+            all_ids = [request_id for parent in parents for request_id in ids_of(parent)]
             for request_id in all_ids:
                 self.check_request_id(request_id)
             if len(set(all_ids)) != len(all_ids):
@@ -487,10 +492,15 @@ class LLMEngine:
             raise
         return parents
 
+    def request_id_in_use(self, request_id: str) -> bool:
+        """A queued request's id, or the id of an ``n > 1`` prompt with a completion unfinished
+        (``abort_request`` takes both, so a new request must not reuse either)."""
+        return request_id in self.requests or request_id in self.parent_requests
+
     def check_request_id(self, request_id: str) -> None:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a str, got {type_name(request_id)} {request_id!r:.40}")
-        if request_id in self.requests:
+        if self.request_id_in_use(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
 
     def add_validated_request(

@@ -300,6 +300,28 @@ def test_n_above_one_is_refused_by_add_request_and_served_by_add_requests(llm):
     engine.kv_cache_manager.check_invariants()
 
 
+def test_the_id_of_an_n_above_one_prompt_is_in_use_while_a_completion_runs(llm):
+    """``abort_request`` takes the prompt's id, so no other request may take it (nor a prompt a running completion's)."""
+    engine = llm.llm_engine
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=2, seed=3)
+    assert engine.add_requests([PROMPT], params, request_ids=["parent"]) == {"parent": ["parent-0", "parent-1"]}
+    with pytest.raises(ValueError, match="'parent' is already in use"):
+        engine.add_request("parent", PROMPT["prompt_token_ids"], GREEDY)
+    with pytest.raises(ValueError, match="'parent' is already in use"):
+        engine.add_requests([PROMPT], GREEDY, request_ids=["parent"])
+    with pytest.raises(ValueError, match="'parent-0' is already in use"):
+        engine.add_requests([PROMPT], params, request_ids=["parent-0"])
+    with pytest.raises(ValueError, match="request ids repeat within the batch"):
+        engine.add_requests([PROMPT, PROMPT], [params, GREEDY], request_ids=["twin", "twin"])
+    assert sorted(engine.requests) == ["parent-0", "parent-1"]
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_request("parent", PROMPT["prompt_token_ids"], GREEDY)  # free again once its completions ended
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.kv_cache_manager.check_invariants()
+
+
 def test_a_prompt_that_exactly_fills_the_pool_is_accepted_with_max_tokens_1():
     small = LLM(num_blocks=4, device="cpu")  # 64 token slots
     fills_the_pool = {"prompt_token_ids": [1] + [566] * 63}
