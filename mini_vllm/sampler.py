@@ -18,7 +18,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.greedy:
         return int(torch.argmax(logits).item())
     logits = logits.float() / params.temperature
-    if params.top_k != -1 and params.top_k < logits.shape[-1]:
+    if params.uses_top_k and params.top_k < logits.shape[-1]:
         kth_largest = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
     probs = torch.softmax(logits, dim=-1)

@@ -76,7 +76,7 @@ class SamplingParams:
         temperature: 0 means greedy (argmax); higher flattens the distribution.
             At most 2; values in (0, 0.01) are raised to 0.01 (as in vLLM).
         top_p: keep the smallest set of tokens whose probability reaches top_p.
-        top_k: keep the k most likely tokens (-1: all).
+        top_k: keep the k most likely tokens (0 or -1: all, as in vLLM).
         max_tokens: at most this many generated tokens.
         seed: makes sampling reproducible per request, whatever else is batched;
             with n > 1, completion k uses seed + k (as in vLLM). -1 means None.
@@ -111,9 +111,9 @@ class SamplingParams:
         _check_number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check_int("top_k", self.top_k, minimum=-1)
-        if self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
+        _check_int("top_k", self.top_k)
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 or -1 (disabled), or at least 1, got {self.top_k!r}")
         _check_int("max_tokens", self.max_tokens, minimum=1)
         if self.seed == -1:
             self.seed = None  # vLLM's spelling of "no seed"
@@ -140,6 +140,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def uses_top_k(self) -> bool:
+        """Whether ``top_k`` limits the choice (0 and -1 both mean it does not, as in vLLM)."""
+        return self.top_k > 0
 
 
 def _refuse_what_is_not_implemented(init):

@@ -150,6 +150,15 @@ def test_seeded_sampling_is_reproducible(llm, prompts):
     assert other != first
 
 
+def test_top_k_0_means_no_top_k_as_in_vllm(llm, prompts):
+    """vLLM's default top_k is 0, and 0 or -1 both keep every token."""
+    outputs = [
+        texts(llm.generate([prompts[2]], SamplingParams(temperature=1.5, top_k=top_k, max_tokens=8, seed=11)))
+        for top_k in (0, -1, 1)
+    ]
+    assert outputs[0] == outputs[1] != outputs[2]
+
+
 def test_stop_conditions(llm, prompts):
     long_run = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0]
     assert len(long_run.outputs[0].token_ids) == 3 and long_run.outputs[0].finish_reason == "length"
@@ -331,7 +340,7 @@ def test_a_request_larger_than_the_pool_is_rejected_up_front():
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"n": 0}, "n must"),
-        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"stop": [""]}, "stop"),
         ({"seed": "x"}, "seed"),
     ],

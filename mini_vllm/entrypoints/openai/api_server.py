@@ -200,8 +200,6 @@ class OpenAIServing:
         for key in ("temperature", "top_p", "top_k", "seed"):
             if getattr(body, key) is not None:
                 settings[key] = getattr(body, key)
-        if settings.get("top_k") == 0:
-            settings["top_k"] = -1  # vLLM's API takes 0 as well as -1 for "no top-k"
         try:
             return SamplingParams(
                 n=body.n, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos, **settings
