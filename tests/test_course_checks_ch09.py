@@ -161,7 +161,9 @@ def test_ch09_prompt_fix_names_the_pair_where_reuse_is_lost():
     requests = make_requests(8)
     minutes = [f"{r['now']:%H:%M}" for r in requests]
     assert minutes[0] == minutes[1] != minutes[2]  # the scenario this test relies on
-    message = rejects(check_prompt_fix, _keeps_the_minute_at_the_top, "request 2 is the first that reuses less")
+    message = rejects(
+        check_prompt_fix, _keeps_the_minute_at_the_top, "request 2 is the first of those that lose the most reuse"
+    )
     assert "It and request 1 (the request before it) first differ" in message
     assert f"Today: 2026-11-30 {minutes[2]}" in message  # where they part: the minute at the top
     assert "a part of the current time (the date, the hour or the minute) still comes before" in message
@@ -174,3 +176,33 @@ def test_ch09_prompt_fix_stub_raises_not_implemented():
 
     with pytest.raises(NotImplementedError):
         check_prompt_fix(stub)
+
+
+def _user_first_and_an_order_that_changes_now_and_then(system_prompt, tools, user_request, now):
+    """The user's request before the time (fine: a block or two less) and the tools in an order that changes
+    now and then, as a set's does (it depends on the order its items were added)."""
+    ordered = sorted(tools, key=lambda tool: tool["name"], reverse=now.second % 3 == 0)
+    lines = [system_prompt, "Tools:", *(json.dumps(tool, sort_keys=True) for tool in ordered)]
+    return _messages("\n".join(lines), f"{user_request}\n\nCurrent time: {now.strftime(TIME_FORMAT)}")
+
+
+def test_ch09_prompt_fix_blames_what_loses_the_most():
+    """A learner pass: a set's order was blamed on "the user's request comes before the stable part" (the
+    first request that lost more than a block lost it to the user-first layout, which is fine)."""
+    seconds = [r["now"].second % 3 == 0 for r in make_requests(8)]
+    assert any(seconds) and not all(seconds)  # the scenario this test relies on
+    message = rejects(
+        check_prompt_fix, _user_first_and_an_order_that_changes_now_and_then, "tools are serialized differently"
+    )
+    assert "user's request comes before" not in message and "A set has no order you can rely on" in message
+
+
+def test_ch09_prompt_fix_names_datetime_now():
+    """A learner pass: datetime.now() instead of the `now` argument was told "do not drop it"."""
+    from datetime import datetime
+
+    def wall_clock(system_prompt, tools, user_request, now):
+        return reference_build_messages(system_prompt, tools, user_request, datetime(2031, 1, 2, 3, 4, 5))
+
+    message = rejects(check_prompt_fix, wall_clock, "which holds another time, '2031-01-02 03:04:05'")
+    assert "use the `now` argument" in message and "do not drop it" not in message

@@ -285,6 +285,12 @@ def _time_in_another_format(content: str, now: datetime) -> str:
     return ""
 
 
+def _another_time(content: str) -> str:
+    """A time written in TIME_FORMAT in ``content`` ("" if none): the prompt's time when it is not ``now``."""
+    found = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", content)
+    return found.group() if found else ""
+
+
 def _first_difference(a: str, b: str) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -341,7 +347,9 @@ HINTS = {
     "tools": (
         "the tools are serialized differently from one request to the next (their order or the "
         "order of their keys). Sort the tools by name and serialize each with "
-        "json.dumps(tool, sort_keys=True), so equal tools always give equal text."
+        "json.dumps(tool, sort_keys=True), so equal tools always give equal text. (A set has no order you "
+        "can rely on: it depends on the order its items were added and, for strings, changes between "
+        "processes; sorted(...) gives one.)"
     ),
     "other": "something early in the prompt changes from one request to the next.",
 }
@@ -362,8 +370,9 @@ def _diagnose(texts: list[str], sim, requests: list[dict], tokenizer: Any, refer
         return len(simulation.token_ids[i]) - simulation.num_hit_tokens[i]
 
     extra = [computed(sim, i) - computed(reference, i) for i in range(len(texts))]
-    later = range(1, len(texts))
-    i = next((i for i in later if extra[i] > BLOCK_SIZE), max(later, key=lambda i: extra[i], default=None))
+    # The request that loses the most (the first of those): a request that loses a block or two to a layout
+    # that is fine (the user's request before the time) is not what pulls the hit rate down.
+    i = max(range(1, len(texts)), key=lambda i: (extra[i], -i), default=None)
     if i is None:
         return HINTS["other"]
     j = max(range(i), key=lambda k: (_common_length(texts[k], texts[i]), k))
@@ -371,7 +380,7 @@ def _diagnose(texts: list[str], sim, requests: list[dict], tokenizer: Any, refer
     hit, total = sim.num_hit_tokens[i], len(sim.token_ids[i])
     ref_hit, ref_total = reference.num_hit_tokens[i], len(reference.token_ids[i])
     reuse = (
-        f"request {i} is the first that reuses less than it could: {hit} of its {total} tokens, where the "
+        f"request {i} is the first of those that lose the most reuse: {hit} of its {total} tokens, where the "
         f"reference fix reuses {ref_hit} of {ref_total}"
     )
     if position is None:
@@ -442,21 +451,28 @@ def _check_scenario(
         content = "\n".join(m["content"] for m in messages)
         timestamp = request["now"].strftime(TIME_FORMAT)
         other_format = "" if timestamp in content else _time_in_another_format(content, request["now"])
+        another_time = "" if timestamp in content or other_format else _another_time(content)
+        if other_format:
+            problem = f"in the prompt as {other_format!r}, not in the format the app needs"
+            hint = f"write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r}" + (
+                " (now.isoformat() puts a 'T' between the date and the time)" if "T" in other_format else ""
+            )
+        elif another_time:
+            problem = f"missing from the prompt, which holds another time, {another_time!r}"
+            hint = (
+                "use the `now` argument, the time the app received the request, not datetime.now() (the clock "
+                "when your function runs): the check replays requests received at other times"
+            )
+        else:
+            problem = "missing from the prompt"
+            hint = (
+                "the model still needs the current time: keep it, written with now.strftime('%Y-%m-%d %H:%M:%S'); "
+                "move it, do not drop it (nor round it)"
+            )
         check.expect(
             timestamp in content,
-            f"{label}, request {i}: the current time {timestamp!r} is "
-            + (
-                f"in the prompt as {other_format!r}, not in the format the app needs"
-                if other_format
-                else "missing from the prompt"
-            ),
-            (
-                f"write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r}"
-                + (" (now.isoformat() puts a 'T' between the date and the time)" if "T" in other_format else "")
-            )
-            if other_format
-            else "the model still needs the current time: keep it, written with now.strftime('%Y-%m-%d %H:%M:%S'); "
-            "move it, do not drop it (nor round it)",
+            f"{label}, request {i}: the current time {timestamp!r} is {problem}",
+            hint,
             random_case=random_case,
         )
         check.expect(
