@@ -221,11 +221,15 @@ class InputProcessor:
                 f"the prompt has {len(prompt_token_ids)} tokens: with at least one output token that is longer than "
                 f"max_model_len={self.max_model_len} (prompt + output)"
             )
-        num_tokens_needing_slots = min(len(prompt_token_ids) + sampling_params.max_tokens, self.max_model_len) - 1
+        max_tokens, shown = sampling_params.max_tokens, sampling_params.max_tokens
+        if max_tokens is None:  # as many as max_model_len leaves room for, as in vLLM
+            max_tokens = self.max_model_len - len(prompt_token_ids)
+            shown = f"None: up to max_model_len, {max_tokens}"
+        num_tokens_needing_slots = min(len(prompt_token_ids) + max_tokens, self.max_model_len) - 1
         needed_blocks = self.blocks_needed(num_tokens_needing_slots)
         if needed_blocks > self.num_blocks:
             raise ValueError(
-                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({sampling_params.max_tokens}) needs "
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({shown}) needs "
                 f"{needed_blocks} KV-cache blocks, but the pool has only {self.num_blocks}"
             )
         return list(prompt_token_ids)

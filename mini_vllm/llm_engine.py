@@ -677,7 +677,9 @@ class LLMEngine:
             text = self.tokenizer.decode(window, skip_special_tokens=True)
             if find_stop_string(text, params.stop_strings) is not None:
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if request.num_tokens >= self.max_model_len or (
+            params.max_tokens is not None and request.num_output_tokens >= params.max_tokens
+        ):
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 

@@ -77,7 +77,8 @@ class SamplingParams:
             At most 2; values in (0, 0.01) are raised to 0.01 (as in vLLM).
         top_p: keep the smallest set of tokens whose probability reaches top_p.
         top_k: keep the k most likely tokens (0 or -1: all, as in vLLM).
-        max_tokens: at most this many generated tokens.
+        max_tokens: at most this many generated tokens; None: as many as
+            ``max_model_len`` leaves room for (as in vLLM).
         seed: makes sampling reproducible per request, whatever else is batched;
             with n > 1, completion k uses seed + k (as in vLLM). -1 means None.
         stop: strings that end the completion (not included in its text).
@@ -88,7 +89,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
@@ -114,7 +115,8 @@ class SamplingParams:
         _check_int("top_k", self.top_k)
         if self.top_k < -1:
             raise ValueError(f"top_k must be 0 or -1 (disabled), or at least 1, got {self.top_k!r}")
-        _check_int("max_tokens", self.max_tokens, minimum=1)
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, minimum=1)
         if self.seed == -1:
             self.seed = None  # vLLM's spelling of "no seed"
         if self.seed is not None:

@@ -317,6 +317,18 @@ def test_max_model_len_counts_prompt_and_output_as_vllm_does(prompt_len):
     assert output.outputs[0].finish_reason == "length"
 
 
+def test_max_tokens_none_generates_up_to_max_model_len_as_vllm_does():
+    """vLLM's input processor: an unset max_tokens is max_model_len - prompt length; the pool check counts it."""
+    llm = LLM(device="cpu", max_model_len=32, block_size=16, num_blocks=8)
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    output = llm.generate([{"prompt_token_ids": list(range(10, 22))}], params)[0]
+    assert len(output.outputs[0].token_ids) == 32 - 12 and output.outputs[0].finish_reason == "length"
+    small = LLM(device="cpu", max_model_len=64, block_size=16, num_blocks=2)
+    with pytest.raises(ValueError, match=r"max_tokens \(None: up to max_model_len, 52\) needs 4 KV-cache blocks"):
+        small.generate([{"prompt_token_ids": list(range(10, 22))}], params)
+    assert len(small.generate([{"prompt_token_ids": list(range(10, 22))}], SamplingParams(max_tokens=8))) == 1
+
+
 def test_a_prompt_of_max_model_len_tokens_leaves_no_room_and_is_refused():
     """As vLLM 0.33's input processor: "plus the number of requested output tokens (at least 1) is longer"."""
     llm = LLM(device="cpu", max_model_len=32, block_size=16)
