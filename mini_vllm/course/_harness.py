@@ -154,13 +154,11 @@ class Checker:
                     "each call adds to what the previous ones returned",
                 )
             self._returned.append(value)
-        if item_type is not None:
-            wrong = [item for item in value if not isinstance(item, item_type)]
-            if wrong:
-                self.fail(
-                    f"{case}: the list holds {describe_type(wrong[0])} ({_short(wrong[0], 80)}); "
-                    f"expected {item_name or item_type.__name__ + ' items'}",
-                )
+        if item_type is not None and (wrong := first_not_a(item_type, value)) is not None:
+            self.fail(
+                f"{case}: the list holds {describe_type(wrong[1])} ({_short(wrong[1], 80)}); "
+                f"expected {item_name or item_type.__name__ + ' items'}",
+            )
         return value
 
     def expect_unchanged(self, before: Any, after: Any, case: str, what: str, hint: str) -> None:
@@ -182,6 +180,11 @@ def snapshot(value: Any) -> Any:
     if isinstance(value, (list, tuple)) and value and all(hasattr(v, "block_id") for v in value):
         return [v.block_id for v in value]
     return copy.deepcopy(value)
+
+
+def first_not_a(item_type: type, items: list) -> tuple[int, Any] | None:
+    """``(index, item)`` of the first item that is not an ``item_type``; None when all are."""
+    return next(((index, item) for index, item in enumerate(items) if not isinstance(item, item_type)), None)
 
 
 def describe_type(value: Any) -> str:

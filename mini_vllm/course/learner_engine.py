@@ -25,7 +25,7 @@ from typing import Any
 from ..engine_parts import EngineParts
 from ..llm import LLM
 from ..scheduler import EngineStalled
-from ._harness import _is_learner_file
+from ._harness import _is_learner_file, first_not_a
 from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts, parts_dir
 
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
@@ -84,7 +84,8 @@ class LearnerLLM(LLM):
 
     def _stall_note(self) -> str:
         """Which of the learner's parts running here own the blocks and the admissions that stalled."""
-        yours = [key for key in BLOCK_PARTS if self.course_parts[key] == "yours"]
+        whose = self.course_parts
+        yours = [key for key in BLOCK_PARTS if whose[key] == "yours"]
         if not yours:
             return "every part that frees, allocates or admits is the reference's here"
         checks = ", ".join(f"check_{key}" for key in yours)
@@ -200,12 +201,12 @@ def check_returned_blocks(key: str, returned: Any) -> None:
         raise NotAListOfBlocks(
             f"your {key} returned {type(returned).__name__} {returned!r:.80}: return a list of KVCacheBlock ({what})"
         )
-    for index, block in enumerate(returned):
-        if not isinstance(block, KVCacheBlock):
-            raise NotAListOfBlocks(
-                f"your {key} returned a list whose entry {index} is {block!r:.80} ({type(block).__name__}), not a "
-                f"KVCacheBlock: the list holds {what}"
-            )
+    if (wrong := first_not_a(KVCacheBlock, returned)) is not None:
+        index, entry = wrong
+        raise NotAListOfBlocks(
+            f"your {key} returned a list whose entry {index} is {entry!r:.80} ({type(entry).__name__}), not a "
+            f"KVCacheBlock: the list holds {what}"
+        )
 
 
 def _raising_into(errors: list, key: str, fn: Any) -> Any:
