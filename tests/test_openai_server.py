@@ -186,6 +186,8 @@ BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}, 400, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3.5}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": True}, 400, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, 400, "temperature"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "n"),
@@ -258,6 +260,22 @@ def test_bad_requests_name_the_field_and_leave_nothing_behind(served, body, stat
     assert error["code"] == status and error["param"] == param and error["message"], error
     assert_nothing_leaked(llm.llm_engine)
     assert chat(client, "hi", max_tokens=2).choices[0].message.content is not None  # still serving
+
+
+def test_whole_number_floats_are_integers_as_vllm_takes_them(served):
+    """Python's json writes 3.0 for a float; vLLM's pydantic models take it as 3 (3.5 is a 400 above)."""
+    llm, server, client = served
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "ignore_eos": True}
+    whole = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": 3, "seed": 1}, timeout=60)
+    for floats in ({"max_tokens": 3.0, "seed": 1.0}, {"max_completion_tokens": 3.0, "n": 1.0, "top_k": 0.0}):
+        response = httpx.post(server.url + "/v1/chat/completions", json={**body, **floats}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"] == whole.json()["choices"][0]["message"]
+        assert response.json()["usage"]["completion_tokens"] == 3
+    response = httpx.post(
+        server.url + "/v1/completions", json={"prompt": [5.0, 6.0, 7.0], "max_tokens": 2.0, "temperature": 0}
+    )
+    assert response.status_code == 200 and response.json()["usage"]["prompt_tokens"] == 3, response.text
 
 
 def test_bad_json_and_bad_completion_prompts(served):

@@ -4,7 +4,8 @@ Only the fields a prompt-caching course needs, with the OpenAI / vLLM names:
 ``messages`` or ``prompt``, ``max_tokens`` (``max_completion_tokens`` for chat),
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n``, ``stop``, ``stream``,
 ``stream_options.include_usage``, ``ignore_eos`` and vLLM's ``cache_salt``. Types are checked strictly
-(a string ``max_tokens`` is refused, not converted); values are checked by
+(a string ``max_tokens`` is refused, not converted; vLLM's lax models convert it) except that a
+whole-number float such as ``3.0`` is the integer 3, as vLLM takes it (``Integer``); values are checked by
 ``SamplingParams``, the engine's one place for them, so the server and
 ``LLM.generate`` refuse the same things with the same words. Fields vLLM
 implements and this server does not (``NOT_IMPLEMENTED``: penalties,
@@ -20,11 +21,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 Number = StrictInt | StrictFloat
+
+
+def _whole_number_as_int(value: Any) -> Any:
+    """``3.0`` -> ``3``: a JSON number without a fractional part is an integer (Python's json writes 3.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field: an int, or a float with nothing after the point, as vLLM's models accept (3.5 is refused).
+Integer = Annotated[StrictInt, BeforeValidator(_whole_number_as_int)]
 
 
 # vLLM request fields that change the answer and that this server does not implement, each with the
@@ -88,12 +98,12 @@ class _Request(BaseModel):
         return None
 
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = None
+    max_tokens: Integer | None = None
     temperature: Number | None = None
     top_p: Number | None = None
-    top_k: StrictInt | None = None
-    seed: StrictInt | None = None
-    n: StrictInt = 1
+    top_k: Integer | None = None
+    seed: Integer | None = None
+    n: Integer = 1
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -126,7 +136,7 @@ class ChatCompletionRequest(_Request):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = None
+    max_completion_tokens: Integer | None = None
     chat_template: StrictStr | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -141,7 +151,7 @@ class CompletionRequest(_Request):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (True, None)}
 
     # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    prompt: StrictStr | list[StrictStr] | list[Integer] | list[list[Integer]]
 
 
 _Request.model_rebuild()
