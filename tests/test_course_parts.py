@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import runpy
 import textwrap
+import json
 import traceback
 from pathlib import Path
 
@@ -304,6 +305,19 @@ def test_a_part_that_raises_in_the_forward_pass_is_raised_as_itself(parts_folder
     assert not mine.llm_engine.has_unfinished_requests()
     # A reference engine built the same way raises nothing: the part, not the workload, was wrong.
     assert len(learner_engine(parts={}, **_engine_args()).generate(PROMPTS[:2], GREEDY)) == 2
+
+
+def test_a_part_error_deep_in_a_library_keeps_one_library_frame(parts_folder):
+    """Found by a learner pass (07): a Triton kernel's error in the engine printed 17 frames of the interpreter."""
+
+    def slot_mapping_calling_a_library(block_ids, start, end, block_size):
+        return json.loads("[1, 2")  # raises three frames down in the json package
+
+    mine = learner_engine(parts={"slot_mapping": slot_mapping_calling_a_library}, **_engine_args())
+    with pytest.raises(json.JSONDecodeError) as caught:
+        mine.generate(PROMPTS[:1], GREEDY)
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert names[-3:] == ["generate", "slot_mapping_calling_a_library", "loads"], names
 
 
 def test_the_dashboard_marks_the_learners_parts(parts_folder, tmp_path):

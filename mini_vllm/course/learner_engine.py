@@ -101,12 +101,22 @@ BLOCK_PARTS = ("free_queue", "free_blocks", "free_request_blocks", "get_new_bloc
 
 
 def _from_the_learners_code(tb: TracebackType | None) -> TracebackType | None:
-    """``tb`` from the learner's first frame on: the engine's frames above it (the step, the model,
-    the attention backend) tell a learner nothing. Unchanged when no frame is the learner's."""
+    """``tb`` from the learner's first frame to one frame past their last: the engine's frames above it
+    (the step, the model, the attention backend) and a library's deep below it (Triton's interpreter
+    runs a kernel ~15 frames down) tell a learner nothing. Unchanged when no frame is the learner's."""
     start = tb
     while start is not None and not _is_learner_file(start.tb_frame.f_code.co_filename):
         start = start.tb_next
-    return start or tb
+    if start is None:
+        return tb
+    last, frame = start, start
+    while frame is not None:
+        if _is_learner_file(frame.tb_frame.f_code.co_filename):
+            last = frame
+        frame = frame.tb_next
+    if last.tb_next is not None:
+        last.tb_next.tb_next = None  # the frame the learner's last line called, as learner_traceback keeps it
+    return start
 
 
 def part_error_note(key: str) -> str:
