@@ -197,6 +197,7 @@ BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "cache_salt": "x" * 129}, 400, "cache_salt"),
     ({"messages": [{"role": "user", "content": "story " * 1100}]}, 400, "messages"),
     ({"messages": [{"role": "user"}]}, 400, "messages.0.content"),
+    ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}, 400, "stop"),
     (
         {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
@@ -260,6 +261,21 @@ def test_bad_requests_name_the_field_and_leave_nothing_behind(served, body, stat
     assert error["code"] == status and error["param"] == param and error["message"], error
     assert_nothing_leaked(llm.llm_engine)
     assert chat(client, "hi", max_tokens=2).choices[0].message.content is not None  # still serving
+
+
+def test_an_assistant_message_may_have_null_or_no_content_as_in_openai_and_vllm(served):
+    """vLLM renders such a message with empty content, as an assistant message whose content is ""."""
+    llm, server, client = served
+    answers = []
+    for assistant in (
+        {"role": "assistant", "content": None},
+        {"role": "assistant"},
+        {"role": "assistant", "content": ""},
+    ):
+        messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "Tell me a story."}]
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+        answers.append((reply.usage.prompt_tokens, reply.choices[0].message.content))
+    assert answers[0] == answers[1] == answers[2]
 
 
 def test_whole_number_floats_are_integers_as_vllm_takes_them(served):

@@ -23,7 +23,18 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+)
 
 Number = StrictInt | StrictFloat
 
@@ -125,10 +136,21 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: StrictStr
-    content: StrictStr | list[TextPart]
+    # OpenAI lets an assistant message send null or no content (it made only tool calls); other roles need it.
+    content: StrictStr | list[TextPart] | None = Field(default=None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_assistant(cls, content: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if content is None and role != "assistant":
+            raise ValueError(f"a {role!r} message needs content (only an assistant message may leave it null)")
+        return content
 
     def text(self) -> str:
-        """The content as one string (text parts joined with newlines, as vLLM's chat renderer does)."""
+        """The content as one string (text parts joined with newlines; none is "", as vLLM's chat renderer does)."""
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
 
 
