@@ -8,6 +8,7 @@ subprocess from the command line, and stops it with SIGTERM.
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
@@ -430,6 +431,27 @@ def test_a_pool_smaller_than_max_model_len_serves_what_it_holds():
         assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 129
         wait_idle(llm)
         assert_nothing_leaked(llm.llm_engine)
+
+
+def test_several_served_model_names_are_all_accepted_and_the_first_is_reported():
+    """vLLM's --served-model-name takes several names: any of them may be sent; responses, /v1/models'
+    first entry and /metrics' model_name report the first."""
+    from mini_vllm.entrypoints.openai.api_server import add_server_args
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert parser.parse_args(["m", "--served-model-name", "a", "b"]).served_model_name == ["a", "b"]
+    llm = LLM(device="cpu", num_blocks=32)
+    with BackgroundServer(llm, served_model_name=["first", "second"]) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        assert [model.id for model in client.models.list().data] == ["first", "second"]
+        for name in ("first", "second"):
+            reply = client.completions.create(model=name, prompt="Once", max_tokens=2)
+            assert reply.model == "first"
+        with pytest.raises(APIStatusError) as raised:
+            client.completions.create(model="third", prompt="Once", max_tokens=2)
+        assert raised.value.status_code == 404 and raised.value.body["param"] == "model"
+        assert 'model_name="first"' in httpx.get(server.url + "/metrics").text
 
 
 def test_a_client_that_disconnects_mid_stream_has_its_request_aborted(served):

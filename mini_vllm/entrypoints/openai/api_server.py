@@ -110,7 +110,9 @@ def servable_model_len(engine) -> int:
 
 @dataclass
 class ServerSettings:
-    served_model_name: str
+    # The names clients may send as "model" (vLLM's --served-model-name takes several); responses,
+    # /metrics and the start-up line report the first, as vLLM's do.
+    served_model_names: list[str]
     model_path: str
     max_model_len: int
     enable_prompt_tokens_details: bool = False
@@ -118,6 +120,11 @@ class ServerSettings:
     # A Jinja template sent with a request runs on the engine's thread (a slow one stalls everyone):
     # refused unless the operator trusts its clients, as vLLM's --trust-request-chat-template.
     trust_request_chat_template: bool = False
+
+    @property
+    def served_model_name(self) -> str:
+        """The name responses report: the first of ``served_model_names``."""
+        return self.served_model_names[0]
 
 
 def default_sampling_from(model_path: str) -> dict[str, Any]:
@@ -138,7 +145,7 @@ class OpenAIServing:
 
     # -- requests -> engine -------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.settings.served_model_name:
+        if model is not None and model not in self.settings.served_model_names:
             raise APIError(404, f"The model `{model}` does not exist.", param="model")
 
     @staticmethod
@@ -393,13 +400,14 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
             "object": "list",
             "data": [
                 {
-                    "id": name,
+                    "id": served_name,
                     "object": "model",
                     "created": now(),
                     "owned_by": "mini-vllm",
                     "root": settings.model_path,
                     "max_model_len": settings.max_model_len,
                 }
+                for served_name in settings.served_model_names
             ],
         }
 
@@ -643,7 +651,7 @@ class BackgroundServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        served_model_name: str = "mini-vllm",
+        served_model_name: str | list[str] = "mini-vllm",
         enable_prompt_tokens_details: bool = True,
         trust_request_chat_template: bool = False,
     ) -> None:
@@ -651,7 +659,7 @@ class BackgroundServer:
 
         engine = llm.llm_engine
         settings = ServerSettings(
-            served_model_name=served_model_name,
+            served_model_names=[served_model_name] if isinstance(served_model_name, str) else list(served_model_name),
             model_path=engine.model_path,
             max_model_len=servable_model_len(engine),
             enable_prompt_tokens_details=enable_prompt_tokens_details,
@@ -697,7 +705,12 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="same as the positional MODEL")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
-    parser.add_argument("--served-model-name", default=None, help="the model name clients send (default: MODEL)")
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model names clients may send; responses report the first (default: MODEL)",
+    )
     parser.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block")
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
@@ -777,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = llm.llm_engine
     server_settings = ServerSettings(
-        served_model_name=args.served_model_name or model or "mini-vllm",
+        served_model_names=args.served_model_name or [model or "mini-vllm"],
         model_path=engine.model_path,
         max_model_len=servable_model_len(engine),
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
