@@ -53,26 +53,36 @@ def test_ch01_decode_loop_rejects_an_extra_token(default_model):
     rejects(check_decode_loop, one_too_many, "exactly max_new_tokens", default_model, regex=True)
 
 
+def _never_appends(model, prompt_ids, max_new_tokens):
+    """Found by a learner pass: a loop whose `while` measures a list it never appends to (it hung the check)."""
+    kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
+    tokens = list(prompt_ids)
+    logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), seq_len=len(tokens))
+    out = [int(logits.argmax())]
+    while len(out) < max_new_tokens:
+        logits = run_model(model, kv_caches, [out[-1]], [len(tokens)], seq_len=len(tokens) + 1)
+        _next_token = int(logits.argmax())  # never appended
+    return out
+
+
 def test_ch01_decode_loop_that_never_appends_is_stopped(default_model):
-    """Found by a learner pass: a loop whose `while` measures a list it never appends to hung the check."""
-
-    def never_appends(model, prompt_ids, max_new_tokens):
-        kv_caches = contiguous_kv_cache(model.config, len(prompt_ids) + max_new_tokens)
-        tokens = list(prompt_ids)
-        logits = run_model(model, kv_caches, tokens, list(range(len(tokens))), seq_len=len(tokens))
-        out = [int(logits.argmax())]
-        while len(out) < max_new_tokens:
-            logits = run_model(model, kv_caches, [out[-1]], [len(tokens)], seq_len=len(tokens) + 1)
-            _next_token = int(logits.argmax())  # never appended
-        return out
-
     rejects(
         check_decode_loop,
-        never_appends,
-        r"a loop that never ends.*\n.*hint: .*append each new token",
+        _never_appends,
+        r"a loop that never ends\n.*hint: .*append each new token",
         default_model,
         regex=True,
     )
+
+
+def test_ch01_engine_cell_stops_a_loop_that_never_ends(default_model):
+    """Exercise 01's engine cell runs the learner's loop outside the check: it must not hang either."""
+    from mini_vllm.course._harness import CheckFailure
+    from mini_vllm.course.kv_cache_checks import with_a_forward_limit
+
+    with pytest.raises(CheckFailure, match=r"called model\(...\) 18 times for max_new_tokens=5 .* never ends"):
+        _never_appends(with_a_forward_limit(default_model, 5), [1, 2, 3], 5)
+    assert len(make_decode()(with_a_forward_limit(default_model, 5), [1, 2, 3], 5)) == 5
 
 
 def test_ch01_decode_loop_names_the_item_that_is_not_an_int(default_model):

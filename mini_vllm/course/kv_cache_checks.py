@@ -69,6 +69,15 @@ class _RecordingModel:
         return getattr(self._model, name)
 
 
+def with_a_forward_limit(model: Any, max_new_tokens: int) -> _RecordingModel:
+    """``model`` as a learner's ``greedy_decode`` sees it in the check: a loop that never ends is stopped.
+
+    For running the learner's function outside the check (exercise 01's engine cell), where a
+    loop that never appends its new token would otherwise hang the notebook.
+    """
+    return _RecordingModel(model, Checker("greedy_decode"), "your greedy_decode", max_new_tokens)
+
+
 def _teacher_forced_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
     """Logits at every position of ``token_ids``, from one forward over a fresh cache."""
     param = next(model.parameters())
