@@ -279,6 +279,20 @@ def test_an_assistant_message_may_have_null_or_no_content_as_in_openai_and_vllm(
     assert answers[0] == answers[1] == answers[2]
 
 
+def test_a_number_field_of_the_wrong_type_is_said_to_need_a_number(served):
+    llm, server, client = served
+    for field, value in (("temperature", "hot"), ("top_p", True), ("temperature", [1])):
+        body = {"messages": [{"role": "user", "content": "hi"}], field: value}
+        response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == field, response.text
+        assert error["message"].startswith(f"{field}: Input should be a valid number"), error
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=1, top_p=1, seed=0
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")  # ints are numbers
+
+
 def test_whole_number_floats_are_integers_as_vllm_takes_them(served):
     """Python's json writes 3.0 for a float; vLLM's pydantic models take it as 3 (3.5 is a 400 above)."""
     llm, server, client = served

@@ -36,7 +36,8 @@ from pydantic import (
     field_validator,
 )
 
-Number = StrictInt | StrictFloat
+# A JSON number: an int is taken as the float it equals; a string or a bool is "not a valid number".
+Number = StrictFloat
 
 
 def _whole_number_as_int(value: Any) -> Any:
