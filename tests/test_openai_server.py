@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -568,6 +572,22 @@ def test_make_serve_from_the_command_line(tmp_path):
     assert server.process.returncode in (0, -15), log[-2000:]
     assert "Traceback" not in log, log[-2000:]
     json.dumps(reply.model_dump())
+
+
+def test_a_port_in_use_is_said_so_and_the_server_exits_nonzero_without_claiming_to_serve():
+    """The start-up line comes only once the port is bound; a failed bind says what to do and exits 1."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "mini_vllm", "serve", "--port", str(port), "--num-gpu-blocks-override", "16"]
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "serves" not in result.stdout, result.stdout
+    assert f"could not listen on 127.0.0.1:{port}" in result.stderr and "--port" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
 def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(served):

@@ -30,8 +30,9 @@ import argparse
 import asyncio
 import json
 import logging
+import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -799,28 +800,48 @@ def main(argv: list[str] | None = None) -> int:
     )
     engine = AsyncLLM(llm)
     app = build_app(engine, server_settings)
-    print(f"mini-vLLM serves {server_settings.served_model_name!r} on http://{args.host}:{args.port}/v1", flush=True)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
     )
+
+    def listening(port: int) -> None:
+        print(f"mini-vLLM serves {server_settings.served_model_name!r} on http://{args.host}:{port}/v1", flush=True)
+
+    server = _Server(config, engine, listening)
     try:
-        _Server(config, engine).run()
+        server.run()
     except KeyboardInterrupt:
         pass  # uvicorn raises the Ctrl-C it handled again once it has shut down (as uvicorn.run does)
+    except SystemExit as exit_:  # uvicorn could not start: the port is taken, or the address is not this machine's
+        if server.started or not exit_.code:
+            raise
+        print(
+            f"mini-vLLM could not listen on {args.host}:{args.port} (uvicorn's error above says why; "
+            "if another server has the port, choose another with --port)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     return 0
 
 
 class _Server:
-    """uvicorn's server, which on Ctrl-C or SIGTERM first aborts the requests in flight.
+    """uvicorn's server, which says it is listening once it is, and on Ctrl-C or SIGTERM first aborts the
+    requests in flight.
 
-    Their streams then end at once (``finish_reason="abort"``, blocks freed) and
-    uvicorn's graceful shutdown finds no request left to wait for.
+    ``listening(port)`` runs once the socket is bound (a port in use never gets that far: uvicorn
+    logs the error and raises SystemExit). The requests in flight at a shutdown end at once
+    (``finish_reason="abort"``, blocks freed), so uvicorn's graceful shutdown finds none to wait for.
     """
 
-    def __new__(cls, config, engine: AsyncLLM):
+    def __new__(cls, config, engine: AsyncLLM, listening: Callable[[int], None]):
         import uvicorn
 
         class Server(uvicorn.Server):
+            async def startup(self, sockets=None) -> None:
+                await super().startup(sockets=sockets)
+                listening(self.servers[0].sockets[0].getsockname()[1])
+
             def handle_exit(self, sig, frame) -> None:
                 engine.begin_shutdown()
                 super().handle_exit(sig, frame)
