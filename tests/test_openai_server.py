@@ -24,7 +24,7 @@ from openai import APIStatusError, OpenAI
 
 from engine_invariants import assert_nothing_leaked
 from mini_vllm import LLM
-from mini_vllm.tools.compare_servers import ServerSpec, start_mini_server
+from mini_vllm.tools.compare_servers import ServerSpec, free_port, start_mini_server
 from mini_vllm.entrypoints.openai.api_server import BackgroundServer
 from mini_vllm.events import StepFinished
 from mini_vllm.model import default_model_path
@@ -607,6 +607,85 @@ def test_a_client_that_gives_up_on_a_whole_answer_has_its_request_aborted(served
     assert_nothing_leaked(llm.llm_engine)
     metrics = httpx.get(server.url + "/metrics").text
     assert 'vllm:request_success_total{finished_reason="abort"' in metrics and metrics.count("abort") >= before
+
+
+# ``python -m mini_vllm serve`` whose every engine step lasts 30 s, busy in torch as a long forward pass is.
+SLOW_STEP_SERVER = """
+import sys, time, torch
+from mini_vllm.model_runner import ModelRunner
+execute_model = ModelRunner.execute_model
+def slow_execute_model(self, scheduler_output):
+    deadline = time.monotonic() + 30
+    x = torch.randn(256, 256)
+    while time.monotonic() < deadline:
+        x = torch.tanh(x @ x)
+    return execute_model(self, scheduler_output)
+ModelRunner.execute_model = slow_execute_model
+from mini_vllm.entrypoints.openai.api_server import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def shutdown_error(status: int, text: str) -> dict:
+    """The error a client got at a shutdown: a JSON body, or a stream's error event before its [DONE]."""
+    if status != 200:
+        return {**json.loads(text)["error"], "status": status}
+    events = [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", text
+    return json.loads(events[-2])["error"]
+
+
+@pytest.mark.parametrize("signals", [["SIGINT"], ["SIGTERM"], ["SIGINT", "SIGINT"]])
+def test_a_shutdown_during_a_long_step_answers_every_client_with_a_503_and_exits_cleanly(tmp_path, signals):
+    """A step longer than GRACEFUL_SHUTDOWN_S: clients (one mid-step, one queued behind it) get a JSON 503 or a
+    final SSE error event at once; the server exits without waiting for the step, and a second Ctrl-C
+    exits at once, without the SIGABRT of a teardown under the engine thread."""
+    import signal
+
+    port = free_port()
+    command = [sys.executable, "-c", SLOW_STEP_SERVER, "--port", str(port), "--num-gpu-blocks-override", "16"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(tmp_path / "server.log", "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        answers = []
+
+        def ask(stream: bool) -> None:
+            body = {"prompt": "Once", "max_tokens": 20, "stream": stream}
+            response = httpx.post(url + "/v1/completions", json=body, timeout=60)
+            answers.append(shutdown_error(response.status_code, response.text))
+
+        clients = [threading.Thread(target=ask, args=(stream,)) for stream in (True, False)]
+        for client in clients:
+            client.start()
+            time.sleep(0.5)
+        time.sleep(1)
+        start = time.monotonic()
+        for name in signals:
+            process.send_signal(getattr(signal, name))
+            time.sleep(1)
+        for client in clients:
+            client.join(timeout=60)
+        returncode = process.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        process.kill()
+    log = (tmp_path / "server.log").read_text()
+    assert len(answers) == 2, log[-3000:]
+    for answer in answers:
+        assert answer["code"] == 503 and answer["type"] == "ServiceUnavailableError", answer
+        assert answer["message"].startswith("the server is shutting down"), answer
+    assert returncode in (1, -signal.SIGTERM), (returncode, log[-3000:])  # not -SIGABRT
+    assert took < 20, took  # the 30 s step was not waited for
+    assert "Traceback" not in log and "terminate called" not in log, log[-3000:]
 
 
 def test_ctrl_c_stops_the_server_with_a_request_running(tmp_path):

@@ -31,6 +31,7 @@ import itertools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,17 @@ from ..request import Request
 from ..sampling_params import SamplingParams
 
 logger = logging.getLogger("mini_vllm")
+
+# The finish_reason of the deltas that end every open stream when the server shuts down
+# (``AsyncLLM.begin_shutdown``): not an OpenAI finish reason, the server answers it with a 503.
+SHUTDOWN = "shutdown"
+
+
+class EngineShutDown(RuntimeError):
+    """A call that arrives after ``begin_shutdown``, or waited behind the step it came in: never run."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down: this request was not started")
 
 
 @dataclass
@@ -96,7 +108,10 @@ class RequestStream:
     """One prompt's deltas, in the order the engine produced them: ``async for delta in stream``.
 
     Ends after every completion's last delta. ``aclose()`` (also run when the
-    caller stops early) aborts the completions still running.
+    caller stops early) aborts the completions still running. ``end(reason)``
+    ends it from the caller's side, without waiting for the engine: a last
+    delta with ``finish_reason=reason`` for every completion still running
+    (what the engine sends for them afterwards is dropped).
     """
 
     def __init__(self, engine: AsyncLLM, request_ids: list[str], deltas: asyncio.Queue) -> None:
@@ -109,12 +124,21 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> StreamDelta:
-        if not self._remaining:
-            raise StopAsyncIteration
-        delta = await self._deltas.get()
-        if delta.finished:
-            self._remaining.discard(delta.request_id)
-        return delta
+        while self._remaining:
+            delta = await self._deltas.get()
+            if delta.request_id not in self._remaining:
+                continue  # a completion that end() ended already
+            if delta.finished:
+                self._remaining.discard(delta.request_id)
+            return delta
+        raise StopAsyncIteration
+
+    def end(self, finish_reason: str) -> None:
+        """Queue a last delta with ``finish_reason`` for every completion still running (event-loop thread only)."""
+        for index, request_id in enumerate(self.request_ids):
+            if request_id in self._remaining:  # (a last delta already queued for it is read first and wins)
+                ending = StreamDelta(request_id, index, "", [], 0, 0, finished=True, finish_reason=finish_reason)
+                self._deltas.put_nowait(ending)
 
     async def aclose(self) -> None:
         if self._remaining:
@@ -127,7 +151,8 @@ class AsyncLLM:
 
     Owns the engine thread; everything else talks to the engine through
     ``add_request``, ``abort``, ``reset_prefix_cache`` and ``call``. Call
-    ``shutdown`` to stop the thread (requests still running are aborted).
+    ``shutdown`` to stop the thread (requests still running are aborted, and
+    their streams end at once, whatever step the engine is in).
     """
 
     def __init__(self, llm: LLM) -> None:
@@ -140,6 +165,10 @@ class AsyncLLM:
         self._streams: dict[str, _Stream] = {}  # engine thread only: request id -> its stream
         self._ids = itertools.count()
         self._stopping = False
+        # Event-loop side: the streams handed out (each leaves when collected) and their loop.
+        self._request_streams: weakref.WeakSet[RequestStream] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending_calls: set[concurrent.futures.Future] = set()  # call()s the engine thread has not run yet
         self._thread = threading.Thread(target=self._run, name="mini-vllm-engine", daemon=True)
         self._thread.start()
 
@@ -147,11 +176,20 @@ class AsyncLLM:
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` on the engine thread between two steps; its result or exception comes back."""
         if self._stopping:
-            raise RuntimeError("the engine has shut down")
+            raise EngineShutDown()
         future: concurrent.futures.Future = concurrent.futures.Future()
+        self._pending_calls.add(future)
+        future.add_done_callback(self._pending_calls.discard)
         self._commands.put((fn, future))
         self._wakeup.set()
-        return await asyncio.wrap_future(future)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # begin_shutdown cancelled it before the engine thread ran it (a caller that was itself
+            # cancelled during the shutdown gets this too: it is going away either way).
+            if self._stopping and future.cancelled():
+                raise EngineShutDown() from None
+            raise
 
     async def add_request(self, prompt: Any, sampling_params: SamplingParams) -> RequestStream:
         """Queue one prompt (``n`` completions); its deltas come from the returned ``RequestStream``.
@@ -162,15 +200,22 @@ class AsyncLLM:
         away) aborts the completions that have not finished, so their blocks go
         back to the pool.
         """
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[StreamDelta] = asyncio.Queue()
 
         def push(delta: StreamDelta) -> None:  # runs on the engine thread
-            loop.call_soon_threadsafe(deltas.put_nowait, delta)
+            try:
+                loop.call_soon_threadsafe(deltas.put_nowait, delta)
+            except RuntimeError:  # the event loop has closed: the server has stopped and nobody reads this
+                pass
 
         request_id = f"serve-{next(self._ids)}"
         child_ids = await self.call(lambda: self._add(request_id, prompt, sampling_params, push))
-        return RequestStream(self, child_ids, deltas)
+        stream = RequestStream(self, child_ids, deltas)
+        self._request_streams.add(stream)
+        if self._stopping:  # the shutdown began while the engine queued it
+            stream.end(SHUTDOWN)
+        return stream
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (fire and forget: the engine thread frees their blocks before its next step)."""
@@ -182,18 +227,36 @@ class AsyncLLM:
         return await self.call(self.engine.reset_prefix_cache)
 
     def begin_shutdown(self) -> None:
-        """Abort every request in flight (their streams end with ``finish_reason="abort"``) and let
-        the engine thread stop after it; returns at once (safe in a signal handler)."""
+        """End every stream now (a last delta with ``finish_reason="shutdown"``, even while a long
+        step runs), abort their requests and let the engine thread stop once its step is done;
+        returns at once (safe in a signal handler, from any thread)."""
         if self._stopping:
             return
-        self._commands.put((self._abort_all, None))
+        self._commands.put((lambda: self._abort_all(SHUTDOWN), None))
         self._stopping = True
         self._wakeup.set()
+        for future in list(self._pending_calls):  # waiting behind a long step: they will not run now
+            future.cancel()
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._end_request_streams)
+            except RuntimeError:  # the event loop has closed: no stream is read any more
+                pass
 
-    def shutdown(self) -> None:
-        """``begin_shutdown``, then wait for the engine thread to end."""
+    def _end_request_streams(self) -> None:
+        for stream in list(self._request_streams):
+            stream.end(SHUTDOWN)
+
+    def shutdown(self, timeout: float = 30) -> None:
+        """``begin_shutdown``, then wait up to ``timeout`` seconds for the engine thread to end."""
         self.begin_shutdown()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
+
+    @property
+    def stopped(self) -> bool:
+        """The engine thread has ended (False while it finishes a step after ``begin_shutdown``)."""
+        return not self._thread.is_alive()
 
     # -- the engine thread ----------------------------------------------------------
     def _run(self) -> None:
@@ -252,11 +315,13 @@ class AsyncLLM:
         self._refresh_stats()
 
     def _abort_all(self, reason: str = "abort") -> None:
+        """Abort every streamed request; ``reason`` is its streams' last finish_reason ("error" after a
+        failed step, SHUTDOWN, which /metrics counts as an abort)."""
         for request_id, stream in list(self._streams.items()):
             request = self.engine.requests.get(request_id)
             self.engine.abort_request(request_id)
             del self._streams[request_id]
-            self._count_finished(reason)
+            self._count_finished("abort" if reason == SHUTDOWN else reason)
             stream.push(
                 StreamDelta(
                     request_id,

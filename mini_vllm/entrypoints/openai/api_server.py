@@ -30,6 +30,8 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import signal
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -48,7 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ...llm import LLM, check_conversation
 from ...sampling_params import SamplingParams
 from ...validation import check_text
-from ..async_llm import AsyncLLM, RequestStream, StreamDelta
+from ..async_llm import SHUTDOWN, AsyncLLM, EngineShutDown, RequestStream, StreamDelta
 from .protocol import ChatCompletionRequest, CompletionRequest, error_body, now, random_id, usage
 
 logger = logging.getLogger("mini_vllm")
@@ -64,6 +66,15 @@ GRACEFUL_SHUTDOWN_S = 5
 # /v1/completions without max_tokens: 16 tokens (vLLM's CompletionRequest default, as OpenAI's);
 # chat without it gets the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# Completions that ended without an answer, as the client is told: finish_reason -> (status, error type, message).
+FAILED_ENDINGS = {
+    "error": (500, "InternalServerError", "the engine failed while computing this request (see the server's log)"),
+    SHUTDOWN: (
+        503,
+        "ServiceUnavailableError",
+        "the server is shutting down: this request was stopped before it finished",
+    ),
+}
 
 
 class APIError(Exception):
@@ -351,7 +362,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        engine.shutdown()
+        # Its streams have ended already (begin_shutdown); a step longer than this is left running.
+        engine.shutdown(timeout=GRACEFUL_SHUTDOWN_S)
 
     app = FastAPI(title="mini-vLLM OpenAI-compatible server", lifespan=lifespan)
 
@@ -385,6 +397,10 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
             if "input" in first and param:
                 message += f" (got {json.dumps(first['input'], default=str)[:80]})"
         return APIError(400, message, param=param).response()
+
+    @app.exception_handler(EngineShutDown)
+    async def shutting_down(request: Request, error: EngineShutDown) -> JSONResponse:
+        return APIError(503, str(error), error_type="ServiceUnavailableError").response()
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
@@ -498,8 +514,10 @@ class _Response:
                     counted.add(prompt_index)
                     prompt_tokens += delta.num_prompt_tokens
                     cached_tokens += delta.num_cached_tokens
-        if any(final.finish_reason == "error" for final in finals.values()):
-            raise APIError(500, "the engine failed while computing this request (see the server's log)")
+        for final in finals.values():
+            if final.finish_reason in FAILED_ENDINGS:
+                status, error_type, message = FAILED_ENDINGS[final.finish_reason]
+                raise APIError(status, message, error_type=error_type)
         choices = []
         for choice in sorted(finals):
             text = "".join(texts[choice])
@@ -568,10 +586,10 @@ class _Response:
                     counted.add(prompt_index)
                     prompt_tokens += delta.num_prompt_tokens
                     cached_tokens += delta.num_cached_tokens
-                if delta.finished and delta.finish_reason == "error":
+                if delta.finished and delta.finish_reason in FAILED_ENDINGS:
                     failed = True
-                    error = error_body("the engine failed while computing this request", "InternalServerError", 500)
-                    yield _sse(error)
+                    status, error_type, message = FAILED_ENDINGS[delta.finish_reason]
+                    yield _sse(error_body(message, error_type, status))
                     break
                 if delta.text or delta.finished:
                     finish = delta.finish_reason if delta.finished else None
@@ -822,7 +840,25 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 1
+    if not engine.stopped:
+        exit_now(f"the engine is still in a step after {GRACEFUL_SHUTDOWN_S} s: exiting without waiting for it")
     return 0
+
+
+def exit_now(reason: str) -> None:
+    """End the process at once with status 1, saying why.
+
+    A normal exit would tear the interpreter down under the engine thread while it runs a
+    step in torch, which aborts the process (SIGABRT, "terminate called without an active
+    exception"); ``os._exit`` skips that teardown. The clients were answered already.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except RuntimeError:  # in a signal handler, a write in progress cannot be re-entered
+        pass
+    os.write(sys.stderr.fileno(), f"mini-vLLM: {reason}\n".encode())
+    os._exit(1)
 
 
 class _Server:
@@ -830,8 +866,10 @@ class _Server:
     requests in flight.
 
     ``listening(port)`` runs once the socket is bound (a port in use never gets that far: uvicorn
-    logs the error and raises SystemExit). The requests in flight at a shutdown end at once
-    (``finish_reason="abort"``, blocks freed), so uvicorn's graceful shutdown finds none to wait for.
+    logs the error and raises SystemExit). At the first Ctrl-C or SIGTERM the requests in flight
+    end at once (``AsyncLLM.begin_shutdown``: a 503, or an error event on a stream; their blocks
+    are freed when the engine's step is done), so uvicorn's graceful shutdown finds none to wait
+    for; a second one exits at once (``exit_now``), not waiting for the engine's step.
     """
 
     def __new__(cls, config, engine: AsyncLLM, listening: Callable[[int], None]):
@@ -843,6 +881,8 @@ class _Server:
                 listening(self.servers[0].sockets[0].getsockname()[1])
 
             def handle_exit(self, sig, frame) -> None:
+                if self.should_exit:
+                    exit_now(f"{signal.Signals(sig).name} again: exiting without waiting for the engine")
                 engine.begin_shutdown()
                 super().handle_exit(sig, frame)
 
