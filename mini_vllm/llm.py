@@ -168,12 +168,15 @@ class LLM:
 
 def join_text_parts(conversation: Any, where: str = "") -> Any:
     """The conversation with each OpenAI-style content list (``[{"type": "text", "text": ...}, ...]``)
-    joined into one string with newlines, as vLLM's chat renderer and the server do; anything else as given."""
+    joined into one string with newlines, and an assistant message's null or missing content (OpenAI
+    allows it) as "", as vLLM's chat renderer and the server do; anything else as given."""
     if not isinstance(conversation, (list, tuple)):
         return conversation
     joined = []
     for index, message in enumerate(conversation):
         content = message.get("content") if isinstance(message, dict) else None
+        if content is None and isinstance(message, dict) and message.get("role") == "assistant":
+            message = {**message, "content": ""}
         if isinstance(content, list):
             for part_index, part in enumerate(content):
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):

@@ -584,6 +584,20 @@ def test_vllm_sampling_settings_this_engine_lacks_say_so_and_their_neutral_value
     assert_untouched_and_serving(llm, reference)
 
 
+def test_chat_takes_an_assistant_message_with_null_or_no_content_as_vllm_does(llm):
+    """OpenAI lets an assistant message have no content; vLLM renders it as empty. Other roles still need it."""
+
+    def conversation(assistant):
+        return [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "A story."}]
+
+    empty = llm.chat(conversation({"role": "assistant", "content": ""}), GREEDY)[0].prompt_token_ids
+    assert llm.chat(conversation({"role": "assistant", "content": None}), GREEDY)[0].prompt_token_ids == empty
+    assert llm.chat(conversation({"role": "assistant"}), GREEDY)[0].prompt_token_ids == empty
+    with pytest.raises(TypeError, match="message 1: 'content' must be a str"):
+        llm.chat(conversation({"role": "user", "content": None}), GREEDY)
+    assert_nothing_leaked(llm)
+
+
 def test_chat_takes_openai_style_text_parts_as_vllm_does(llm):
     text = [{"role": "user", "content": "Tell me a story.\nAbout a fox."}]
     parts = [
