@@ -474,6 +474,28 @@ def test_a_lookup_that_returns_none_in_its_list_is_named_with_the_entry(parts_fo
     assert not mine.llm_engine.has_unfinished_requests()
 
 
+def test_parts_that_return_their_blocks_as_a_tuple_run_as_the_checks_take_them(parts_folder):
+    """Found by a learner pass (05, 06, 08b): a tuple passed the check and was kept, then every engine raised
+    NotAListOfBlocks; the checks take a tuple as a list, and so does the learner's engine."""
+    from mini_vllm.block_pool import BlockPool
+    from mini_vllm.kv_cache_manager import find_longest_cache_hit
+
+    def lookup(block_pool, block_hashes, max_num_blocks):
+        return tuple(find_longest_cache_hit(block_pool, block_hashes, max_num_blocks))
+
+    def get_new_blocks(block_pool, num_blocks):
+        return tuple(BlockPool.get_new_blocks(block_pool, num_blocks))
+
+    parts = {"find_longest_cache_hit": lookup, "get_new_blocks": get_new_blocks}
+    mine = learner_engine(parts=parts, **_engine_args())
+    reference = learner_engine(parts={}, **_engine_args())
+    for llm in (mine, reference):
+        llm.generate(PROMPTS[:1], GREEDY)
+    got, want = mine.generate(PROMPTS[1:2], GREEDY)[0], reference.generate(PROMPTS[1:2], GREEDY)[0]
+    assert got.num_cached_tokens == want.num_cached_tokens > 0
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+
+
 def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_parts(parts_folder):
     """Found by a learner pass (06): the stall's message under the engine's traceback did not point at the check."""
     from mini_vllm.block_pool import BlockPool

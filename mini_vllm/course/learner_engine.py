@@ -198,15 +198,18 @@ class NotAListOfBlocks(TypeError):
     """A part of :data:`RETURNS_BLOCKS` returned something else: the message says what, the traceback is the engine's."""
 
 
-def check_returned_blocks(key: str, returned: Any) -> None:
-    """Raise :class:`NotAListOfBlocks` (a ``TypeError``) naming ``key`` and the entry when ``returned`` is not a list of ``KVCacheBlock``.
+def as_list_of_blocks(key: str, returned: Any) -> list:
+    """``returned`` as the list of ``KVCacheBlock`` the engine expects; else :class:`NotAListOfBlocks` (a ``TypeError``)
+    naming ``key`` and the entry.
 
-    Without it, a ``None`` in a learner's list surfaces steps later as the
-    engine's ``'NoneType' object has no attribute 'ref_cnt'``.
+    A tuple is taken as a list, as the checks take it. Without this, a ``None`` in a
+    learner's list surfaces steps later as the engine's ``'NoneType' object has no attribute 'ref_cnt'``.
     """
     from ..block_pool import KVCacheBlock
 
     what = RETURNS_BLOCKS[key]
+    if isinstance(returned, tuple):
+        returned = list(returned)
     if not isinstance(returned, list):
         raise NotAListOfBlocks(
             f"your {key} returned {type(returned).__name__} {returned!r:.80}: return a list of KVCacheBlock ({what})"
@@ -217,13 +220,14 @@ def check_returned_blocks(key: str, returned: Any) -> None:
             f"your {key} returned a list whose entry {index} is {entry!r:.80} ({type(entry).__name__}), not a "
             f"KVCacheBlock: the list holds {what}"
         )
+    return returned
 
 
 def _raising_into(errors: list, key: str, fn: Any) -> Any:
     """``fn``, recording into ``errors`` any exception it raises before raising it on (classes pass as they are).
 
-    A part in :data:`RETURNS_BLOCKS` that returns something else than a list of
-    blocks raises a ``TypeError`` saying which entry (:func:`check_returned_blocks`).
+    A part in :data:`RETURNS_BLOCKS` that returns something else than a list (or tuple) of
+    blocks raises a ``TypeError`` saying which entry (:func:`as_list_of_blocks`).
     """
     if isinstance(fn, type) or not callable(fn):
         return fn  # the free queue: its errors reach the caller directly (scheduling is not a forward pass)
@@ -232,9 +236,7 @@ def _raising_into(errors: list, key: str, fn: Any) -> Any:
     def part(*args: Any, **kwargs: Any) -> Any:
         try:
             returned = fn(*args, **kwargs)
-            if key in RETURNS_BLOCKS:
-                check_returned_blocks(key, returned)
-            return returned
+            return as_list_of_blocks(key, returned) if key in RETURNS_BLOCKS else returned
         except Exception as error:
             errors.append((key, error))
             raise
