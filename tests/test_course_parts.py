@@ -496,6 +496,32 @@ def test_parts_that_return_their_blocks_as_a_tuple_run_as_the_checks_take_them(p
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
 
 
+def test_an_engine_error_after_a_learners_part_names_the_parts_and_shows_where_it_fired(parts_folder):
+    """Found by a learner pass (05): a lookup that takes its hit off the free queue itself made the engine's
+    touch raise 'remove() called on block 0' under ~12 frames of the scheduler, with no word about the part."""
+    from mini_vllm.kv_cache_manager import find_longest_cache_hit
+
+    def lookup_that_takes_its_hit_off_the_queue(block_pool, block_hashes, max_num_blocks):
+        hit = find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)
+        for block in hit:
+            if block.ref_cnt == 0:
+                block_pool.free_block_queue.remove(block)  # touch's job: the engine does it next
+        return hit
+
+    mine = learner_engine(parts={"find_longest_cache_hit": lookup_that_takes_its_hit_off_the_queue}, **_engine_args())
+    mine.generate(PROMPTS[:1], GREEDY)
+    with pytest.raises(ValueError, match="not in the free queue") as caught:
+        mine.generate(PROMPTS[1:2], GREEDY)
+    note = "\n".join(caught.value.__notes__)
+    assert "the engine's own code raised this" in note and "check_find_longest_cache_hit" in note, note
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert names[1:] == ["generate", "touch", "remove"], names  # the call, then where it fired
+    # A bad prompt is the caller's mistake, before any step: no note about parts.
+    with pytest.raises(ValueError) as bad_prompt:
+        mine.generate([{"prompt_token_ids": []}], GREEDY)
+    assert not getattr(bad_prompt.value, "__notes__", None)
+
+
 def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_parts(parts_folder):
     """Found by a learner pass (06): the stall's message under the engine's traceback did not point at the check."""
     from mini_vllm.block_pool import BlockPool

@@ -50,7 +50,10 @@ class LearnerLLM(LLM):
     A part the scheduler calls stops the step instead; its error is raised the
     same way, with the same note. An engine stalled by lost blocks
     (:class:`~mini_vllm.scheduler.EngineStalled`) gets a note naming the
-    learner's parts that free, allocate or admit, and their checks.
+    learner's parts that free, allocate or admit, and their checks. An error the
+    engine's own code raises in a step (a block removed twice from the free
+    queue, a block cached twice) gets a note naming every part of the learner's
+    that ran, and only its innermost frames.
     """
 
     part_errors: list[tuple[str, BaseException]]  # (part key, exception), filled by the wrapped parts
@@ -71,6 +74,12 @@ class LearnerLLM(LLM):
             # A part the scheduler calls (a lookup, an allocation): its error stops the step, and
             # LLM.generate aborts the call's requests before it arrives here.
             if not any(error is raised for _, raised in self.part_errors):
+                yours = [key for key, whose in self.course_parts.items() if whose == "yours"]
+                if yours and _raised_in_a_step(error.__traceback__):
+                    # The engine's own check fired on what a learner's part left behind: say whose parts
+                    # ran, and show where it fired, not the ~10 frames of the step that led there.
+                    error.add_note(_engine_error_note(yours))
+                    raise error.with_traceback(_last_frames(error.__traceback__, 2))
                 raise
             self.part_errors[:] = [(key, raised) for key, raised in self.part_errors if raised is error]
         if self.part_errors:
@@ -94,6 +103,35 @@ class LearnerLLM(LLM):
             f"admission that admits nothing, stops the engine. Run their checks ({checks}) "
             "until they pass; learner_engine(parts={}) builds an engine of the reference alone."
         )
+
+
+def _engine_error_note(yours: list[str]) -> str:
+    checks = ", ".join(f"check_{key}" for key in yours)
+    return (
+        f"the engine's own code raised this, in a step that ran your {', '.join(yours)}: something one of them "
+        "returned or left behind broke what the engine relies on (each free block in the free queue once, ref "
+        "counts that match the requests holding a block, one cached block per hash). Run their checks "
+        f"({checks}) until they pass; learner_engine(parts={{}}) builds an engine of the reference alone."
+    )
+
+
+def _raised_in_a_step(tb: TracebackType | None) -> bool:
+    """``tb`` passes through ``LLMEngine.step`` (not, say, the validation of a bad prompt before any step)."""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "step" and code.co_filename.endswith("llm_engine.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _last_frames(tb: TracebackType | None, count: int) -> TracebackType | None:
+    """The innermost ``count`` frames of ``tb``."""
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    return frames[-count] if len(frames) >= count else (frames[0] if frames else None)
 
 
 BLOCK_PARTS = ("free_queue", "free_blocks", "free_request_blocks", "get_new_blocks", "schedule_waiting")
