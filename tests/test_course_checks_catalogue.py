@@ -542,8 +542,9 @@ def _get_new_blocks(pool, num_blocks, *, mistake=None):
             if mistake == "event after clearing the hash":
                 block.block_hash = None
             if mistake != "no event" and pool.enable_kv_cache_events:
-                pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
-            block.block_hash = None
+                group = block.kv_cache_group_id
+                pool.kv_event_queue.append(BlockRemoved((block.block_hash,), (block.block_id,), group_idx=group))
+            block.block_hash, block.kv_cache_group_id = None, 0
         block.ref_cnt = 1
         blocks.append(block)
     if mistake == "one block alone" and len(blocks) == 1:

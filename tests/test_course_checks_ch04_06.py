@@ -6,6 +6,8 @@ AssertionError on it, with a message that names the mistake."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 
 import pytest
@@ -194,7 +196,9 @@ def count_eviction(pool, block):
     """What an eviction reports: the counter, and a BlockRemoved event when the pool records events."""
     pool.num_evictions += 1
     if pool.enable_kv_cache_events:
-        pool.kv_event_queue.append(BlockRemoved(block_hashes=(block.block_hash,), block_ids=(block.block_id,)))
+        pool.kv_event_queue.append(
+            BlockRemoved((block.block_hash,), (block.block_id,), group_idx=block.kv_cache_group_id)
+        )
 
 
 def reference_get_new_blocks(pool, num_blocks):
@@ -206,7 +210,7 @@ def reference_get_new_blocks(pool, num_blocks):
         if block.block_hash is not None:
             pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
             count_eviction(pool, block)
-            block.block_hash = None
+            block.block_hash, block.kv_cache_group_id = None, 0
         block.ref_cnt = 1
         blocks.append(block)
     return blocks
@@ -343,7 +347,7 @@ def _pops_from_the_tail(pool, num_blocks):
         if block.block_hash is not None:
             pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
             count_eviction(pool, block)
-            block.block_hash = None
+            block.block_hash, block.kv_cache_group_id = None, 0
         block.ref_cnt = 1
         blocks.append(block)
     return blocks
@@ -369,14 +373,32 @@ def _evicts_every_twin(pool, num_blocks):
                 if other.block_hash == block_hash:
                     pool.cached_block_hash_to_block.pop(block_hash, other.block_id)
             count_eviction(pool, block)
-            block.block_hash = None
+            block.block_hash, block.kv_cache_group_id = None, 0
         block.ref_cnt = 1
+    return blocks
+
+
+def _event_without_its_group(pool, num_blocks):
+    """The exercise's text before a learner pass found it: BlockRemoved without group_idx."""
+    blocks = reference_get_new_blocks(pool, num_blocks)
+    for index, event in enumerate(pool.kv_event_queue):
+        pool.kv_event_queue[index] = dataclasses.replace(event, group_idx=0)
+    return blocks
+
+
+def _keeps_the_group(pool, num_blocks):
+    groups = [block.kv_cache_group_id for block in pool.free_block_queue.get_all_free_blocks()[:num_blocks]]
+    blocks = reference_get_new_blocks(pool, num_blocks)
+    for block, group in zip(blocks, groups):
+        block.kv_cache_group_id = group
     return blocks
 
 
 @pytest.mark.parametrize(
     "wrong,expected_message",
     [
+        (_event_without_its_group, "carry group_idx \\[0\\] \\(expected \\[1\\]\\)"),
+        (_keeps_the_group, "still says kv_cache_group_id 1"),
         (_keeps_the_stale_map_entry, "stale map entry"),
         (_clears_the_hash_but_leaves_the_map, "stale map entry"),
         (_leaves_the_hash_on_the_block, "still carries its old block_hash"),

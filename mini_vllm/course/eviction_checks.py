@@ -553,6 +553,33 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
     )
     run_both(cached_head, 1, "a cached block at the head is popped")
 
+    # 2b. A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group).
+    def cached_for_group_1() -> BlockPool:
+        pool = BlockPool(6)
+        cache_block(pool, pool.blocks[0], _hash(0), kv_cache_group_id=1)
+        return pool
+
+    listened = cached_for_group_1()
+    listened.enable_kv_cache_events = True
+    get_new_blocks(listened, 1)
+    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
+    check.expect(
+        [event.group_idx for event in removed] == [1],
+        "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved events "
+        f"carry group_idx {[event.group_idx for event in removed]} (expected [1])",
+        "an event names the group the block was cached for, or a router mirroring that group's cache never "
+        "drops it: BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), "
+        "group_idx=block.kv_cache_group_id), read before you reset it",
+    )
+    check.expect(
+        listened.blocks[0].kv_cache_group_id == 0,
+        f"a hybrid model's pool: block 0 left the cache, but still says kv_cache_group_id "
+        f"{listened.blocks[0].kv_cache_group_id}",
+        "reset it with the hash (block.kv_cache_group_id = 0): a block's group means something only while "
+        "it holds a hash, and the next request may cache it for another group",
+    )
+    run_both(cached_for_group_1, 1, "a block cached for KV-cache group 1 (a hybrid model) is popped")
+
     # 3. Two blocks hold the same contents: evicting one must leave the other findable.
     def twins() -> BlockPool:
         pool = BlockPool(6)

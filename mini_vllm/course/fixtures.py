@@ -25,9 +25,11 @@ def block_ids(blocks) -> list[int]:
     return [block.block_id for block in blocks]
 
 
-def cache_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash) -> None:
-    """Give ``block`` the hash ``block_hash`` and enter it in ``pool``'s hash map (as ``cache_full_blocks`` does)."""
+def cache_block(pool: BlockPool, block: KVCacheBlock, block_hash: BlockHash, kv_cache_group_id: int = 0) -> None:
+    """Give ``block`` the hash ``block_hash`` (for KV-cache group ``kv_cache_group_id``) and enter it in
+    ``pool``'s hash map (as ``cache_full_blocks`` does)."""
     block.block_hash = block_hash
+    block.kv_cache_group_id = kv_cache_group_id
     pool.cached_block_hash_to_block.insert(block_hash, block)
 
 
@@ -48,6 +50,7 @@ def pool_state(pool: BlockPool) -> dict[str, Any]:
             for block_id in block_ids_of_hash
         ),
         "block hashes": [b.block_hash.hex()[:8] if b.block_hash is not None else None for b in snapshot.blocks],
+        "kv_cache_group_id of each block": [b.kv_cache_group_id for b in snapshot.blocks],
     }
 
 

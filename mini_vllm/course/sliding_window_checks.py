@@ -244,9 +244,7 @@ PROMPT_HASHES = _hashes(list(range(300, 335)))  # 35 tokens: 8 full blocks
 
 
 def _cache(pool: BlockPool, block_id: int, block_hash: BlockHash, group: int) -> None:
-    block = pool.blocks[block_id]
-    block.kv_cache_group_id = group
-    cache_block(pool, block, block_hash)
+    cache_block(pool, pool.blocks[block_id], block_hash, kv_cache_group_id=group)
 
 
 def _make_pool(
