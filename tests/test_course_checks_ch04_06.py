@@ -164,6 +164,16 @@ def test_ch05_find_longest_cache_hit_skipping_a_miss_says_why_the_prefix_rule_ho
     assert "a miss at block 2" in message and "block i+1 can only be reused if block i is" in message
 
 
+def test_ch05_find_longest_cache_hit_none_for_no_hit_is_told_an_empty_list():
+    """A learner pass (04, 05, 08b): `return hit or None` was asked whether it forgot its `return`."""
+    rejects(
+        check_find_longest_cache_hit,
+        lambda pool, hashes, max_num_blocks: reference_lookup(pool, hashes, max_num_blocks) or None,
+        "return result or None.*An empty answer is an empty list",
+        regex=True,
+    )
+
+
 def test_ch05_find_longest_cache_hit_lets_the_stub_error_through():
     def stub(block_pool, block_hashes, max_num_blocks):
         raise NotImplementedError("your code here")

@@ -199,7 +199,10 @@ def describe_type(value: Any) -> str:
 
 def not_a_list_hint(value: Any) -> str:
     if value is None:
-        return "your function returned nothing: did you forget the `return` at the end?"
+        return (
+            'your function returned None: did you forget the `return` at the end, or return None for "nothing" '
+            "(`return result or None`, `if not result: return None`)? An empty answer is an empty list, []"
+        )
     if isinstance(value, (types.GeneratorType, Iterator)):
         return (
             "a generator (a function with `yield`, or a `(... for ...)` expression) can be read only once and "
