@@ -448,3 +448,49 @@ def test_ch08b_a_passing_lookup_is_kept_and_becomes_the_engines_part(tmp_path, m
     parts = use_parts({"find_sliding_window_cache_hit": kept})
     assert parts.find_sliding_window_cache_hit is kept and parts.replaced() == ["find_sliding_window_cache_hit"]
     check_find_sliding_window_cache_hit(kept)  # loaded from its file, it passes again
+
+
+def _stops_at_the_first_miss_from_the_right(block_pool, block_hashes, max_num_blocks, n, group):
+    """A learner pass: stateless, but told "it keeps state between calls" (its [] matched an earlier right [])."""
+    get = lambda h: block_pool.get_cached_block(h, group)  # noqa: E731 - a learner's style
+    run = 0
+    for i in range(max_num_blocks - 1, -1, -1):
+        if get(block_hashes[i]) is None:
+            break
+        run += 1
+        if run == n:
+            return [block_pool.null_block] * i + [get(block_hashes[j]) for j in range(i, i + run)]
+    return [get(block_hashes[j]) for j in range(run)] if run == max_num_blocks else []
+
+
+_MEMO: dict = {}
+
+
+def _memoizes_each_lookup(block_pool, block_hashes, max_num_blocks, n, group):
+    """A learner pass: a right search over a module-level memo of lookups, told "you walked from block 0"."""
+    get = lambda h: _MEMO.setdefault((h, group), block_pool.get_cached_block(h, group))  # noqa: E731
+    run = 0
+    for i in range(max_num_blocks - 1, -1, -1):
+        run = run + 1 if get(block_hashes[i]) is not None else 0
+        if run == n:
+            return [block_pool.null_block] * i + [get(block_hashes[j]) for j in range(i, i + run)]
+    return [get(block_hashes[j]) for j in range(run)]
+
+
+def test_ch08b_state_between_calls_is_told_only_when_an_empty_pool_finds_blocks():
+    message = rejects(check_find_sliding_window_cache_hit, _stops_at_the_first_miss_from_the_right, "expected")
+    assert "keeps state" not in message, message
+    _MEMO.clear()
+    message = rejects(check_find_sliding_window_cache_hit, _memoizes_each_lookup, "it keeps state between calls")
+    assert "walked from block 0" not in message
+
+
+def test_ch08b_one_null_too_many_is_named():
+    """A learner pass: [null] * (i + 1) was told to start the search at max_num_blocks - 1 (it did)."""
+
+    def one_null_too_many(block_pool, block_hashes, max_num_blocks, n, group):
+        hit = find_sliding_window_cache_hit(block_pool, block_hashes, max_num_blocks, n, group)
+        return [block_pool.null_block] + hit if hit and hit[0] is block_pool.null_block else hit
+
+    message = rejects(check_find_sliding_window_cache_hit, one_null_too_many, "one null too many")
+    assert "max_num_blocks - 1" not in message
