@@ -5,6 +5,7 @@ raise AssertionError on it (and say something useful)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
 
@@ -263,3 +264,42 @@ def test_ch04_hash_request_tokens_blames_the_learners_own_hash_block_tokens_when
     message = rejects(check_hash_request_tokens, notebook["hash_request_tokens"], "does not pass its check yet")
     assert "fix hash_block_tokens first" in message and "hash_block_tokens(None, range(16))" in message
     assert "block 0 is hash_block_tokens(None" not in message
+
+
+def _chain(token_ids, block_size, cache_salt=None, lora_name=None, *, blocks=None, block=None, keys=True, chained=True):
+    """A learner's hash_request_tokens; ``blocks``, ``block``, ``keys``, ``chained`` switch one mistake on."""
+    hashes, parent = [], None
+    num_blocks = len(token_ids) // block_size if blocks is None else blocks(len(token_ids) // block_size)
+    for i in range(num_blocks):
+        tokens = token_ids[i * block_size : (i + 1) * block_size] if block is None else block(token_ids, i, block_size)
+        extra = hashing.block_extra_keys(i, cache_salt, lora_name) if keys else None
+        parent = hashing.hash_block_tokens(parent if chained else None, tokens, extra)
+        hashes.append(parent)
+    return hashes
+
+
+def _inline_list_pickle(token_ids, block_size, cache_salt=None, lora_name=None):
+    hashes, parent = [], hashing.NONE_HASH
+    for i in range(len(token_ids) // block_size):
+        payload = (parent, token_ids[i * block_size : (i + 1) * block_size], None)  # the slice is a list
+        parent = hashlib.sha256(pickle.dumps(payload, protocol=5)).digest()
+        hashes.append(parent)
+    return hashes
+
+
+@pytest.mark.parametrize(
+    "wrong, expected_message",
+    [
+        (functools.partial(_chain, blocks=lambda n: n - 1), "one hash short.*without a - 1"),
+        (_inline_list_pickle, "you hashed the slice as a list"),
+        (functools.partial(_chain, block=lambda t, i, b: t[i * b : (i + 1) * b + 1]), "your block 0 holds 17 tokens"),
+        (functools.partial(_chain, keys=False), "the salt changed no hash: pass each block's extra keys"),
+        (
+            functools.partial(_chain, block=lambda t, i, b: t[: (i + 1) * b], chained=False),
+            "block 0's hash changed with the salt but later ones did not: hash each later block with its parent",
+        ),
+    ],
+    ids=["drops the last block", "list slice", "slice one too long", "no extra keys", "whole prefix, no chain"],
+)
+def test_ch04_hash_request_tokens_names_mistakes_a_learner_pass_got_general_hints_for(wrong, expected_message):
+    rejects(check_hash_request_tokens, wrong, expected_message, regex=True)

@@ -240,6 +240,31 @@ def _compare_chains(
     check.expect_equal(got, expected, case, hint, random_case=random_case)
 
 
+def _block_zero_hint(got: bytes, tokens: list[int]) -> str:
+    """What a wrong hash of block 0 (16 tokens, no extra keys) is, when it is a known mistake."""
+
+    def digest(payload: tuple) -> bytes:
+        return hashlib.sha256(pickle.dumps(payload, protocol=5)).digest()
+
+    known = [
+        (
+            digest((NONE_HASH, tokens[:16], None)),
+            "you hashed the slice as a list: hash_block_tokens pickles tuple(token_ids) (a list pickles to "
+            "other bytes, so your hashes would never match the engine's): call hash_block_tokens",
+        ),
+        (reference_hash_block_tokens(None, tokens[:17]), "your block 0 holds 17 tokens: token_ids[0:16] is 16"),
+        (reference_hash_block_tokens(None, tokens[:15]), "your block 0 holds 15 tokens: token_ids[0:16] is 16"),
+        (
+            reference_hash_block_tokens(None, tokens[1:17]),
+            "your block 0 starts at token 1: block i is token_ids[i * 16 : (i + 1) * 16]",
+        ),
+    ]
+    return next(
+        (hint for digest_of_mistake, hint in known if got == digest_of_mistake),
+        "block 0 is hash_block_tokens(None, token_ids[0:16], None)",
+    )
+
+
 @guarded_check(part="hash_request_tokens")
 def check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     """The learner's ``hash_request_tokens(token_ids, block_size, cache_salt=None, lora_name=None)``."""
@@ -314,11 +339,16 @@ def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     # Properties first.
     for num_tokens in (0, 15, 16, 47, 48, 49):
         got = hash_request_tokens(list(range(num_tokens)), 16, None, None)
+        num_full = num_tokens // 16
+        count = len(got) if isinstance(got, list) else None
         check.expect(
-            isinstance(got, list) and len(got) == num_tokens // 16,
-            f"{num_tokens} tokens with block_size 16 make {num_tokens // 16} FULL blocks, but you returned "
-            f"{len(got) if isinstance(got, list) else repr(got)} hashes",
-            "only FULL blocks get a hash (len(token_ids) // block_size of them); a partial tail may still "
+            count == num_full,
+            f"{num_tokens} tokens with block_size 16 make {num_full} FULL blocks, but you returned "
+            f"{count if count is not None else repr(got)} hashes",
+            "one hash short: every full block gets one, the last full block too: range(len(token_ids) // "
+            "block_size), without a - 1"
+            if count == num_full - 1
+            else "only FULL blocks get a hash (len(token_ids) // block_size of them); a partial tail may still "
             "change, so it gets none",
         )
     repeated = hash_request_tokens([5] * 32, 16, None, None)
@@ -329,11 +359,12 @@ def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         "prefix) have other K/V, so they must have another hash",
     )
     first = reference_hash_block_tokens(None, tokens[:16])
+    got_first = hash_request_tokens(tokens, 16, None, None)[0]
     check.expect_equal(
-        hash_request_tokens(tokens, 16, None, None)[0],
+        got_first,
         first,
         "block 0 of a prompt without extra keys",
-        "block 0 is hash_block_tokens(None, token_ids[0:16], None)",
+        _block_zero_hint(got_first, tokens) if got_first != first else "",
     )
     unsalted = hash_request_tokens(tokens, 16, None, None)
     other_start = hash_request_tokens([t + 1 for t in tokens[:16]] + tokens[16:], 16, None, None)
@@ -344,10 +375,16 @@ def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         "whole prefix, because a block's K/V depend on every token before it",
     )
     salted = hash_request_tokens(tokens, 16, "tenant-a", None)
+    unchanged = [i for i, (a, b) in enumerate(zip(salted, unsalted)) if a == b]
     check.expect(
-        all(a != b for a, b in zip(salted, unsalted)),
-        "a cache_salt leaves some block hashes unchanged",
-        "put the salt in block 0's extra keys: every later hash inherits it through the chain",
+        not unchanged,
+        f"a cache_salt leaves the hashes of blocks {unchanged} unchanged",
+        "the salt changed no hash: pass each block's extra keys, block_extra_keys(i, cache_salt, lora_name), "
+        "to hash_block_tokens"
+        if len(unchanged) == len(salted)
+        else "block 0's hash changed with the salt but later ones did not: hash each later block with its parent, "
+        "the previous block's hash (hash_block_tokens(parent, ...)); that is how the salt in block 0's extra "
+        "keys reaches every later hash",
     )
     check.expect(
         hash_request_tokens(tokens, 16, "x", None)[0] != hash_request_tokens(tokens, 16, None, "x")[0],
