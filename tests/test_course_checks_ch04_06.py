@@ -174,6 +174,53 @@ def test_ch05_find_longest_cache_hit_none_for_no_hit_is_told_an_empty_list():
     )
 
 
+_LOOKUPS: dict = {}
+
+
+def _memoizes_lookups(block_pool, block_hashes, max_num_blocks):
+    hit = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        if block_hash not in _LOOKUPS:
+            _LOOKUPS[block_hash] = block_pool.get_cached_block(block_hash)
+        if _LOOKUPS[block_hash] is None:
+            break
+        hit.append(_LOOKUPS[block_hash])
+    return hit
+
+
+def _asks_for_group_1(block_pool, block_hashes, max_num_blocks):
+    hit = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        block = block_pool.get_cached_block(block_hash, 1)
+        if block is None:
+            break
+        hit.append(block)
+    return hit
+
+
+def _tests_membership_in_the_map(block_pool, block_hashes, max_num_blocks):
+    hit = []
+    for block_hash in block_hashes[:max_num_blocks]:
+        if block_hash not in block_pool.cached_block_hash_to_block:
+            break
+        hit.append(block_pool.get_cached_block(block_hash))
+    return hit
+
+
+@pytest.mark.parametrize(
+    "wrong, expected_message",
+    [
+        (_memoizes_lookups, "remember answers from the earlier call"),
+        (_asks_for_group_1, "you asked get_cached_block for KV-cache group 1"),
+        (_tests_membership_in_the_map, "the pool's hash map is not a dict"),
+    ],
+    ids=["memo", "group 1", "in the map"],
+)
+def test_ch05_find_longest_cache_hit_names_mistakes_a_learner_pass_got_general_hints_for(wrong, expected_message):
+    _LOOKUPS.clear()
+    rejects(check_find_longest_cache_hit, wrong, expected_message)
+
+
 def test_ch05_find_longest_cache_hit_lets_the_stub_error_through():
     def stub(block_pool, block_hashes, max_num_blocks):
         raise NotImplementedError("your code here")

@@ -332,6 +332,11 @@ def likely_mistake(error: BaseException) -> str:
                 "a generator is not a list: it has no len() and no indexing, and it can be read only once; "
                 "build a list ([... for ...]) where a list is needed"
             )
+        if "BlockHashToBlockMap" in text and ("iterable" in text or "subscriptable" in text):
+            return (
+                "the pool's hash map is not a dict (`in`, `[...]` and loops do not work on it): look a hash up with "
+                "block_pool.get_cached_block(block_hash), which returns the block or None"
+            )
         if "not iterable" in text and "KVCacheBlock" in text:
             return "you passed one block where a list (or any iterable) of blocks is expected: wrap it, [block]"
         if "not iterable" in text:

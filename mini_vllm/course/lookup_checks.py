@@ -57,6 +57,19 @@ def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[in
     return _make_manager(num_blocks, cached, in_use).block_pool
 
 
+def _record_the_groups_asked(pool: BlockPool) -> list[int]:
+    """The ``kv_cache_group_id`` of every ``pool.get_cached_block`` call from now on (the pool still answers)."""
+    asked: list[int] = []
+    lookup = pool.get_cached_block
+
+    def get_cached_block(block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        asked.append(kv_cache_group_id)
+        return lookup(block_hash, kv_cache_group_id)
+
+    pool.get_cached_block = get_cached_block  # this pool only, for this case
+    return asked
+
+
 def _describe(result) -> str:
     """Block ids for a list of blocks; the raw value otherwise."""
     if isinstance(result, list) and all(isinstance(b, KVCacheBlock) for b in result):
@@ -156,19 +169,32 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
 
     # 2. Everything cached, no cap: every block, the pool's own objects.
     pool = _make_pool(8, hashes)
+    groups_asked = _record_the_groups_asked(pool)
     result = _run(check, fn, pool, hashes, 4, "4 cached blocks, max_num_blocks=4")
+    if any(groups_asked):
+        why = (
+            f"; you asked get_cached_block for KV-cache group {next(g for g in groups_asked if g)}: a model with "
+            "full attention only has group 0, the default: block_pool.get_cached_block(block_hash)"
+        )
+    elif len(result) == 3:
+        why = (
+            "; you stopped one block early: range(max_num_blocks - 1), or a cap of your own such as "
+            "len(block_hashes) - 1? max_num_blocks IS the cap (the caller applied the last-token rule): stop "
+            "after max_num_blocks blocks, no earlier"
+        )
+    elif not result and len(groups_asked) < len(hashes):
+        why = (
+            f"; you looked up {len(groups_asked)} of the 4 hashes in this pool. Does your function remember "
+            "answers from the earlier call (a dict of lookups kept between calls)? What is cached changes "
+            "between calls: look every hash up in the pool you are given, every time"
+        )
+    else:
+        why = ""
     check.expect_equal(
         _describe(result),
         "blocks [0, 1, 2, 3]",
         "4 cached blocks, max_num_blocks=4",
-        "all four hashes are in the map: return their blocks, in order"
-        + (
-            "; you stopped one block early: range(max_num_blocks - 1), or a cap of your own such as "
-            "len(block_hashes) - 1? max_num_blocks IS the cap (the caller applied the last-token rule): stop "
-            "after max_num_blocks blocks, no earlier"
-            if len(result) == 3
-            else ""
-        ),
+        "all four hashes are in the map: return their blocks, in order" + why,
     )
     check.expect(
         all(got is pool.blocks[i] for i, got in enumerate(result)),
