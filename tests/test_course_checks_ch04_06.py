@@ -470,6 +470,37 @@ def test_ch06_get_new_blocks_rejects_typical_mistakes(wrong, expected_message):
     rejects(check_get_new_blocks, wrong, expected_message, regex=True)
 
 
+def test_ch06_free_request_blocks_freeing_one_block_at_a_time_is_named():
+    """A learner pass: told to free in reverse table order, which it did, one free_blocks call per block."""
+
+    def one_at_a_time(pool, req_blocks):
+        for block in reversed(req_blocks):
+            reference_free_blocks(pool, [block])
+
+    rejects(check_free_request_blocks, one_at_a_time, "you called free_blocks once per block")
+
+
+def _event_lists(pool, num_blocks):
+    blocks = reference_get_new_blocks(pool, num_blocks)
+    for index, event in enumerate(pool.kv_event_queue):
+        pool.kv_event_queue[index] = dataclasses.replace(
+            event, block_hashes=list(event.block_hashes), block_ids=list(event.block_ids)
+        )
+    return blocks
+
+
+def test_ch06_get_new_blocks_names_events_that_are_not_tuples_and_shows_no_object_address():
+    rejects(check_get_new_blocks, _event_lists, "block_hashes and block_ids are tuples of one entry each")
+
+    def off_by_one(pool, num_blocks):
+        if num_blocks >= pool.get_num_free_blocks():
+            raise ValueError("not enough free blocks")
+        return reference_get_new_blocks(pool, num_blocks)
+
+    message = rejects(check_get_new_blocks, off_by_one, "get_new_blocks(<BlockPool>, ")
+    assert "object at 0x" not in message
+
+
 def test_ch06_eviction_checks_let_the_stub_error_through():
     def stub(*args):
         raise NotImplementedError("your code here")

@@ -432,6 +432,8 @@ def learner_traceback(error: BaseException) -> str:
 
 def _short(value: Any, limit: int = 300) -> str:
     text = repr(value)
+    if " object at 0x" in text:  # a default repr says nothing but the type: name the type alone
+        text = f"<{type(value).__name__}>"
     if isinstance(value, (bytes, bytearray)):
         text = value.hex()[:16] + "…"
     elif isinstance(value, list) and value and isinstance(value[0], bytes):

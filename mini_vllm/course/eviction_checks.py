@@ -139,24 +139,35 @@ def _random_pool(seed: int) -> tuple[KVCacheManager, dict[str, Request]]:
     return manager, running
 
 
-def _free_random_pools(check: Checker, free_table: Callable, reference_free_table: Callable, hint: str = "") -> None:
+def _free_random_pools(
+    check: Checker,
+    free_table: Callable,
+    reference_free_table: Callable,
+    hint: str = "",
+    mistakes: Sequence[tuple[Callable, str]] = (),
+) -> None:
     """Random pools, built twice per seed: free each running request's table with the learner's
     ``free_table(pool, table)`` on one and the reference on the other, comparing the pools after each
-    (``hint``: what a difference most likely means)."""
+    (``hint``: what a difference most likely means; ``mistakes``: ``(free_table, hint)`` of known
+    mistakes, whose hint is given when the learner's pool is the one that mistake leaves)."""
     for seed in range(60):
         manager, running = _random_pool(seed)
         expected_manager, _ = _random_pool(seed)
-        for request_id in running:
+        for done, request_id in enumerate(running):
             free_table(manager.block_pool, manager.req_to_blocks.pop(request_id))
             reference_free_table(expected_manager.block_pool, expected_manager.req_to_blocks.pop(request_id))
-            _compare_states(
-                check,
-                manager.block_pool,
-                expected_manager.block_pool,
-                f"random pool (seed {seed}), request {request_id} freed",
-                hint,
-                random_case=True,
-            )
+            got = pool_state(manager.block_pool)
+            case, why = f"random pool (seed {seed}), request {request_id} freed", hint
+            if got != pool_state(expected_manager.block_pool):
+                for mistake, mistake_hint in mistakes:
+                    replayed, _ = _random_pool(seed)
+                    for earlier in list(running)[:done]:
+                        reference_free_table(replayed.block_pool, replayed.req_to_blocks.pop(earlier))
+                    mistake(replayed.block_pool, replayed.req_to_blocks.pop(request_id))
+                    if pool_state(replayed.block_pool) == got:
+                        why = mistake_hint
+                        break
+            _compare_states(check, manager.block_pool, expected_manager.block_pool, case, why, random_case=True)
 
 
 # -- free_blocks ------------------------------------------------------------------
@@ -411,6 +422,14 @@ def _check_free_request_blocks(free_request_blocks: Callable) -> None:
         "free the blocks in the reverse of the block table's order (the request's last block first), whatever "
         "their block ids: the free queue then evicts a prefix's last blocks before its first ones, which more "
         "requests share",
+        mistakes=[
+            (
+                lambda pool, table: [pool.free_blocks([block]) for block in reversed(table)],
+                "you called free_blocks once per block. The blocks without a hash go to the HEAD of the queue, and "
+                "freed one at a time each lands in front of the one before, which reverses them: pass the whole "
+                "table to free_blocks in one call, free_blocks(pool, reversed(req_blocks))",
+            )
+        ],
     )
     check.passed()
 
@@ -541,12 +560,16 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
     removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
     expected_events = [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
     cleared_first = bool(removed) and all(event.block_hashes == (None,) for event in removed)
+    not_tuples = any(not isinstance(e.block_hashes, tuple) or not isinstance(e.block_ids, tuple) for e in removed)
     check.expect(
         removed == expected_events,
         f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {removed}",
         "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
         "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
         if cleared_first
+        else "block_hashes and block_ids are tuples of one entry each, (block_hash,) and (block.block_id,) (the "
+        "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
+        if not_tuples
         else "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
         "pool.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,))) "
         "(a router mirrors each replica's cache from these events)",
