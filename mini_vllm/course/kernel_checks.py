@@ -12,6 +12,8 @@
   ``[HEADS_PAD, HEAD_DIM_PAD]`` tile is named as a missing mask; ``slot_mapping``
   is followed in memory by a slot no token has, so a program that runs past
   ``num_tokens`` writes there (and is named) instead of at a garbage address.
+  Two caches that are views with other strides (K and V side by side in one
+  tensor; each head's slots together) catch strides worked out from the shape.
 * :func:`check_paged_decode` compares your PyTorch
   ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
   with :func:`kernels.reference.paged_attention` for one sequence, float16
