@@ -158,12 +158,15 @@ class LLM:
             prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def apply_chat_template(self, conversation: list[dict], **kwargs) -> list[int]:
-        """Token ids of a conversation plus the assistant's turn header."""
-        text = self.get_tokenizer().apply_chat_template(
+    def render_chat_template(self, conversation: list[dict], **kwargs) -> str:
+        """The prompt text of a conversation plus the assistant's turn header (what is tokenized)."""
+        return self.get_tokenizer().apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=True, **kwargs
         )
-        return self.get_tokenizer().encode(text, add_special_tokens=False)
+
+    def apply_chat_template(self, conversation: list[dict], **kwargs) -> list[int]:
+        """Token ids of a conversation plus the assistant's turn header."""
+        return self.get_tokenizer().encode(self.render_chat_template(conversation, **kwargs), add_special_tokens=False)
 
 
 def join_text_parts(conversation: Any, where: str = "") -> Any:

@@ -246,7 +246,7 @@ BAD = [
         "return_tokens_as_token_ids",
     ),
     ({"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True}, 400, "add_special_tokens"),
-    # A template sent with the request runs on the engine's thread: refused unless trusted (vLLM's flag).
+    # A template sent with the request runs on the renderer thread: refused unless trusted (vLLM's flag).
     ({"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ 'x' }}"}, 400, "chat_template"),
     (
         {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "{{ 'x' }}"}},
@@ -433,6 +433,43 @@ def test_a_prompt_that_is_not_valid_text_is_a_400_and_the_connection_stays_usabl
         assert error["param"] == "prompt" and "lone surrogate" in error["message"]
         again = http.post("/v1/completions", json={"model": MODEL, "prompt": "once upon", "max_tokens": 2})
         assert again.status_code == 200, again.text
+    assert_nothing_leaked(llm.llm_engine)
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenized_and_prompts_are_tokenized_off_the_engine_thread(
+    served, monkeypatch
+):
+    """vLLM's _text_len_check: a text longer than max_model_len times the longest token is refused at once
+    (tokenizing 4 MB took seconds on the engine's thread, and every other client's stream stopped meanwhile)."""
+    llm, server, client = served
+    huge = "the cat sat on the mat. " * (4_000_000 // 24)
+    bound = 1024 * max(len(token) for token in llm.get_tokenizer().get_vocab())
+    for path, body, param in (
+        ("/v1/completions", {"prompt": huge}, "prompt"),
+        ("/v1/completions", {"prompt": ["once", huge]}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}, "messages"),
+    ):
+        started = time.monotonic()
+        response = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 2, **body}, timeout=60)
+        assert time.monotonic() - started < 1.0
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param, response.text
+        assert (
+            f"characters (more than {bound} characters, which is the upper bound for 1024 input tokens)"
+            in (error["message"])
+        )
+    tokenizer = llm.get_tokenizer()
+    threads = []
+    real_encode = tokenizer.encode
+
+    def recording_encode(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", recording_encode)
+    assert client.completions.create(model=MODEL, prompt="once upon", max_tokens=2).choices[0].text is not None
+    assert chat(client, "hi", max_tokens=2).choices[0].message.content is not None
+    assert len(threads) == 2 and "mini-vllm-engine" not in threads, threads
     assert_nothing_leaked(llm.llm_engine)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -129,7 +130,7 @@ class ServerSettings:
     max_model_len: int
     enable_prompt_tokens_details: bool = False
     default_sampling: dict[str, Any] | None = None
-    # A Jinja template sent with a request runs on the engine's thread (a slow one stalls everyone):
+    # A Jinja template sent with a request runs on the renderer thread (a slow one holds up every prompt):
     # refused unless the operator trusts its clients, as vLLM's --trust-request-chat-template.
     trust_request_chat_template: bool = False
 
@@ -154,6 +155,29 @@ class OpenAIServing:
     def __init__(self, engine: AsyncLLM, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
+        # Rendering and tokenizing run here, off the engine thread, so that a long prompt never delays
+        # the other clients' steps (vLLM's renderer executor: one worker, as its renderer_num_workers).
+        self.renderer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="mini-vllm-renderer")
+        # The most characters a prompt of max_model_len tokens can have: a longer text is refused before it
+        # is tokenized (vLLM's _text_len_check), so a huge prompt costs nobody a tokenization.
+        vocab = engine.tokenizer.get_vocab()
+        self.max_input_chars = settings.max_model_len * max(len(token) for token in vocab)
+
+    async def render(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` (a template rendering, a tokenization) on the renderer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.renderer, fn)
+
+    def check_text_length(self, text: str, param: str) -> None:
+        """A 400 for a prompt text longer than any prompt of max_model_len tokens, in vLLM's words."""
+        if len(text) > self.max_input_chars:
+            limit = self.settings.max_model_len
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"{len(text)} characters (more than {self.max_input_chars} characters, which is the upper "
+                f"bound for {limit} input tokens). Please reduce the length of the input prompt.",
+                param=param,
+            )
 
     # -- requests -> engine -------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -241,17 +265,20 @@ class OpenAIServing:
             if body.chat_template is not None:
                 template_kwargs["chat_template"] = body.chat_template
 
-        def render() -> list[int]:
+        def render() -> str:
             check_conversation(conversation)
             try:
-                return llm.apply_chat_template(conversation, **template_kwargs)
+                return llm.render_chat_template(conversation, **template_kwargs)
             except Exception as error:  # jinja's TemplateError, a template raising on a role it does not know
                 raise ValueError(f"the chat template rejected the conversation: {error}") from error
 
         try:
-            return await self.engine.call(render)
+            text = await self.render(render)
         except (ValueError, TypeError) as error:
             raise APIError(400, str(error), param="messages") from None
+        self.check_text_length(text, "messages")
+        tokenizer = self.engine.tokenizer
+        return await self.render(lambda: tokenizer.encode(text, add_special_tokens=False))
 
     async def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
         prompt = body.prompt
@@ -265,14 +292,13 @@ class OpenAIServing:
             prompts = [list(prompt)] if not prompt or isinstance(prompt[0], int) else [list(p) for p in prompt]
         else:
             for index, text in enumerate(texts):
+                self.check_text_length(text, "prompt")
                 try:
                     check_text(text, f"prompt[{index}]" if len(texts) > 1 else "prompt")
                 except ValueError as error:
                     raise APIError(400, str(error), param="prompt") from None
             tokenizer = self.engine.tokenizer
-            prompts = await self.engine.call(
-                lambda: [tokenizer.encode(text, add_special_tokens=True) for text in texts]
-            )
+            prompts = await self.render(lambda: [tokenizer.encode(text, add_special_tokens=True) for text in texts])
         for index, token_ids in enumerate(prompts):
             if not token_ids:
                 where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
@@ -364,6 +390,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         yield
         # Its streams have ended already (begin_shutdown); a step longer than this is left running.
         engine.shutdown(timeout=GRACEFUL_SHUTDOWN_S)
+        serving.renderer.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="mini-vLLM OpenAI-compatible server", lifespan=lifespan)
 
@@ -759,7 +786,7 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--trust-request-chat-template",
         action="store_true",
         help="use a chat template sent with a request (chat_template, chat_template_kwargs.chat_template); "
-        "refused by default: it runs on the engine's thread",
+        "refused by default: it runs on the server's one renderer thread",
     )
     parser.add_argument(
         "--learner-engine",
