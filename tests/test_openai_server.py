@@ -283,6 +283,26 @@ def test_an_assistant_message_may_have_null_or_no_content_as_in_openai_and_vllm(
     assert answers[0] == answers[1] == answers[2]
 
 
+def test_an_explicit_null_means_the_default_where_vllm_declares_the_field_optional(served):
+    """vLLM's models declare ``stream`` (both endpoints) and chat's ``n`` ``Optional``: null is the default there;
+    ``n`` of completions and ``ignore_eos`` are not Optional in vLLM, and null stays a 400."""
+    llm, server, client = served
+    chat_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    completion_body = {"model": MODEL, "prompt": "once", "max_tokens": 2}
+    for path, body, status in (
+        ("/v1/chat/completions", {**chat_body, "stream": None}, 200),
+        ("/v1/chat/completions", {**chat_body, "n": None}, 200),
+        ("/v1/completions", {**completion_body, "stream": None}, 200),
+        ("/v1/completions", {**completion_body, "n": None}, 400),
+        ("/v1/chat/completions", {**chat_body, "ignore_eos": None}, 400),
+    ):
+        response = httpx.post(server.url + path, json=body, timeout=60)
+        assert response.status_code == status, (body, response.text)
+        if status == 200:
+            assert len(response.json()["choices"]) == 1  # a whole answer (not a stream), one choice
+    assert_nothing_leaked(llm.llm_engine)
+
+
 def test_a_number_field_of_the_wrong_type_is_said_to_need_a_number(served):
     llm, server, client = served
     for field, value in (("temperature", "hot"), ("top_p", True), ("temperature", [1])):

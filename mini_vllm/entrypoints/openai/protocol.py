@@ -49,6 +49,12 @@ def _whole_number_as_int(value: Any) -> Any:
 Integer = Annotated[StrictInt, BeforeValidator(_whole_number_as_int)]
 
 
+def null_means(default: Any) -> BeforeValidator:
+    """An explicit JSON null is the field's default: for the fields vLLM's models declare Optional with a
+    non-null default (``stream: bool | None = False``), which vLLM then treats as that default."""
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
 # vLLM request fields that change the answer and that this server does not implement, each with the
 # values that mean "off" (what OpenAI clients and vLLM's benchmarks send when they do not use them).
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
@@ -117,7 +123,7 @@ class _Request(BaseModel):
     seed: Integer | None = None
     n: Integer = 1
     stop: StrictStr | list[StrictStr] | None = None
-    stream: StrictBool = False
+    stream: Annotated[StrictBool, null_means(False)] = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
     cache_salt: StrictStr | None = None
@@ -159,6 +165,7 @@ class ChatCompletionRequest(_Request):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
 
     messages: list[ChatMessage] = Field(min_length=1)
+    n: Annotated[Integer, null_means(1)] = 1  # Optional in vLLM's chat request (not in its completion request)
     max_completion_tokens: Integer | None = None
     chat_template: StrictStr | None = None
     chat_template_kwargs: dict[str, Any] | None = None
