@@ -57,9 +57,10 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); False while requests run."""
-        return self.llm_engine.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); False while requests run,
+        unless ``reset_running_requests`` preempts them first (they are recomputed)."""
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
 
     # -- generate ---------------------------------------------------------------
     def generate(

@@ -731,6 +731,7 @@ class LLMEngine:
         """The engine's step count and the scheduler's counters (``Scheduler.make_stats``, a copy)."""
         return EngineStats(num_steps=self.num_steps, scheduler_stats=self.scheduler.make_stats())
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix (False while a request holds blocks): ``Scheduler.reset_prefix_cache``."""
-        return self.scheduler.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix (False while a request holds blocks, unless ``reset_running_requests``
+        preempts the running ones first): ``Scheduler.reset_prefix_cache``."""
+        return self.scheduler.reset_prefix_cache(reset_running_requests)

@@ -419,12 +419,18 @@ class Scheduler:
         self.kv_cache_manager.set_kv_cache_events(enabled)
 
     # -- the engine's view of the cache ------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (False, changing nothing, while a request holds blocks).
 
+        With ``reset_running_requests`` every running request is preempted first
+        (its blocks freed; it is recomputed from the waiting queue, in the same
+        order), so the reset succeeds, as vLLM's ``Scheduler.reset_prefix_cache``.
         Listeners get the pool's ``AllBlocksCleared`` event, so a router in
         front of this engine learns that nothing is cached here any more.
         """
+        if reset_running_requests:
+            while self.running:  # from the back: preempt() puts each at the front, so they keep their order
+                self.preempt(self.running.pop())
         reset = self.kv_cache_manager.reset_prefix_cache()
         if self.events.active:
             self.emit_kv_cache_events()

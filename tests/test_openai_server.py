@@ -605,8 +605,34 @@ def test_models_health_metrics_and_reset(served):
     assert values["vllm:prefix_cache_queries_total"] == stats.prefix_cache_queries
     assert values["vllm:prefix_cache_hits_total"] == stats.prefix_cache_hits > 0
     assert values["vllm:num_requests_running"] == 0 and values["vllm:num_requests_waiting"] == 0
-    assert httpx.post(server.url + "/reset_prefix_cache").status_code == 200
+    response = httpx.post(server.url + "/reset_prefix_cache")
+    assert response.status_code == 200 and response.json() == {"success": True}
     assert chat(client, "A story about an owl.").usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_reset_prefix_cache_while_a_request_runs_answers_as_vllm_and_can_preempt_it(served):
+    """vLLM: always a 200 with {"success": bool}; ?reset_running_requests=true preempts the running requests
+    (they are recomputed from the waiting queue), so the reset succeeds and the answer is unchanged."""
+    llm, server, client = served
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 60, "ignore_eos": True, "temperature": 0}
+    expected = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
+    texts = []
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=120) as stream:
+        lines = stream.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
+                break  # the request runs now, holding blocks
+        response = httpx.post(server.url + "/reset_prefix_cache")
+        assert response.status_code == 200 and response.json() == {"success": False}, response.text
+        response = httpx.post(server.url + "/reset_prefix_cache?reset_running_requests=true")
+        assert response.status_code == 200 and response.json() == {"success": True}, response.text
+        for line in lines:
+            if line.startswith("data: {"):
+                texts.append(json.loads(line[6:])["choices"][0]["text"])
+    assert "".join(texts) == expected
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
 
 
 def test_make_serve_from_the_command_line(tmp_path):

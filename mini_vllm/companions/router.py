@@ -301,7 +301,9 @@ class HTTPReplica:
         return []
 
     def reset_prefix_cache(self) -> bool:
-        return self._client.post("/reset_prefix_cache").status_code == 200
+        response = self._client.post("/reset_prefix_cache")
+        response.raise_for_status()
+        return response.json()["success"]
 
 
 def _split(item: WorkItem) -> tuple[list[int], str | None]:

@@ -223,8 +223,8 @@ class AsyncLLM:
             self._commands.put((lambda: self._abort(request_ids), None))
             self._wakeup.set()
 
-    async def reset_prefix_cache(self) -> bool:
-        return await self.call(self.engine.reset_prefix_cache)
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return await self.call(lambda: self.engine.reset_prefix_cache(reset_running_requests))
 
     def begin_shutdown(self) -> None:
         """End every stream now (a last delta with ``finish_reason="shutdown"``, even while a long

@@ -456,12 +456,10 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         }
 
     @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> Response:
-        if await engine.reset_prefix_cache():
-            return Response(status_code=200)
-        raise APIError(
-            409, "requests are running: the prefix cache can be reset only when none is", error_type="Conflict"
-        )
+    async def reset_prefix_cache(reset_running_requests: bool = False) -> dict:
+        """Always a 200 saying whether the cache was reset, as vLLM's: ``{"success": false}`` while requests
+        hold blocks, unless ``?reset_running_requests=true`` preempts them first (they are recomputed)."""
+        return {"success": await engine.reset_prefix_cache(reset_running_requests)}
 
     @app.get("/metrics")
     async def metrics() -> Response:
