@@ -12,7 +12,7 @@ request, a stream of ``StreamDelta`` objects on an ``asyncio.Queue``:
 
     caller (event loop)                        engine thread
     ───────────────────                        ─────────────
-    stream = await add_request(prompt) ─add─▶  add_parent_requests (validates: a bad
+    streams = await add_requests(prompts) ─add─▶ add_parent_requests (validates: a bad
                                                prompt raises here, in the caller)
     async for delta in stream: ...   ◀─delta─  step(); after every step, for each of its
                                                requests: new tokens, new text, finished?
@@ -150,7 +150,7 @@ class AsyncLLM:
     """Serves one ``LLM`` (the reference engine or a learner's) to asyncio callers.
 
     Owns the engine thread; everything else talks to the engine through
-    ``add_request``, ``abort``, ``reset_prefix_cache`` and ``call``. Call
+    ``add_requests``, ``abort``, ``reset_prefix_cache`` and ``call``. Call
     ``shutdown`` to stop the thread (requests still running are aborted, and
     their streams end at once, whatever step the engine is in).
     """
@@ -191,31 +191,37 @@ class AsyncLLM:
                 raise EngineShutDown() from None
             raise
 
-    async def add_request(self, prompt: Any, sampling_params: SamplingParams) -> RequestStream:
-        """Queue one prompt (``n`` completions); its deltas come from the returned ``RequestStream``.
+    async def add_requests(self, prompts: list[Any], sampling_params: list[SamplingParams]) -> list[RequestStream]:
+        """Queue prompts (``n`` completions each), all or none; each prompt's deltas come from its ``RequestStream``.
 
-        ``prompt`` is what ``LLM.generate`` takes (text, or a dict with
+        A prompt is what ``LLM.generate`` takes (text, or a dict with
         ``prompt_token_ids`` and ``cache_salt``). Bad input raises here, with
-        nothing queued. Closing the stream before it ends (the client went
-        away) aborts the completions that have not finished, so their blocks go
-        back to the pool.
+        nothing queued (``LLMEngine.add_parent_requests``: in a batch, the error
+        names the prompt's index), so no prompt of a refused batch ever runs.
+        Closing a stream before it ends (the client went away) aborts the
+        completions that have not finished, so their blocks go back to the pool.
         """
         self._loop = loop = asyncio.get_running_loop()
-        deltas: asyncio.Queue[StreamDelta] = asyncio.Queue()
+        queues: list[asyncio.Queue[StreamDelta]] = [asyncio.Queue() for _ in prompts]
 
-        def push(delta: StreamDelta) -> None:  # runs on the engine thread
-            try:
-                loop.call_soon_threadsafe(deltas.put_nowait, delta)
-            except RuntimeError:  # the event loop has closed: the server has stopped and nobody reads this
-                pass
+        def pusher(deltas: asyncio.Queue) -> Callable[[StreamDelta], None]:
+            def push(delta: StreamDelta) -> None:  # runs on the engine thread
+                try:
+                    loop.call_soon_threadsafe(deltas.put_nowait, delta)
+                except RuntimeError:  # the event loop has closed: the server has stopped and nobody reads this
+                    pass
 
-        request_id = f"serve-{next(self._ids)}"
-        child_ids = await self.call(lambda: self._add(request_id, prompt, sampling_params, push))
-        stream = RequestStream(self, child_ids, deltas)
-        self._request_streams.add(stream)
-        if self._stopping:  # the shutdown began while the engine queued it
-            stream.end(SHUTDOWN)
-        return stream
+            return push
+
+        request_ids = [f"serve-{next(self._ids)}" for _ in prompts]
+        pushes = [pusher(deltas) for deltas in queues]
+        child_ids = await self.call(lambda: self._add(request_ids, prompts, sampling_params, pushes))
+        streams = [RequestStream(self, ids, deltas) for ids, deltas in zip(child_ids, queues)]
+        for stream in streams:
+            self._request_streams.add(stream)
+            if self._stopping:  # the shutdown began while the engine queued it
+                stream.end(SHUTDOWN)
+        return streams
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (fire and forget: the engine thread frees their blocks before its next step)."""
@@ -296,32 +302,37 @@ class AsyncLLM:
                     future.set_result(result)
         # (the stats are refreshed after commands too, so /metrics sees an aborted request leave)
 
-    def _add(self, request_id: str, prompt: Any, params: SamplingParams, push: Callable) -> list[str]:
-        """Queue the prompt's children (``ParentRequest``, ``parallel_sampling.py``); each streams on its own."""
-        [parent] = self.engine.add_parent_requests([prompt], params, request_ids=[request_id])
-        # The engine's checked copy of params: the stop strings its requests actually stop on.
-        stop_strings = parent.sampling_params.stop_strings
-        hold_back = max((len(stop) for stop in stop_strings), default=1) - 1
-        for index, child_id in enumerate(parent.child_request_ids):
-            self._streams[child_id] = _Stream(index, push, hold_back)
+    def _add(
+        self, request_ids: list[str], prompts: list[Any], params: list[SamplingParams], pushes: list[Callable]
+    ) -> list[list[str]]:
+        """Queue the prompts' children (``ParentRequest``, ``parallel_sampling.py``); each streams on its own."""
+        parents = self.engine.add_parent_requests(prompts, params, request_ids=request_ids)
+        for parent, push in zip(parents, pushes):
+            # The engine's checked copy of params: the stop strings its requests actually stop on.
+            stop_strings = parent.sampling_params.stop_strings
+            hold_back = max((len(stop) for stop in stop_strings), default=1) - 1
+            for index, child_id in enumerate(parent.child_request_ids):
+                self._streams[child_id] = _Stream(index, push, hold_back)
         self._refresh_stats()
-        return parent.child_request_ids
+        return [parent.child_request_ids for parent in parents]
 
     def _abort(self, request_ids: list[str]) -> None:
+        """Abort requests whose caller went away. /metrics does not count them as finished: vLLM's
+        ``OutputProcessor.abort_requests`` records no finished-request stats either."""
         for request_id in request_ids:
             if self._streams.pop(request_id, None) is not None:
                 self.engine.abort_request(request_id)
-                self._count_finished("abort")
         self._refresh_stats()
 
     def _abort_all(self, reason: str = "abort") -> None:
         """Abort every streamed request; ``reason`` is its streams' last finish_reason ("error" after a
-        failed step, SHUTDOWN, which /metrics counts as an abort)."""
+        failed step, which /metrics counts as vLLM counts an engine's ERROR; SHUTDOWN, not counted, as an abort)."""
         for request_id, stream in list(self._streams.items()):
             request = self.engine.requests.get(request_id)
             self.engine.abort_request(request_id)
             del self._streams[request_id]
-            self._count_finished("abort" if reason == SHUTDOWN else reason)
+            if reason != SHUTDOWN:
+                self._count_finished(reason)
             stream.push(
                 StreamDelta(
                     request_id,
@@ -351,8 +362,8 @@ class AsyncLLM:
             else:  # cannot happen with held-back text; say so rather than send a wrong tail
                 logger.warning("request %r: streamed text is not a prefix of the final text", output.request_id)
                 text = ""
+            self._count_prefill(stream, len(output.prompt_token_ids))
             self.stats.generation_tokens += len(new_tokens)
-            self.stats.prompt_tokens += len(output.prompt_token_ids)
             self._count_finished(completion.finish_reason or "abort")
             stream.push(
                 StreamDelta(
@@ -372,6 +383,7 @@ class AsyncLLM:
             if request is None or request.num_output_tokens == stream.num_tokens_sent:
                 continue
             new_tokens = list(request.output_token_ids[stream.num_tokens_sent :])
+            self._count_prefill(stream, request.num_prompt_tokens)
             stream.num_tokens_sent = request.num_output_tokens
             self.stats.generation_tokens += len(new_tokens)
             text = self._new_text(request, stream)
@@ -395,6 +407,12 @@ class AsyncLLM:
         new = safe[len(stream.text_sent) :]
         stream.text_sent = safe
         return new
+
+    def _count_prefill(self, stream: _Stream, num_prompt_tokens: int) -> None:
+        """``vllm:prompt_tokens``: a request's prompt counts once its prefill is done (its first token
+        arrives), finished or not, as vLLM counts it (``IterationStats.update_from_output``)."""
+        if stream.num_tokens_sent == 0:
+            self.stats.prompt_tokens += num_prompt_tokens
 
     def _count_finished(self, reason: str) -> None:
         self.stats.finished_by_reason[reason] = self.stats.finished_by_reason.get(reason, 0) + 1

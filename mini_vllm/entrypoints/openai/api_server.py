@@ -67,6 +67,8 @@ GRACEFUL_SHUTDOWN_S = 5
 # /v1/completions without max_tokens: 16 tokens (vLLM's CompletionRequest default, as OpenAI's);
 # chat without it gets the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# vLLM's FinishReason names: /metrics has vllm:request_success for each from the start (0 until one finishes so).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 # Completions that ended without an answer, as the client is told: finish_reason -> (status, error type, message).
 FAILED_ENDINGS = {
     "error": (500, "InternalServerError", "the engine failed while computing this request (see the server's log)"),
@@ -294,32 +296,36 @@ class OpenAIServing:
             for index, text in enumerate(texts):
                 self.check_text_length(text, "prompt")
                 try:
-                    check_text(text, f"prompt[{index}]" if len(texts) > 1 else "prompt")
+                    check_text(text, f"prompt {index}" if len(texts) > 1 else "prompt")
                 except ValueError as error:
                     raise APIError(400, str(error), param="prompt") from None
             tokenizer = self.engine.tokenizer
             prompts = await self.render(lambda: [tokenizer.encode(text, add_special_tokens=True) for text in texts])
         for index, token_ids in enumerate(prompts):
             if not token_ids:
-                where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
+                where = f"prompt {index}" if len(prompts) > 1 else "prompt"
                 raise APIError(400, f"{where} is empty: give at least one token", param="prompt")
         return prompts
 
     async def start(
-        self, token_ids: list[int], salt: str | None, params: SamplingParams, where: str, param: str
-    ) -> RequestStream:
-        """Queue one prompt; the engine validates it first (a 400 here, nothing queued).
+        self, prompts: list[list[int]], salt: str | None, params: list[SamplingParams], param: str
+    ) -> list[RequestStream]:
+        """Queue a request's prompts, all or none: the engine validates them all first (a 400 here,
+        nothing queued, so no prompt of a refused batch runs or is counted in /metrics).
 
-        The engine sees one prompt at a time (so its error names none): the 400 names the
-        request's own field (``where``, e.g. ``prompt[1]`` or ``messages``; ``param`` for the body).
+        The 400 names the request's field (``param``: ``prompt`` or ``messages``); in a batch
+        the engine's message names the prompt (``prompt 1: ...``).
         """
-        prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
-        if salt is not None:
-            prompt["cache_salt"] = salt
+        engine_prompts = []
+        for token_ids in prompts:
+            prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
+            if salt is not None:
+                prompt["cache_salt"] = salt
+            engine_prompts.append(prompt)
         try:
-            return await self.engine.add_request(prompt, params)
+            return await self.engine.add_requests(engine_prompts, params)
         except (ValueError, TypeError) as error:
-            raise APIError(400, f"{where}: {error}", param=param) from None
+            raise APIError(400, f"{param}: {error}" if len(prompts) == 1 else str(error), param=param) from None
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamDelta]]:
@@ -472,7 +478,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_implemented(body)
         token_ids = await serving.chat_prompt(body)
         params = serving.sampling_params(body, len(token_ids))
-        stream = await serving.start(token_ids, body.cache_salt, params, "messages", "messages")
+        [stream] = await serving.start([token_ids], body.cache_salt, [params], "messages")
         response = _Response("chatcmpl", "chat.completion", name, details, body.n, chat=True)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -487,15 +493,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         serving.check_implemented(body)
         prompts = await serving.completion_prompts(body)
         params = [serving.sampling_params(body, len(token_ids)) for token_ids in prompts]
-        streams = []
-        try:
-            for index, (token_ids, prompt_params) in enumerate(zip(prompts, params)):
-                where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
-                streams.append(await serving.start(token_ids, body.cache_salt, prompt_params, where, "prompt"))
-        except BaseException:
-            for stream in streams:  # the prompts queued before the bad one leave again
-                await stream.aclose()
-            raise
+        streams = await serving.start(prompts, body.cache_salt, params, "prompt")
         response = _Response("cmpl", "text_completion", name, details, body.n, chat=False)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -676,8 +674,8 @@ class _EngineCollector:
         finished = CounterMetricFamily(
             "vllm:request_success", "Count of finished requests by finish reason.", labels=[*labels, "finished_reason"]
         )
-        for reason, count in sorted(stats.finished_by_reason.items()):
-            finished.add_metric([self.model_name, reason], count)
+        for reason in sorted(set(FINISH_REASONS) | set(stats.finished_by_reason)):
+            finished.add_metric([self.model_name, reason], stats.finished_by_reason.get(reason, 0))
         yield finished
 
 
