@@ -204,6 +204,9 @@ BAD = [
     ({"messages": [{"role": "user"}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]}, 400, "messages.0.content"),
     ({"messages": [{"role": "user", "content": "hi"}], "stop": [3]}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),  # vLLM: 4
+    ({"messages": [{"role": "user", "content": "hi"}], "seed": 2**63}, 400, "seed"),  # vLLM's seed is an int64
+    ({"messages": [{"role": "user", "content": "hi"}], "seed": -(2**63) - 1}, 400, "seed"),
     (
         {"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": True}},
         400,
@@ -367,9 +370,10 @@ def test_neutral_values_of_fields_the_server_does_not_implement_are_accepted(ser
     reply = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0,
         frequency_penalty=0, presence_penalty=0.0, tool_choice="none", response_format={"type": "text"},
+        top_logprobs=0, stop=["x1", "x2", "x3", "x4"], seed=2**63 - 1,
     )  # fmt: skip
     plain = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0, stop=["x1"]
     )
     assert reply.choices[0].message.content == plain.choices[0].message.content
     with pytest.raises(APIStatusError) as raised:

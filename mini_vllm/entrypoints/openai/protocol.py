@@ -19,6 +19,7 @@ vLLM equivalent: ``vllm/entrypoints/openai/protocol.py`` (and, in 0.33,
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
@@ -55,6 +56,12 @@ def null_means(default: Any) -> BeforeValidator:
     return BeforeValidator(lambda value: default if value is None else value)
 
 
+# vLLM's bounds of a request's seed (an int64), and its most stop strings (its env variable, default 4).
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+VLLM_MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
+
+
 # vLLM request fields that change the answer and that this server does not implement, each with the
 # values that mean "off" (what OpenAI clients and vLLM's benchmarks send when they do not use them).
 NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
@@ -71,7 +78,7 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "skip_special_tokens": (True, None),
     "truncate_prompt_tokens": (None,),
     "logprobs": (None, False),
-    "top_logprobs": (None,),
+    "top_logprobs": (None, 0),
     "prompt_logprobs": (None,),
     "echo": (False, None),
     "response_format": (None, {"type": "text"}),
@@ -120,9 +127,9 @@ class _Request(BaseModel):
     temperature: Number | None = None
     top_p: Number | None = None
     top_k: Integer | None = None
-    seed: Integer | None = None
+    seed: Annotated[Integer, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None  # vLLM's bounds (torch takes more)
     n: Integer = 1
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=VLLM_MAX_STOP_STRINGS)] | None = None
     stream: Annotated[StrictBool, null_means(False)] = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
