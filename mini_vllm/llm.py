@@ -160,10 +160,15 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def render_chat_template(self, conversation: list[dict], **kwargs) -> str:
-        """The prompt text of a conversation plus the assistant's turn header (what is tokenized)."""
-        return self.get_tokenizer().apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True, **kwargs
-        )
+        """The prompt text of a conversation plus the assistant's turn header (what is tokenized).
+
+        ``kwargs`` (a request's ``chat_template_kwargs``) go to the template, but the settings this
+        engine renders with win over them, as over vLLM's: ``add_generation_prompt=True`` and
+        ``continue_final_message=False`` (vLLM's request fields, which override its
+        ``chat_template_kwargs``), and text, not token ids (``tokenize``: the same prompt either way).
+        """
+        settings = {"add_generation_prompt": True, "continue_final_message": False, "tokenize": False}
+        return self.get_tokenizer().apply_chat_template(conversation, **(kwargs | settings))
 
     def apply_chat_template(self, conversation: list[dict], **kwargs) -> list[int]:
         """Token ids of a conversation plus the assistant's turn header."""

@@ -306,6 +306,19 @@ def test_an_explicit_null_means_the_default_where_vllm_declares_the_field_option
     assert_nothing_leaked(llm.llm_engine)
 
 
+def test_chat_template_kwargs_that_the_server_sets_itself_are_overridden_as_vllm_does(served):
+    """vLLM merges the request's add_generation_prompt / continue_final_message over chat_template_kwargs, and
+    a tokenize there changes only whether the template returns text or ids: the same prompt, a 200 (was
+    Python's "got multiple values for keyword argument")."""
+    llm, server, client = served
+    plain = chat(client, "hi", max_tokens=3)
+    for kwargs in ({"add_generation_prompt": False}, {"continue_final_message": True}, {"tokenize": True}):
+        reply = chat(client, "hi", max_tokens=3, extra_body={"chat_template_kwargs": kwargs})
+        assert reply.usage.prompt_tokens == plain.usage.prompt_tokens, kwargs
+        assert reply.choices[0].message.content == plain.choices[0].message.content
+    assert_nothing_leaked(llm.llm_engine)
+
+
 def test_a_number_field_of_the_wrong_type_is_said_to_need_a_number(served):
     llm, server, client = served
     for field, value in (("temperature", "hot"), ("top_p", True), ("temperature", [1])):
