@@ -39,3 +39,14 @@ def test_bench_takes_its_own_options():
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--help"])
     assert exit_info.value.code == 0
+
+
+@pytest.mark.parametrize("port", ["99999", "-5", "http"])
+def test_serve_refuses_a_port_outside_0_to_65535_before_loading_the_model(port, monkeypatch, capsys):
+    """An argparse error naming the range (exit 2), not three tracebacks and an OverflowError after the model loaded."""
+    monkeypatch.setattr("mini_vllm.entrypoints.openai.api_server.LLM", lambda *a, **k: pytest.fail("model loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", f"--port={port}"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "--port: must be an integer from 0 to 65535" in error and "Traceback" not in error, error

@@ -741,12 +741,24 @@ class BackgroundServer:
         self.stop()
 
 
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 0 to 65535 (0: any free one); anything else is an argparse error (exit 2)
+    before the model loads, not uvicorn's OverflowError after."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 65535, got {port}")
+    return port
+
+
 def add_server_args(parser: argparse.ArgumentParser) -> None:
     """``vllm serve``'s flag names, where mini-vLLM has the setting."""
     parser.add_argument("model_tag", nargs="?", default=None, help="a local Hugging Face folder (default: bundled)")
     parser.add_argument("--model", default=None, help="same as the positional MODEL")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port, 0-65535 (default: %(default)s)")
     parser.add_argument(
         "--served-model-name",
         nargs="+",
