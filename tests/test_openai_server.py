@@ -364,6 +364,18 @@ def test_bad_json_and_bad_completion_prompts(served):
     error = response.json()["error"]
     assert response.status_code == 400 and "outside the vocabulary" in error["message"]
     assert error["message"].startswith("prompt 1: ") and error["param"] == "prompt"  # the second prompt, named
+    # A body not sent as JSON: vLLM's words (its validate_json_request), on both endpoints.
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        for headers in ({"content-type": "text/plain"}, {}):
+            response = httpx.post(server.url + path, content=b'{"prompt": "x"}', headers=headers)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["message"] == "Unsupported Media Type: Only 'application/json' is allowed"
+    reply = httpx.post(
+        server.url + "/v1/completions",
+        content=b'{"prompt": "x", "max_tokens": 1}',
+        headers={"content-type": "Application/JSON; charset=utf-8"},
+    )
+    assert reply.status_code == 200, reply.text
     # FastAPI's own parse failure (a body that is not UTF-8) gets the OpenAI error body too.
     response = httpx.post(
         server.url + "/v1/completions", content=b'{"prompt": "\xff\xfe"}', headers={"content-type": "application/json"}

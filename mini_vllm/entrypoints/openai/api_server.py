@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -381,6 +381,14 @@ async def _until_disconnected(request: Request, work: Any) -> Any:
     return None
 
 
+async def json_only(request: Request) -> None:
+    """A body that is not sent as JSON is a 400 in vLLM's words (its ``validate_json_request``), checked
+    before the body is read as a request."""
+    media_type = request.headers.get("content-type", "").lower().split(";", maxsplit=1)[0].strip()
+    if media_type != "application/json":
+        raise APIError(400, "Unsupported Media Type: Only 'application/json' is allowed")
+
+
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -471,7 +479,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=[Depends(json_only)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
@@ -486,7 +494,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         result = await _until_disconnected(request, response.collect([stream]))
         return result if result is not None else Response(status_code=499)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=[Depends(json_only)])
     async def completions(body: CompletionRequest, request: Request):
         serving.check_model(body.model)
         serving.check_cache_salt(body.cache_salt)
