@@ -521,6 +521,9 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
                 continue
             if mistake == "requeues what does not fit at the end":
                 scheduler.waiting.append(scheduler.waiting.popleft())
+            if mistake == "rotates and tries the next":
+                scheduler.waiting.rotate(-1)
+                continue
             break
         if mistake != "takes it off the queue before allocating":
             scheduler.waiting.popleft()
@@ -616,3 +619,14 @@ def test_ch08_schedule_waiting_rejects_a_wrong_return_value():
         return token_budget
 
     rejects(check_schedule_waiting, returns_the_budget_it_got, "budget left", regex=True)
+
+
+def test_ch08_schedule_waiting_a_loop_that_never_ends_is_stopped_and_a_generator_named():
+    """A learner pass: rotating the queue past a request that does not fit hung the check cell forever;
+    a `yield` got "schedule_waiting admitted nothing" and "read the traceback below" with none below."""
+    rejects(check_schedule_waiting, _with_mistake("rotates and tries the next"), "a loop that never ends")
+
+    def generator(scheduler, token_budget, output):
+        yield _schedule_waiting(scheduler, token_budget, output)
+
+    rejects(check_schedule_waiting, generator, "returned a generator: your function has a `yield`")

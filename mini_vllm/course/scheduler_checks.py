@@ -15,6 +15,9 @@ by side, interleaved, to catch state kept outside the scheduler.
 
 from __future__ import annotations
 
+import contextlib
+import types
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +75,8 @@ class _CheckedScheduler(Scheduler):
         )
         expected = "the budget left, after admitting waiting requests in order while they fit"
         try:
-            self.budget_returned = self.learner_fn(self, token_budget, output)
+            with _a_bound_on_the_lookups(self, what):
+                self.budget_returned = self.learner_fn(self, token_budget, output)
         except (NotImplementedError, CheckFailure):
             raise
         except Exception as error:  # noqa: BLE001 - reported with the step that triggered it
@@ -90,7 +94,42 @@ class _CheckedScheduler(Scheduler):
                     "scheduler.waiting. Use one end of the queue for both: scheduler.waiting[0], then popleft()"
                 )
             raise learner_error("schedule_waiting", what, error, expected, hint) from None
+        if isinstance(self.budget_returned, types.GeneratorType):
+            raise CheckFailure(
+                f"schedule_waiting: {what} returned a generator: your function has a `yield`, so calling it runs "
+                "none of its code\n    hint: admit the requests in a loop and `return token_budget` (the budget "
+                "left) at the end; no yield"
+            )
         return self.budget_returned
+
+
+@contextlib.contextmanager
+def _a_bound_on_the_lookups(scheduler: Scheduler, what: str):
+    """Stop a learner's admission loop that never ends (one that rotates the queue on a request that
+    does not fit, or never pops the one it admitted): at most a few lookups per waiting request."""
+    manager = scheduler.kv_cache_manager
+    limit = 4 * len(scheduler.waiting) + 8
+    calls = 0
+    lookup = manager.get_computed_blocks
+
+    def get_computed_blocks(request):
+        nonlocal calls
+        calls += 1
+        if calls > limit:
+            raise CheckFailure(
+                f"schedule_waiting: {what}: your loop called get_computed_blocks {calls} times for "
+                f"{len(scheduler.waiting)} waiting request(s) and had not stopped: a loop that never ends\n"
+                "    hint: when allocate_slots returns None (the request does not fit), stop admitting (break): "
+                "the scheduler tries again next step, in the same order. Pop each admitted request from "
+                "scheduler.waiting, and never put a waiting request back (rotate, append) to try the next one"
+            )
+        return lookup(request)
+
+    manager.get_computed_blocks = get_computed_blocks
+    try:
+        yield
+    finally:
+        del manager.get_computed_blocks  # back to the class's method
 
 
 class _Run:
