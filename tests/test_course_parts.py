@@ -522,6 +522,23 @@ def test_an_engine_error_after_a_learners_part_names_the_parts_and_shows_where_i
     assert not getattr(bad_prompt.value, "__notes__", None)
 
 
+def test_an_error_in_a_learners_free_queue_is_said_to_be_theirs(parts_folder):
+    """A learner pass (02): the note said "the engine's own code raised this" above the learner's own remove."""
+    from mini_vllm.block_pool import FreeKVCacheBlockQueue
+
+    class QueueWhoseRemoveFails(FreeKVCacheBlockQueue):
+        def remove(self, block):
+            raise ValueError(f"my remove of block {block.block_id}")
+
+    mine = learner_engine(parts={"free_queue": QueueWhoseRemoveFails}, **_engine_args())
+    with pytest.raises(ValueError, match="my remove") as caught:
+        mine.generate(PROMPTS[:2], GREEDY)
+    note = "\n".join(caught.value.__notes__)
+    assert note.startswith("your own code raised this") and "check_free_queue" in note, note
+    names = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert names[1:] == ["generate", "remove"], names
+
+
 def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_parts(parts_folder):
     """Found by a learner pass (06): the stall's message under the engine's traceback did not point at the check."""
     from mini_vllm.block_pool import BlockPool

@@ -76,10 +76,13 @@ class LearnerLLM(LLM):
             if not any(error is raised for _, raised in self.part_errors):
                 yours = [key for key, whose in self.course_parts.items() if whose == "yours"]
                 if yours and _raised_in_a_step(error.__traceback__):
-                    # The engine's own check fired on what a learner's part left behind: say whose parts
-                    # ran, and show where it fired, not the ~10 frames of the step that led there.
-                    error.add_note(_engine_error_note(yours))
-                    raise error.with_traceback(_last_frames(error.__traceback__, 2))
+                    # The engine's own check fired on what a learner's part left behind, or a learner's
+                    # class the engine calls directly (the free queue) raised: say whose parts ran, and show
+                    # where it fired, not the ~10 frames of the step that led there.
+                    in_yours = _is_learner_file(_last_frames(error.__traceback__, 1).tb_frame.f_code.co_filename)
+                    error.add_note(_engine_error_note(yours, in_yours))
+                    tb = error.__traceback__
+                    raise error.with_traceback(_from_the_learners_code(tb) if in_yours else _last_frames(tb, 2))
                 raise
             self.part_errors[:] = [(key, raised) for key, raised in self.part_errors if raised is error]
         if self.part_errors:
@@ -105,12 +108,17 @@ class LearnerLLM(LLM):
         )
 
 
-def _engine_error_note(yours: list[str]) -> str:
+def _engine_error_note(yours: list[str], in_yours: bool) -> str:
     checks = ", ".join(f"check_{key}" for key in yours)
+    where = (
+        "your own code raised this (a class of yours the engine calls directly, such as your free queue)"
+        if in_yours
+        else "the engine's own code raised this"
+    )
     return (
-        f"the engine's own code raised this, in a step that ran your {', '.join(yours)}: something one of them "
-        "returned or left behind broke what the engine relies on (each free block in the free queue once, ref "
-        "counts that match the requests holding a block, one cached block per hash). Run their checks "
+        f"{where}, in a step that ran your {', '.join(yours)}: something one of them returned or left behind "
+        "broke what the engine relies on (each free block in the free queue once, ref counts that match the "
+        "requests holding a block, one cached block per hash). Run their checks "
         f"({checks}) until they pass; learner_engine(parts={{}}) builds an engine of the reference alone."
     )
 
