@@ -227,12 +227,30 @@ class Scheduler:
         candidates = itertools.islice(self.waiting, self.max_num_seqs)
         never_admitted = {id(request) for request in candidates if request.num_cached_tokens < 0}
         num_scheduled = len(output.scheduled)
+        budget = token_budget
         token_budget = self.schedule_waiting(token_budget, output)
-        for scheduled in output.scheduled[num_scheduled:]:
+        admitted = output.scheduled[num_scheduled:]
+        self.check_admissions(budget, admitted)
+        for scheduled in admitted:
             scheduled.first_admission = id(scheduled.request) in never_admitted
         if self.events.active:
             self.emit_kv_cache_events()
         return token_budget
+
+    def check_admissions(self, token_budget: int, admitted: list[ScheduledRequest]) -> None:
+        """What any admission must respect, as vLLM's scheduler asserts it: the step's token budget, and no
+        token past a request's last. A ``schedule_waiting`` that breaks it is told here, by name, instead of
+        by a shape error in the model steps later."""
+        spent = sum(scheduled.num_new_tokens for scheduled in admitted)
+        if spent > token_budget:
+            raise AssertionError(f"schedule_waiting scheduled {spent} new tokens with a token budget of {token_budget}")
+        for scheduled in admitted:
+            if scheduled.num_computed_tokens + scheduled.num_new_tokens > scheduled.request.num_tokens:
+                raise AssertionError(
+                    f"schedule_waiting scheduled request {scheduled.request.request_id!r} past its last token: "
+                    f"{scheduled.num_computed_tokens} computed + {scheduled.num_new_tokens} new > "
+                    f"{scheduled.request.num_tokens} tokens"
+                )
 
     def _schedule_running(self, token_budget: int, output: SchedulerOutput) -> int:
         """Give every running request its next tokens (a decode token or a prefill chunk).

@@ -539,6 +539,20 @@ def test_an_error_in_a_learners_free_queue_is_said_to_be_theirs(parts_folder):
     assert names[1:] == ["generate", "remove"], names
 
 
+def test_an_admission_past_the_token_budget_is_named_in_the_learners_engine(parts_folder):
+    """A learner pass (08): a schedule_waiting without the budget cap scheduled ~290 tokens against 64, and
+    the engine cell printed "same tokens, same hits" (or a shape error in the rotary embedding)."""
+    from mini_vllm.scheduler import Scheduler
+
+    def no_budget_cap(scheduler, token_budget, output):
+        return Scheduler.schedule_waiting(scheduler, 10**6, output) and token_budget
+
+    mine = learner_engine(parts={"schedule_waiting": no_budget_cap}, **dict(_engine_args(), max_num_batched_tokens=16))
+    with pytest.raises(AssertionError, match=r"schedule_waiting scheduled \d+ new tokens with a token budget of 16"):
+        mine.generate(PROMPTS[:2], GREEDY)
+    assert not mine.llm_engine.has_unfinished_requests()
+
+
 def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_parts(parts_folder):
     """Found by a learner pass (06): the stall's message under the engine's traceback did not point at the check."""
     from mini_vllm.block_pool import BlockPool

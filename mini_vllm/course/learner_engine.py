@@ -452,7 +452,10 @@ def run_against_reference(
         max_num_batched_tokens=compare_vllm.MAX_NUM_BATCHED_TOKENS,
         max_model_len=compare_vllm.engine_max_model_len(block_size, num_blocks),
     )
-    print(f"running {len(specs)} workload(s) on your engine and on the reference (about 20 s each on a laptop CPU):")
+    print(
+        f"running {len(specs)} workload(s) on your engine (your kept parts; the reference's where you have none) "
+        "and on the reference (about 20 s each on a laptop CPU):"
+    )
     mine_llm = learner_engine(model, parts=parts, kernels=True, **engine_args)  # every part, the kernels too
     reference_llm = LLM(model, **engine_args)
     mine_events, reference_events = _record_cache_events(mine_llm), _record_cache_events(reference_llm)

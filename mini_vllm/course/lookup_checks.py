@@ -57,17 +57,16 @@ def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[in
     return _make_manager(num_blocks, cached, in_use).block_pool
 
 
-def _record_the_groups_asked(pool: BlockPool) -> list[int]:
-    """The ``kv_cache_group_id`` of every ``pool.get_cached_block`` call from now on (the pool still answers)."""
-    asked: list[int] = []
-    lookup = pool.get_cached_block
+class _RecordingPool(BlockPool):
+    """A :class:`BlockPool` that records the ``kv_cache_group_id`` of every ``get_cached_block`` call."""
 
-    def get_cached_block(block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
-        asked.append(kv_cache_group_id)
-        return lookup(block_hash, kv_cache_group_id)
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.groups_asked: list[int] = []
 
-    pool.get_cached_block = get_cached_block  # this pool only, for this case
-    return asked
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        self.groups_asked.append(kv_cache_group_id)
+        return super().get_cached_block(block_hash, kv_cache_group_id)
 
 
 def _describe(result) -> str:
@@ -168,8 +167,10 @@ def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     check.expect_equal(_describe(result), "blocks []", "an empty cache", "no block is cached, so the hit is empty")
 
     # 2. Everything cached, no cap: every block, the pool's own objects.
-    pool = _make_pool(8, hashes)
-    groups_asked = _record_the_groups_asked(pool)
+    pool = _RecordingPool(8)
+    for block_id, block_hash in enumerate(hashes):
+        cache_block(pool, pool.blocks[block_id], block_hash)
+    groups_asked = pool.groups_asked
     result = _run(check, fn, pool, hashes, 4, "4 cached blocks, max_num_blocks=4")
     if any(groups_asked):
         why = (

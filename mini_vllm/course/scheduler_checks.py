@@ -15,7 +15,6 @@ by side, interleaved, to catch state kept outside the scheduler.
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 from collections.abc import Callable
@@ -48,6 +47,33 @@ class Scenario:
     enable_caching: bool = True
 
 
+class _BoundedManager(KVCacheManager):
+    """A :class:`KVCacheManager` that stops a learner's admission loop that never ends (one that rotates the
+    queue past a request that does not fit, or never pops the one it admitted): at most a few lookups per
+    waiting request in one ``schedule_waiting`` call."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.bound_lookups(None)
+
+    def bound_lookups(self, limit: int | None, what: str = "") -> None:
+        """From now on at most ``limit`` lookups (None: no bound); ``what`` names the call in the message."""
+        self.lookups_left, self.lookups_limit, self.bounded_call = limit, limit, what
+
+    def get_computed_blocks(self, request: Request):
+        if self.lookups_left is not None:
+            if self.lookups_left == 0:
+                raise CheckFailure(
+                    f"schedule_waiting: {self.bounded_call}: your loop called get_computed_blocks "
+                    f"{self.lookups_limit} times and had not stopped: a loop that never ends\n"
+                    "    hint: when allocate_slots returns None (the request does not fit), stop admitting (break): "
+                    "the scheduler tries again next step, in the same order. Pop each admitted request from "
+                    "scheduler.waiting, and never put a waiting request back (rotate, append) to try the next one"
+                )
+            self.lookups_left -= 1
+        return super().get_computed_blocks(request)
+
+
 class _CheckedScheduler(Scheduler):
     """A :class:`Scheduler` whose admission is the learner's ``schedule_waiting(scheduler, token_budget, output)``.
 
@@ -63,6 +89,9 @@ class _CheckedScheduler(Scheduler):
         self.describe_step = describe_step
         self.budget_returned: int | None = None
 
+    def check_admissions(self, token_budget: int, admitted: list) -> None:
+        """Nothing here: the check compares every step with the reference's and names the mistake itself."""
+
     def schedule_waiting(self, token_budget: int, output) -> int:
         if self.learner_fn is None:
             self.budget_returned = super().schedule_waiting(token_budget, output)
@@ -75,8 +104,11 @@ class _CheckedScheduler(Scheduler):
         )
         expected = "the budget left, after admitting waiting requests in order while they fit"
         try:
-            with _a_bound_on_the_lookups(self, what):
+            self.kv_cache_manager.bound_lookups(4 * len(self.waiting) + 8, what)
+            try:
                 self.budget_returned = self.learner_fn(self, token_budget, output)
+            finally:
+                self.kv_cache_manager.bound_lookups(None)
         except (NotImplementedError, CheckFailure):
             raise
         except Exception as error:  # noqa: BLE001 - reported with the step that triggered it
@@ -103,41 +135,12 @@ class _CheckedScheduler(Scheduler):
         return self.budget_returned
 
 
-@contextlib.contextmanager
-def _a_bound_on_the_lookups(scheduler: Scheduler, what: str):
-    """Stop a learner's admission loop that never ends (one that rotates the queue on a request that
-    does not fit, or never pops the one it admitted): at most a few lookups per waiting request."""
-    manager = scheduler.kv_cache_manager
-    limit = 4 * len(scheduler.waiting) + 8
-    calls = 0
-    lookup = manager.get_computed_blocks
-
-    def get_computed_blocks(request):
-        nonlocal calls
-        calls += 1
-        if calls > limit:
-            raise CheckFailure(
-                f"schedule_waiting: {what}: your loop called get_computed_blocks {calls} times for "
-                f"{len(scheduler.waiting)} waiting request(s) and had not stopped: a loop that never ends\n"
-                "    hint: when allocate_slots returns None (the request does not fit), stop admitting (break): "
-                "the scheduler tries again next step, in the same order. Pop each admitted request from "
-                "scheduler.waiting, and never put a waiting request back (rotate, append) to try the next one"
-            )
-        return lookup(request)
-
-    manager.get_computed_blocks = get_computed_blocks
-    try:
-        yield
-    finally:
-        del manager.get_computed_blocks  # back to the class's method
-
-
 class _Run:
     """One scheduler (the reference, or one with the learner's admission) driven by a fake model."""
 
     def __init__(self, scenario: Scenario, schedule_waiting: Callable | None) -> None:
         self.scenario = scenario
-        manager = KVCacheManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
+        manager = _BoundedManager(scenario.num_blocks, scenario.block_size, scenario.enable_caching)
         self.scheduler = _CheckedScheduler(
             manager,
             scenario.max_num_seqs,
