@@ -518,7 +518,10 @@ class KVCacheManager:
         assert null.ref_cnt == 0 and null.block_hash is None, "the null block was touched or cached"
         free_ids = [block.block_id for block in pool.free_block_queue.get_all_free_blocks()]
         assert len(free_ids) == len(set(free_ids)), f"a block is twice in the free queue: {free_ids}"
-        assert len(free_ids) == pool.free_block_queue.num_free_blocks, "num_free_blocks is out of date"
+        assert len(free_ids) == pool.free_block_queue.num_free_blocks, (
+            f"the free queue's num_free_blocks is {pool.free_block_queue.num_free_blocks}, but walking its links "
+            f"(get_all_free_blocks) finds {len(free_ids)} blocks, {free_ids}: the count or the links are wrong"
+        )
         expected_free = {block.block_id for block in pool.blocks if block.ref_cnt == 0}
         assert set(free_ids) == expected_free, (
             f"free queue {sorted(free_ids)} != blocks with ref_cnt 0 {sorted(expected_free)}"

@@ -148,6 +148,20 @@ class LearnerQueue:
         return blocks
 
 
+class AppendForgetsTheTailsBackLink(LearnerQueue):
+    """A learner pass: passed every fixed case (__init__ links its blocks itself), failed a random trial, no hint."""
+
+    def __init__(self, blocks):
+        super().__init__([])
+        for block in blocks:
+            self._link_after(self.tail.prev_free_block, block)
+
+    def append(self, block):
+        left = self.tail.prev_free_block
+        left.next_free_block, block.prev_free_block, block.next_free_block = block, left, self.tail
+        self.num_free_blocks += 1  # self.tail.prev_free_block = block is missing
+
+
 class PopsTheTail(LearnerQueue):
     def popleft(self):
         if self.num_free_blocks == 0:
@@ -367,3 +381,8 @@ def test_ch03_slot_mapping_an_empty_range_is_an_empty_list():
         r"start == end == 16.* returned None, not a list\n.*return an empty list",
         regex=True,
     )
+
+
+def test_ch02_free_queue_an_append_that_forgets_the_tails_back_link_is_named():
+    message = rejects(check_free_queue, AppendForgetsTheTailsBackLink, "the tail's back link")
+    assert "two appends in a row" in message

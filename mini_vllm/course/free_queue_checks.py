@@ -117,6 +117,14 @@ class _Scenario:
                 f"the list holds {sorted(set(got) - pool_ids)}, which are no free blocks: leave the sentinels out "
                 "(start at head.next_free_block and stop when you reach the tail)"
             )
+        if len(self.history) >= 2 and all(step.startswith("append(") for step in self.history[-2:]):
+            lost = self.expected[-2]
+            if got == [i for i in self.expected if i != lost]:
+                return (
+                    f"block {lost}, appended just before, is gone from the queue: after append(b) the block "
+                    "before the tail must be b (the tail's back link: fake_tail.prev_free_block = b), because the "
+                    "next append links the new block after whatever that link names"
+                )
         swapped = self.expected[1:2] + self.expected[:1] + self.expected[2:]
         if self.history[-1].startswith("appendleft") and len(got) > 1 and got == swapped:
             return (
@@ -326,6 +334,12 @@ def check_free_queue(queue_cls: Callable) -> None:
     s.append(3, "append after removing the tail uses the new tail")
     s.remove(0, "remove the head")
     s.appendleft(0, "appendleft after removing the head uses the new head")
+
+    s = _Scenario(check, queue_cls, 3, "two appends in a row")
+    s.popleft("popleft")
+    s.popleft("popleft")
+    s.append(0, "append puts the block at the tail")
+    s.append(1, "a second append goes after the first: the tail moved")
 
     s = _Scenario(check, queue_cls, 4, "appendleft")
     s.popleft("popleft")
