@@ -504,6 +504,8 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
         if mistake == "ignores hits":
             computed_blocks, num_computed_tokens = [], 0
+        if mistake == "counts the lookup by hand":
+            manager.prefix_cache_stats.requests += 1
         num_new_tokens = request.num_tokens - num_computed_tokens
         if mistake == "new tokens worked out before the hit":
             num_new_tokens = request.num_tokens - request.num_computed_tokens  # 0 computed yet: the hit not counted
@@ -630,3 +632,9 @@ def test_ch08_schedule_waiting_a_loop_that_never_ends_is_stopped_and_a_generator
         yield _schedule_waiting(scheduler, token_budget, output)
 
     rejects(check_schedule_waiting, generator, "returned a generator: your function has a `yield`")
+
+
+def test_ch08_schedule_waiting_counting_lookups_by_hand_is_told_to_leave_them_to_the_engine():
+    """A learner pass: the hint said "it counts every lookup", which the exercise's text says it does not."""
+    message = rejects(check_schedule_waiting, _with_mistake("counts the lookup by hand"), "leave the counters")
+    assert "it counts every lookup" not in message

@@ -363,7 +363,9 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
         return (
             f"{where}: prefix-cache counters (requests, queries, hits) should be {want['prefix_cache_stats']}; "
             f"yours: {got['prefix_cache_stats']}",
-            "call get_computed_blocks once per request you try to admit (it counts every lookup)",
+            "leave the counters to the engine: allocate_slots counts a request's lookup when it admits it, so "
+            "call get_computed_blocks once per request you try to admit, pass its result to allocate_slots, and "
+            "do not change prefix_cache_stats yourself",
         )
     if got["pool"] != want["pool"]:
         queue = "free queue (head -> tail)"
