@@ -34,7 +34,9 @@ import nbformat
 from .parts import PARTS_ENV
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CHECK_CALL = re.compile(r"\b(check_\w+)\s*\(")
+# A course check is called by its bare name (imported from mini_vllm.course); a method such as
+# manager.check_invariants() in an engine cell is not one.
+_CHECK_CALL = re.compile(r"(?<![.\w])(check_\w+)\s*\(")
 
 
 @dataclass
