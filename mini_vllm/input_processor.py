@@ -157,6 +157,19 @@ class InputProcessor:
         token_ids, _, shown = self.process_prompt(text)
         return token_ids, prompt.get("cache_salt"), shown
 
+    def check_token_ids(self, token_ids: list[int] | tuple[int, ...], name: str = "prompt_token_ids") -> None:
+        """Every id an int of the vocabulary (``TypeError`` / ``ValueError`` naming the first that is not):
+        for a prompt here, and for the server's ``/detokenize``."""
+        vocab_size = self.vocab_size
+        for index, token_id in enumerate(token_ids):
+            if isinstance(token_id, bool) or not isinstance(token_id, int):
+                hint = " (convert numpy or torch integers with .tolist())" if hasattr(token_id, "item") else ""
+                raise TypeError(f"{name}[{index}] must be an int, got {type_name(token_id)} {token_id!r:.40}{hint}")
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(
+                    f"{name}[{index}] = {token_id} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
+                )
+
     def longest_sequence_the_pool_holds(self) -> int:
         """The longest request (prompt + output, at most ``max_model_len``) whose slots fit the pool.
 
@@ -205,17 +218,7 @@ class InputProcessor:
             raise TypeError(f"prompt_token_ids must be a list of ints, got {type_name(prompt_token_ids)}{hint}")
         if not prompt_token_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        vocab_size = self.vocab_size
-        for index, token_id in enumerate(prompt_token_ids):
-            if isinstance(token_id, bool) or not isinstance(token_id, int):
-                hint = " (convert numpy or torch integers with .tolist())" if hasattr(token_id, "item") else ""
-                raise TypeError(
-                    f"prompt_token_ids[{index}] must be an int, got {type_name(token_id)} {token_id!r:.40}{hint}"
-                )
-            if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"prompt_token_ids[{index}] = {token_id} is outside the vocabulary (valid ids: 0..{vocab_size - 1})"
-                )
+        self.check_token_ids(prompt_token_ids)
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_token_ids)} tokens: with at least one output token that is longer than "

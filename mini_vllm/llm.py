@@ -159,20 +159,32 @@ class LLM:
             prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def render_chat_template(self, conversation: list[dict], **kwargs) -> str:
+    def render_chat_template(
+        self,
+        conversation: list[dict],
+        chat_template_kwargs: dict | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
         """The prompt text of a conversation plus the assistant's turn header (what is tokenized).
 
-        ``kwargs`` (a request's ``chat_template_kwargs``) go to the template, but the settings this
-        engine renders with win over them, as over vLLM's: ``add_generation_prompt=True`` and
-        ``continue_final_message=False`` (vLLM's request fields, which override its
-        ``chat_template_kwargs``), and text, not token ids (``tokenize``: the same prompt either way).
+        ``chat_template_kwargs`` (a request's) go to the template, but the settings this engine
+        renders with win over them, as over vLLM's: ``add_generation_prompt`` and
+        ``continue_final_message`` (vLLM's request fields, which override its
+        ``chat_template_kwargs``; chat always adds the header, the server's ``/tokenize`` may
+        not), and text, not token ids (``tokenize``: the same prompt either way).
         """
-        settings = {"add_generation_prompt": True, "continue_final_message": False, "tokenize": False}
-        return self.get_tokenizer().apply_chat_template(conversation, **(kwargs | settings))
+        settings = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "tokenize": False,
+        }
+        return self.get_tokenizer().apply_chat_template(conversation, **((chat_template_kwargs or {}) | settings))
 
     def apply_chat_template(self, conversation: list[dict], **kwargs) -> list[int]:
         """Token ids of a conversation plus the assistant's turn header."""
-        return self.get_tokenizer().encode(self.render_chat_template(conversation, **kwargs), add_special_tokens=False)
+        return self.get_tokenizer().encode(self.render_chat_template(conversation, kwargs), add_special_tokens=False)
 
 
 def join_text_parts(conversation: Any, where: str = "") -> Any:

@@ -675,6 +675,72 @@ def test_models_health_metrics_and_reset(served):
     assert chat(client, "A story about an owl.").usage.prompt_tokens_details.cached_tokens == 0
 
 
+def test_tokenize_gives_the_tokens_a_request_would_queue_and_detokenize_gives_the_text_back(served):
+    llm, server, client = served
+    url = server.url
+    tokenizer = llm.get_tokenizer()
+    text = "Once upon a time, a fox"
+    answer = httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": text}).json()
+    assert answer["tokens"] == tokenizer.encode(text, add_special_tokens=True)
+    assert answer["count"] == len(answer["tokens"]) and answer["token_strs"] is None
+    assert answer["max_model_len"] == client.models.list().data[0].model_extra["max_model_len"]
+    completion = client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+    assert answer["count"] == completion.usage.prompt_tokens
+    # messages: the chat template's tokens, as many as a chat request reports.
+    messages = [SYSTEM, {"role": "user", "content": "Tell me a story about a hen."}]
+    chat_tokens = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+    assert chat_tokens["tokens"] == llm.apply_chat_template(messages)
+    assert chat_tokens["count"] == chat(client, "Tell me a story about a hen.").usage.prompt_tokens
+    no_header = httpx.post(url + "/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert 0 < no_header["count"] < chat_tokens["count"]
+    assert chat_tokens["tokens"][: no_header["count"]] == no_header["tokens"]  # only the assistant header differs
+    with_strs = httpx.post(url + "/tokenize", json={"prompt": text, "return_token_strs": True}).json()
+    assert with_strs["token_strs"] == tokenizer.convert_ids_to_tokens(with_strs["tokens"])
+    # No length limit: counting a long text is what /tokenize is for (vLLM's has none either).
+    long_text = "story " * 3000
+    assert httpx.post(url + "/tokenize", json={"prompt": long_text}).json()["count"] > 1024
+    back = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": tokenizer.encode(text)})
+    assert back.status_code == 200 and back.json() == {"prompt": tokenizer.decode(tokenizer.encode(text))}
+    bad = {
+        "/tokenize": [
+            ({"prompt": text, "messages": messages}, None),
+            ({}, None),
+            ({"prompt": 5}, "prompt"),
+            ({"messages": []}, "messages"),
+            ({"messages": messages, "continue_final_message": True}, None),
+            (b'{"prompt": "\\ud800"}', "prompt"),  # a lone surrogate: not text
+        ],
+        "/detokenize": [
+            ({"tokens": [1, 10**9]}, "tokens"),
+            ({"tokens": [-1]}, "tokens.0"),
+            ({"tokens": "1 2"}, "tokens"),
+        ],
+    }
+    for route, cases in bad.items():
+        for body, param in cases:
+            if isinstance(body, bytes):
+                response = httpx.post(url + route, content=body, headers={"content-type": "application/json"})
+            else:
+                response = httpx.post(url + route, json=body)
+            assert response.status_code == 400, (route, body, response.text)
+            error = response.json()["error"]
+            assert error["message"] and error["param"] == param, (route, body, error)
+    assert (
+        "outside the vocabulary" in httpx.post(url + "/detokenize", json={"tokens": [10**9]}).json()["error"]["message"]
+    )
+    assert httpx.post(url + "/tokenize", json={"model": "gpt-4", "prompt": text}).status_code == 404
+    wait_idle(llm)
+    assert_nothing_leaked(llm.llm_engine)
+
+
+def test_ping_and_version_as_vllm_has_them(served):
+    llm, server, client = served
+    assert httpx.get(server.url + "/ping").status_code == 200
+    assert httpx.post(server.url + "/ping").status_code == 200
+    version = httpx.get(server.url + "/version").json()["version"]
+    assert version and version[0].isdigit()
+
+
 def test_reset_prefix_cache_while_a_request_runs_answers_as_vllm_and_can_preempt_it(served):
     """vLLM: always a 200 with {"success": bool}; ?reset_running_requests=true preempts the running requests
     (they are recomputed from the waiting queue), so the reset succeeds and the answer is unchanged."""

@@ -175,6 +175,30 @@ def test_bad_requests_get_a_4xx_error_body_from_both_and_both_keep_serving(serve
     assert ok.status_code == 200, ok.text
 
 
+TOKENIZE_BODIES = {
+    "a prompt": {"prompt": "Once upon a time, a fox met a crow.", "return_token_strs": True},
+    "a prompt without special tokens": {"prompt": "Tell me a story.", "add_special_tokens": False},
+    "messages": {"messages": [{"role": "system", "content": "Be brief."}, *OK_MESSAGES], "return_token_strs": True},
+    "messages without the assistant header": {"messages": OK_MESSAGES, "add_generation_prompt": False},
+}
+
+
+@pytest.mark.parametrize("case", TOKENIZE_BODIES)
+def test_tokenize_and_detokenize_answer_as_vllms(servers, workload_rows, case):
+    answers = {}
+    for name in ("mini", "vllm"):
+        url = servers[name].url
+        tokenized = httpx.post(
+            url + "/tokenize", json={"model": SERVED_MODEL_NAME, **TOKENIZE_BODIES[case]}, timeout=60
+        )
+        assert tokenized.status_code == 200, (name, tokenized.text)
+        detokenized = httpx.post(url + "/detokenize", json={"tokens": tokenized.json()["tokens"]}, timeout=60)
+        assert detokenized.status_code == 200, (name, detokenized.text)
+        answers[name] = (tokenized.json(), detokenized.json())
+    assert answers["mini"] == answers["vllm"]
+    assert httpx.get(servers["mini"].url + "/ping").status_code == httpx.get(servers["vllm"].url + "/ping").status_code
+
+
 def test_metrics_have_vllms_prefix_cache_counters_on_both(servers, workload_rows):
     for name in ("mini", "vllm"):
         text = httpx.get(servers[name].url + "/metrics", timeout=30).text

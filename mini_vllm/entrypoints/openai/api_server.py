@@ -9,7 +9,8 @@
 
 Endpoints, as vLLM's server has them: ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions`` (both with SSE streaming and
-``stream_options.include_usage``), ``GET /health``, ``GET /metrics``
+``stream_options.include_usage``), ``POST /tokenize`` and ``POST /detokenize``,
+``GET /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``
 (Prometheus text with vLLM's metric names) and ``POST /reset_prefix_cache``.
 
 The HTTP layer is FastAPI + uvicorn, as in vLLM. Every request goes to one
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import importlib.metadata
 import json
 import logging
 import os
@@ -52,7 +54,16 @@ from ...llm import LLM, check_conversation
 from ...sampling_params import SamplingParams
 from ...validation import check_text
 from ..async_llm import SHUTDOWN, AsyncLLM, EngineShutDown, RequestStream, StreamDelta
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body, now, random_id, usage
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+    now,
+    random_id,
+    usage,
+)
 
 logger = logging.getLogger("mini_vllm")
 
@@ -121,6 +132,14 @@ def servable_model_len(engine) -> int:
             engine.max_model_len,
         )
     return servable
+
+
+def mini_vllm_version() -> str:
+    """The installed package's version (``pyproject.toml``), which ``/version`` reports as vLLM's reports its own."""
+    try:
+        return importlib.metadata.version("mini-vllm-course")
+    except importlib.metadata.PackageNotFoundError:  # a checkout run without pip install
+        return "unknown"
 
 
 @dataclass
@@ -253,6 +272,19 @@ class OpenAIServing:
             raise bad_request(error) from None
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        text = await self.conversation_text(body)
+        self.check_text_length(text, "messages")
+        tokenizer = self.engine.tokenizer
+        return await self.render(lambda: tokenizer.encode(text, add_special_tokens=False))
+
+    async def conversation_text(
+        self,
+        body: ChatCompletionRequest | TokenizeRequest,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> str:
+        """A request's ``messages`` rendered by the chat template, on the renderer thread (chat, and
+        ``/tokenize`` of messages: the same text, so the same tokens, for the same conversation)."""
         conversation = [{"role": message.role, "content": message.text()} for message in body.messages]
         llm = self.engine.llm
         template_kwargs = dict(body.chat_template_kwargs or {})
@@ -270,17 +302,19 @@ class OpenAIServing:
         def render() -> str:
             check_conversation(conversation)
             try:
-                return llm.render_chat_template(conversation, **template_kwargs)
+                return llm.render_chat_template(
+                    conversation,
+                    template_kwargs,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                )
             except Exception as error:  # jinja's TemplateError, a template raising on a role it does not know
                 raise ValueError(f"the chat template rejected the conversation: {error}") from error
 
         try:
-            text = await self.render(render)
+            return await self.render(render)
         except (ValueError, TypeError) as error:
             raise APIError(400, str(error), param="messages") from None
-        self.check_text_length(text, "messages")
-        tokenizer = self.engine.tokenizer
-        return await self.render(lambda: tokenizer.encode(text, add_special_tokens=False))
 
     async def completion_prompts(self, body: CompletionRequest) -> list[list[int]]:
         prompt = body.prompt
@@ -306,6 +340,39 @@ class OpenAIServing:
                 where = f"prompt {index}" if len(prompts) > 1 else "prompt"
                 raise APIError(400, f"{where} is empty: give at least one token", param="prompt")
         return prompts
+
+    async def tokenize(self, body: TokenizeRequest) -> dict[str, Any]:
+        """``/tokenize``: the token ids a completion (``prompt``) or a chat (``messages``) request would
+        queue, as vLLM's: no length limit (counting a long text is what it is for), ``count``,
+        ``max_model_len``, and ``token_strs`` when ``return_token_strs`` asks for them."""
+        if body.messages is not None:
+            text = await self.conversation_text(body, body.add_generation_prompt, body.continue_final_message)
+            add_special_tokens = bool(body.add_special_tokens)  # default False: the template writes them
+        else:
+            text = body.prompt
+            try:
+                check_text(text, "prompt")
+            except ValueError as error:
+                raise APIError(400, str(error), param="prompt") from None
+            add_special_tokens = body.add_special_tokens is not False  # default True, as /v1/completions
+        tokenizer = self.engine.tokenizer
+        token_ids = await self.render(lambda: tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        return {
+            "count": len(token_ids),
+            "max_model_len": self.settings.max_model_len,
+            "tokens": token_ids,
+            "token_strs": tokenizer.convert_ids_to_tokens(token_ids) if body.return_token_strs else None,
+        }
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict[str, str]:
+        """``/detokenize``: the text of token ids, special tokens included, as vLLM's; an id outside the
+        vocabulary is a 400 naming it."""
+        try:
+            self.engine.llm.llm_engine.input_processor.check_token_ids(body.tokens, "tokens")
+        except ValueError as error:
+            raise APIError(400, str(error), param="tokens") from None
+        tokenizer = self.engine.tokenizer
+        return {"prompt": await self.render(lambda: tokenizer.decode(body.tokens))}
 
     async def start(
         self, prompts: list[list[int]], salt: str | None, params: list[SamplingParams], param: str
@@ -451,6 +518,25 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """SageMaker's health check, which vLLM's server also answers: the same as ``/health``."""
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": mini_vllm_version()}
+
+    @app.post("/tokenize", dependencies=[Depends(json_only)])
+    async def tokenize(body: TokenizeRequest) -> dict:
+        serving.check_model(body.model)
+        return await serving.tokenize(body)
+
+    @app.post("/detokenize", dependencies=[Depends(json_only)])
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        serving.check_model(body.model)
+        return await serving.detokenize(body)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -35,6 +35,7 @@ from pydantic import (
     StrictStr,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 # A JSON number: an int is taken as the float it equals; a string or a bool is "not a valid number".
@@ -168,12 +169,9 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_Request):
-    ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
+class _ChatTemplateFields(BaseModel):
+    """The chat-template fields a chat request and a ``/tokenize`` of ``messages`` share."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
-    n: Annotated[Integer, null_means(1)] = 1  # Optional in vLLM's chat request (not in its completion request)
-    max_completion_tokens: Integer | None = None
     chat_template: StrictStr | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -184,6 +182,14 @@ class ChatCompletionRequest(_Request):
         return (self.chat_template_kwargs or {}).get("chat_template")
 
 
+class ChatCompletionRequest(_Request, _ChatTemplateFields):
+    ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    n: Annotated[Integer, null_means(1)] = 1  # Optional in vLLM's chat request (not in its completion request)
+    max_completion_tokens: Integer | None = None
+
+
 class CompletionRequest(_Request):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (True, None)}
 
@@ -191,9 +197,44 @@ class CompletionRequest(_Request):
     prompt: StrictStr | list[StrictStr] | list[Integer] | list[list[Integer]]
 
 
+class TokenizeRequest(_ChatTemplateFields):
+    """``POST /tokenize``: a ``prompt`` (as ``/v1/completions`` tokenizes it) or ``messages`` (as chat
+    renders and tokenizes them), one of the two, as vLLM's ``TokenizeCompletionRequest`` /
+    ``TokenizeChatRequest``. ``add_special_tokens`` defaults to True for a prompt and False for
+    messages (the template writes them), as in vLLM."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    return_token_strs: Annotated[StrictBool, null_means(False)] = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt (text) or messages (a conversation), not both or neither")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids back to text, special tokens included (vLLM's ``DetokenizeRequest``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    tokens: list[Annotated[Integer, Field(ge=0, le=INT64_MAX)]]
+
+
 _Request.model_rebuild()
 ChatCompletionRequest.model_rebuild()
 CompletionRequest.model_rebuild()
+TokenizeRequest.model_rebuild()
 
 
 # -- responses (plain dicts: what goes over the wire is exactly what is written here) ---------
