@@ -386,3 +386,69 @@ def test_ch03_slot_mapping_an_empty_range_is_an_empty_list():
 def test_ch02_free_queue_an_append_that_forgets_the_tails_back_link_is_named():
     message = rejects(check_free_queue, AppendForgetsTheTailsBackLink, "the tail's back link")
     assert "two appends in a row" in message
+
+
+class ListingSkipsTheLastBlock(LearnerQueue):
+    """Links right; get_all_free_blocks stops one block early (it was blamed on __init__)."""
+
+    def get_all_free_blocks(self):
+        return super().get_all_free_blocks()[:-1]
+
+
+class ListingIncludesAStaleBlock(LearnerQueue):
+    """Links right; get_all_free_blocks walks from the head sentinel and keeps it."""
+
+    def get_all_free_blocks(self):
+        return [self.head.next_free_block, *super().get_all_free_blocks()]
+
+
+class CountsEveryBlockTwice(LearnerQueue):
+    def __init__(self, blocks):
+        super().__init__(blocks)
+        self.num_free_blocks += len(blocks)  # len(blocks) plus one per append
+
+
+class KeepsAPythonList:
+    """The free blocks in a list on the queue: no block ever has a neighbour."""
+
+    def __init__(self, blocks):
+        self.free = list(blocks)
+        self.num_free_blocks = len(self.free)
+
+    def popleft(self):
+        if not self.free:
+            raise ValueError("No free blocks available")
+        self.num_free_blocks -= 1
+        return self.free.pop(0)
+
+    def remove(self, block):
+        self.free.remove(block)
+        self.num_free_blocks -= 1
+
+    def append(self, block):
+        self.free.append(block)
+        self.num_free_blocks += 1
+
+    def appendleft(self, block):
+        self.free.insert(0, block)
+        self.num_free_blocks += 1
+
+    def get_all_free_blocks(self):
+        return list(self.free)
+
+
+@pytest.mark.parametrize(
+    "wrong, named, not_named",
+    [
+        (ListingSkipsTheLastBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
+        (ListingIncludesAStaleBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
+        (CountsEveryBlockTwice, "counts every block twice", "must change in every operation"),
+        (KeepsAPythonList, "the links live in the blocks themselves", "BOTH sides"),
+    ],
+    ids=["listing one short", "listing a block twice", "count doubled in __init__", "a Python list"],
+)
+def test_ch02_free_queue_blames_the_method_that_is_wrong(wrong, named, not_named):
+    """A learner pass: these were blamed on __init__, got the generic count hint, or were told about
+    fixing neighbours on both sides when the queue keeps no links at all."""
+    message = rejects(check_free_queue, wrong, named, regex=False)
+    assert not_named not in message, message

@@ -79,14 +79,28 @@ class _Scenario:
         check.expect_equal(
             got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", self._named(got) or hint
         )
+        count_hint = (
+            "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft"
+        )
+        if self.history == ["init"] and self.queue.num_free_blocks == 2 * len(self.expected) > 0:
+            count_hint = (
+                "num_free_blocks counts every block twice: __init__ sets it to len(blocks) AND adds one per "
+                "block (through append, or by hand); count them once"
+            )
         check.expect_equal(
-            self.queue.num_free_blocks,
-            len(self.expected),
-            f"{self.where()}: num_free_blocks",
-            "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft",
+            self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks", count_hint
         )
         # The links must agree in both directions: the next operation follows them.
         free = self.free_list()
+        links = ("prev_free_block", "next_free_block")
+        check.expect(
+            len(free) < 2 or any(getattr(block, link, None) is not None for block in free for link in links),
+            f"{self.where()}: get_all_free_blocks() gives {block_ids(free)}, but no block in the queue has a "
+            "neighbour: every prev_free_block and next_free_block is None",
+            "the links live in the blocks themselves: the queue is threaded through each block's "
+            "prev_free_block/next_free_block (set them in __init__ and in every operation), not kept in a Python "
+            "list on the queue, whose remove and pop(0) cost O(n); the pool and vLLM's free queue need the links",
+        )
         ends = [("first", free[0], "prev_free_block"), ("last", free[-1], "next_free_block")] if free else []
         for which, block, link in ends:
             neighbour = getattr(block, link, None)
@@ -131,7 +145,27 @@ class _Scenario:
                 "appendleft put the block second, after the first free block: it goes first, between the head "
                 "sentinel and the old first block"
             )
+        if self._linked_in_expected_order():
+            return (
+                f"the blocks' own links are right (followed here, they give {self.expected}), so the mistake is "
+                "in get_all_free_blocks(): start at the first free block (the head sentinel's next_free_block), "
+                "collect each block and follow next_free_block until you reach the tail sentinel"
+            )
         return ""
+
+    def _linked_in_expected_order(self) -> bool:
+        """The blocks' prev/next links, followed here, give the expected order (whatever get_all_free_blocks says)."""
+        chain = [self.blocks[i] for i in self.expected]
+        if len(chain) < 2:  # one block's links say nothing about the order
+            return False
+        pool = {id(block) for block in self.blocks}
+        outer = (getattr(chain[0], "prev_free_block", None), getattr(chain[-1], "next_free_block", None))
+        if any(id(neighbour) in pool for neighbour in outer):
+            return False
+        return all(
+            getattr(left, "next_free_block", None) is right and getattr(right, "prev_free_block", None) is left
+            for left, right in zip(chain, chain[1:])
+        )
 
     def free_list(self) -> list:
         """``get_all_free_blocks()`` as a list of blocks, or a message saying what came back instead."""
