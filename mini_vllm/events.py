@@ -24,11 +24,36 @@ class RequestAdded:
 
 @dataclass(frozen=True)
 class ComputedBlocksFound:
-    """Prefix-cache lookup for an admitted request: the blocks it hit."""
+    """Prefix-cache lookup for an admitted request: the blocks it hit.
+
+    Built by the scheduler's admission (chapter 08's exercise may build it too), so it checks its
+    fields: a ``Request`` for its id, or the blocks for their ids, is a ``TypeError`` naming the field.
+    """
 
     request_id: str
     block_ids: tuple[int, ...]
     num_computed_tokens: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.request_id, str):
+            raise TypeError(
+                f"ComputedBlocksFound: request_id must be the request's id (a str), got "
+                f"{type(self.request_id).__name__}: pass request.request_id"
+            )
+        ids = self.block_ids if isinstance(self.block_ids, (tuple, list)) else [self.block_ids]
+        not_an_id = next((b for b in ids if isinstance(b, bool) or not isinstance(b, int)), None)
+        if not_an_id is not None or ids is not self.block_ids:
+            shown = type(self.block_ids if ids is not self.block_ids else not_an_id).__name__
+            raise TypeError(
+                f"ComputedBlocksFound: block_ids must be a tuple of the hit blocks' ids (ints), got {shown}: "
+                "pass manager.block_ids_of(new_computed_blocks)"
+            )
+        if isinstance(self.num_computed_tokens, bool) or not isinstance(self.num_computed_tokens, int):
+            raise TypeError(
+                f"ComputedBlocksFound: num_computed_tokens must be an int (the hit's tokens), got "
+                f"{type(self.num_computed_tokens).__name__}"
+            )
+        object.__setattr__(self, "block_ids", tuple(self.block_ids))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ raise AssertionError on it and name the mistake (matched on a word of the hint).
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 import kernels
 from mini_vllm.course import check_paged_decode, check_schedule_waiting, check_store_kv
+from mini_vllm.events import ComputedBlocksFound
 from mini_vllm.request import RequestStatus
 from mini_vllm.scheduler import Scheduler
 
@@ -502,6 +504,9 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if mistake == "running before allocating":
             request.status = RequestStatus.RUNNING
         computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
+        if mistake == "dashboard event before the None check" and scheduler.events.active:
+            hit_ids = manager.block_ids_of(computed_blocks)
+            scheduler.events.emit(ComputedBlocksFound(request.request_id, hit_ids, num_computed_tokens))
         if mistake == "ignores hits":
             computed_blocks, num_computed_tokens = [], 0
         if mistake == "counts the lookup by hand":
@@ -527,16 +532,31 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
                 scheduler.waiting.rotate(-1)
                 continue
             break
-        if mistake != "takes it off the queue before allocating":
+        if mistake == "replaces the waiting queue":
+            scheduler.waiting = collections.deque(list(scheduler.waiting)[1:])
+        elif mistake != "takes it off the queue before allocating":
             scheduler.waiting.popleft()
         scheduler.running.append(request)
         request.status = RequestStatus.RUNNING
+        if mistake in DASHBOARD_LINES and scheduler.events.active:
+            hit = {
+                "dashboard lines": (request.request_id, manager.block_ids_of(computed_blocks)),
+                "dashboard event with the request": (request, manager.block_ids_of(computed_blocks)),
+                "dashboard event with the blocks": (request.request_id, list(computed_blocks)),
+            }[mistake]
+            scheduler.events.emit(ComputedBlocksFound(*hit, num_computed_tokens))
         if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
             request.num_cached_tokens = num_computed_tokens
         scheduler.schedule_request(request, num_computed_tokens, num_new_tokens, output)
         token_budget -= num_new_tokens + (num_computed_tokens if mistake == "budget charged for the hit" else 0)
+        _MODULE_BUDGET[0] -= num_new_tokens
     scheduler.waiting.extendleft(reversed(skipped))
-    return token_budget
+    return _MODULE_BUDGET[0] if mistake == "a module-level budget" else token_budget
+
+
+# A learner pass: a budget kept at module level (it only ever goes down) got "cached tokens cost no budget".
+_MODULE_BUDGET = [10_000]
+DASHBOARD_LINES = ("dashboard lines", "dashboard event with the request", "dashboard event with the blocks")
 
 
 def _with_mistake(mistake):
@@ -632,6 +652,31 @@ def test_ch08_schedule_waiting_a_loop_that_never_ends_is_stopped_and_a_generator
         yield _schedule_waiting(scheduler, token_budget, output)
 
     rejects(check_schedule_waiting, generator, "returned a generator: your function has a `yield`")
+
+
+def test_ch08_schedule_waiting_accepts_the_optional_dashboard_lines(capsys):
+    check_schedule_waiting(_with_mistake("dashboard lines"))
+    assert "✓ schedule_waiting" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message",
+    [
+        ("replaces the waiting queue", "replaced scheduler.waiting with a new deque"),
+        ("dashboard event with the request", "request_id must be the request's id (a str), got Request"),
+        (
+            "dashboard event with the blocks",
+            "block_ids must be a tuple of the hit blocks' ids (ints), got KVCacheBlock",
+        ),
+        ("dashboard event before the None check", "your optional dashboard lines announced the hits"),
+        ("a module-level budget", "counted from that argument alone"),
+    ],
+)
+def test_ch08_schedule_waiting_names_what_a_learner_pass_found_passing_or_misnamed(mistake, expected_message):
+    """A learner pass: replacing scheduler.waiting and wrong dashboard events passed; a budget kept at module
+    level was told that cached tokens cost no budget."""
+    message = rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
+    assert "cached tokens cost no budget" not in message
 
 
 def test_ch08_schedule_waiting_counting_lookups_by_hand_is_told_to_leave_them_to_the_engine():

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..events import ComputedBlocksFound
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request, RequestStatus
 from ..scheduler import Scheduler
@@ -88,11 +89,13 @@ class _CheckedScheduler(Scheduler):
         self.learner_fn = learner_fn
         self.describe_step = describe_step
         self.budget_returned: int | None = None
+        self.budget_given: int | None = None
 
     def check_admissions(self, token_budget: int, admitted: list) -> None:
         """Nothing here: the check compares every step with the reference's and names the mistake itself."""
 
     def schedule_waiting(self, token_budget: int, output) -> int:
+        self.budget_given = token_budget
         if self.learner_fn is None:
             self.budget_returned = super().schedule_waiting(token_budget, output)
             return self.budget_returned
@@ -151,6 +154,16 @@ class _Run:
         self.requests: dict[str, Request] = {}
         self.max_tokens: dict[str, int] = {}
         self.step_index = 0
+        # The dashboard's hit events (optional in the exercise), per step: a listener makes events.active true.
+        self.hits_shown: dict[int, list[tuple[str, tuple[int, ...], int]]] = {}
+        self.scheduler.events.add(self._record_hit)
+        # The scheduler owns its queues: the admission moves requests between them, never replaces them.
+        self.queues = (self.scheduler.waiting, self.scheduler.running)
+
+    def _record_hit(self, event: Any) -> None:
+        if isinstance(event, ComputedBlocksFound):
+            shown = (event.request_id, event.block_ids, event.num_computed_tokens)
+            self.hits_shown.setdefault(self.step_index, []).append(shown)
 
     def done(self) -> bool:
         pending = any(a.step >= self.step_index for a in self.scenario.arrivals)
@@ -164,8 +177,17 @@ class _Run:
                 self.max_tokens[arrival.request_id] = arrival.max_tokens
                 self.scheduler.add_request(request)
         waiting_before = [r.request_id for r in self.scheduler.waiting]
-        self.scheduler.budget_returned = None
+        self.scheduler.budget_returned = self.scheduler.budget_given = None
         output = self.scheduler.schedule()
+        for name, queue, kind in zip(("waiting", "running"), self.queues, ("deque", "list")):
+            if getattr(self.scheduler, name) is not queue:
+                how = "popleft() the admitted request" if name == "waiting" else "append() the admitted request"
+                raise CheckFailure(
+                    f"schedule_waiting: scenario '{self.scenario.name}', step {self.step_index}: your function "
+                    f"replaced scheduler.{name} with a new {type(getattr(self.scheduler, name)).__name__}\n"
+                    f"    hint: the scheduler owns its {kind} scheduler.{name} (vLLM's owns its request queues) "
+                    f"and keeps using that object: change it in place ({how}), never assign a new one"
+                )
         snapshot = self.snapshot(output, waiting_before)
         # The fake model: every request whose prompt is fully computed gets one new token.
         for scheduled in output.scheduled:
@@ -198,6 +220,7 @@ class _Run:
             "pool": pool_state(pool),
             "prefix_cache_stats": (stats.requests, stats.queries, stats.hits),
             "budget_returned": self.scheduler.budget_returned,
+            "budget_given": self.scheduler.budget_given,
         }
 
 
@@ -352,12 +375,22 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             "an admitted request leaves the front of scheduler.waiting (popleft) and joins the end of scheduler.running"
         )
     if got["budget_returned"] != want["budget_returned"]:
+        given, left, returned = want["budget_given"], want["budget_returned"], got["budget_returned"]
+        scheduled = {rid: num_computed for rid, num_computed, *_ in want["scheduled"]}
+        cached = sum(scheduled[rid] for rid in _admitted(want))  # what the admissions found computed already
+        if returned == given != left:
+            hint = "you returned the budget you were given: take each admitted request's num_new_tokens off it"
+        elif cached and returned == left - cached:
+            hint = "cached tokens cost no budget: only each request's num_new_tokens comes off token_budget"
+        else:
+            hint = (
+                f"this call was given token_budget={given}: return it minus the num_new_tokens of each request "
+                "this call admitted, counted from that argument alone (no total kept between calls in a global, "
+                "a default argument or an attribute)"
+            )
         return (
-            f"{where}: your function should return {want['budget_returned']} (the token budget left); "
-            f"it returned {got['budget_returned']}",
-            "cached tokens cost no budget: only each request's num_new_tokens comes off token_budget"
-            if got["budget_returned"] < want["budget_returned"]
-            else "return token_budget minus the tokens you scheduled",
+            f"{where}: your function should return {left} (the token budget left); it returned {returned}",
+            hint,
         )
     if got["prefix_cache_stats"] != want["prefix_cache_stats"]:
         return (
@@ -407,12 +440,35 @@ def _run_scenario(
                         "function attribute). Use only the scheduler and its kv_cache_manager. Then: " + hint
                     )
                 check.expect(False, problem, hint, random_case=random_case)
+            if learner.hits_shown:  # the optional dashboard lines are in: they must say what happened
+                _expect_same_hits_shown(check, scenario, step, learner, reference, random_case)
     else:
         check.fail(f"scenario '{scenario.name}' did not finish in 500 steps (with the reference)")
     for learner in learners:
         check.expect(
             learner.done(), f"scenario '{scenario.name}': requests are left unfinished", random_case=random_case
         )
+
+
+def _expect_same_hits_shown(
+    check: Checker, scenario: Scenario, step: int, learner: _Run, reference: _Run, random_case: bool
+) -> None:
+    """The dashboard's ``ComputedBlocksFound`` events of a step: one per admitted request, as the reference's."""
+    got, want = learner.hits_shown.get(step, []), reference.hits_shown.get(step, [])
+    if got == want:
+        return
+    hint = (
+        "emit ComputedBlocksFound(request.request_id, manager.block_ids_of(new_computed_blocks), "
+        "num_new_local_computed_tokens) once per admitted request, right after its status is set: not for a "
+        "request that did not fit (allocate_slots returned None), and with the lookup's blocks and tokens"
+    )
+    check.expect(
+        False,
+        f"scenario '{scenario.name}', step {step}: your optional dashboard lines announced the hits "
+        f"(request id, hit block ids, hit tokens) {got}; the admissions were {want}",
+        hint,
+        random_case=random_case,
+    )
 
 
 def _tokens(start: int, n: int) -> list[int]:
