@@ -411,21 +411,33 @@ def _is_learner_file(filename: str) -> bool:
     return not filename.startswith(_LIBRARY_DIRS)
 
 
+def learners_frames(tb: types.TracebackType | None) -> tuple[types.TracebackType, int] | None:
+    """The part of ``tb`` a learner reads: its first frame in the learner's code and how many frames to
+    keep from there, up to one frame past their last (the call their last line made). The engine's
+    frames above, and a library's deep below (Triton's interpreter runs a kernel ~15 frames down), tell
+    a learner nothing. None when no frame is theirs."""
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    theirs = [i for i, frame in enumerate(frames) if _is_learner_file(frame.tb_frame.f_code.co_filename)]
+    if not theirs:
+        return None
+    return frames[theirs[0]], min(theirs[-1] + 2, len(frames)) - theirs[0]
+
+
 def learner_traceback(error: BaseException) -> str:
     """The traceback of ``error`` from the first frame of the learner's code on ("" if none)."""
     chain = [error]
     while chain[-1].__cause__ is not None and len(chain) < 5:
         chain.append(chain[-1].__cause__)
     for item in reversed(chain):  # the innermost exception with learner frames tells most
-        frames = traceback.extract_tb(item.__traceback__)
-        first = next((i for i, frame in enumerate(frames) if _is_learner_file(frame.filename)), None)
-        if first is None:
+        found = learners_frames(item.__traceback__)
+        if found is None:
             continue
-        kept = list(frames[first:])
-        # Deep library frames after the learner's last line say little; keep one.
-        last = max(i for i, frame in enumerate(kept) if _is_learner_file(frame.filename))
-        kept = kept[: last + 2]
-        text = "".join(traceback.format_list(kept)) + "".join(traceback.format_exception_only(type(item), item))
+        start, count = found
+        frames = traceback.extract_tb(start, limit=count)
+        text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(item), item))
         return "Traceback (your code first):\n" + text.rstrip()
     return ""
 

@@ -426,8 +426,8 @@ def _check_free_request_blocks(free_request_blocks: Callable) -> None:
             (
                 lambda pool, table: [pool.free_blocks([block]) for block in reversed(table)],
                 "you called free_blocks once per block. The blocks without a hash go to the HEAD of the queue, and "
-                "freed one at a time each lands in front of the one before, which reverses them: pass the whole "
-                "table to free_blocks in one call, free_blocks(pool, reversed(req_blocks))",
+                "freed one at a time each lands in front of the one before, which reverses them: pass all of the "
+                "request's blocks to free_blocks in one call, in the order you already use",
             )
         ],
     )

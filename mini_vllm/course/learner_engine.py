@@ -25,7 +25,7 @@ from typing import Any
 from ..engine_parts import EngineParts
 from ..llm import LLM
 from ..scheduler import EngineStalled
-from ._harness import _is_learner_file, first_not_a
+from ._harness import _raised_in_learner_code, first_not_a, learners_frames
 from .parts import PARTS, PARTS_BY_KEY, _is_learners, kept_parts, learner_parts, parts_dir
 
 ENGINE_PARTS = [part.key for part in PARTS if part.in_engine]
@@ -79,7 +79,7 @@ class LearnerLLM(LLM):
                     # The engine's own check fired on what a learner's part left behind, or a learner's
                     # class the engine calls directly (the free queue) raised: say whose parts ran, and show
                     # where it fired, not the ~10 frames of the step that led there.
-                    in_yours = _is_learner_file(_last_frames(error.__traceback__, 1).tb_frame.f_code.co_filename)
+                    in_yours = _raised_in_learner_code(error)
                     error.add_note(_engine_error_note(yours, in_yours))
                     tb = error.__traceback__
                     raise error.with_traceback(_from_the_learners_code(tb) if in_yours else _last_frames(tb, 2))
@@ -147,21 +147,16 @@ BLOCK_PARTS = ("free_queue", "free_blocks", "free_request_blocks", "get_new_bloc
 
 
 def _from_the_learners_code(tb: TracebackType | None) -> TracebackType | None:
-    """``tb`` from the learner's first frame to one frame past their last: the engine's frames above it
-    (the step, the model, the attention backend) and a library's deep below it (Triton's interpreter
-    runs a kernel ~15 frames down) tell a learner nothing. Unchanged when no frame is the learner's."""
-    start = tb
-    while start is not None and not _is_learner_file(start.tb_frame.f_code.co_filename):
-        start = start.tb_next
-    if start is None:
+    """``tb`` cut to :func:`learners_frames` (what ``learner_traceback`` prints for a check), to raise again;
+    unchanged when no frame is the learner's."""
+    found = learners_frames(tb)
+    if found is None:
         return tb
-    last, frame = start, start
-    while frame is not None:
-        if _is_learner_file(frame.tb_frame.f_code.co_filename):
-            last = frame
-        frame = frame.tb_next
-    if last.tb_next is not None:
-        last.tb_next.tb_next = None  # the frame the learner's last line called, as learner_traceback keeps it
+    start, count = found
+    last = start
+    for _ in range(count - 1):
+        last = last.tb_next
+    last.tb_next = None
     return start
 
 
