@@ -22,6 +22,7 @@ from .interrupts import keyboard_interrupts_deferred
 from .llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
+from .validation import check_text
 
 PromptType = str | dict
 
@@ -229,6 +230,8 @@ def check_conversation(conversation: Any, where: str = "") -> None:
                 )
         if not message["role"]:
             raise ValueError(f"{where}message {index}: 'role' is empty")
+        for key in ("role", "content"):  # a lone surrogate (a JSON escape) would fail in the tokenizer
+            check_text(message[key], f"{where}message {index}: {key!r}")
 
 
 # help(LLM) and Jupyter's Shift-Tab show every setting with its default, taken from EngineConfig.

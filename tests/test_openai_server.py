@@ -709,6 +709,8 @@ def test_tokenize_gives_the_tokens_a_request_would_queue_and_detokenize_gives_th
             ({"messages": []}, "messages"),
             ({"messages": messages, "continue_final_message": True}, None),
             (b'{"prompt": "\\ud800"}', "prompt"),  # a lone surrogate: not text
+            (b'{"messages": [{"role": "user", "content": "a\\udc00"}]}', "messages"),  # it was a 500
+            ({"messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ],
         "/detokenize": [
             ({"tokens": [1, 10**9]}, "tokens"),
@@ -725,6 +727,11 @@ def test_tokenize_gives_the_tokens_a_request_would_queue_and_detokenize_gives_th
             assert response.status_code == 400, (route, body, response.text)
             error = response.json()["error"]
             assert error["message"] and error["param"] == param, (route, body, error)
+    refused = httpx.post(url + "/tokenize", json={"messages": messages, "continue_final_message": True}).json()
+    assert refused["error"]["message"].startswith("Cannot set both `continue_final_message`")  # no pydantic prefix
+    surrogate = b'{"model": "mini-vllm", "messages": [{"role": "user", "content": "a\\udc00"}], "max_tokens": 2}'
+    response = httpx.post(url + "/v1/chat/completions", content=surrogate, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "lone surrogate" in response.json()["error"]["message"], response.text
     assert (
         "outside the vocabulary" in httpx.post(url + "/detokenize", json={"tokens": [10**9]}).json()["error"]["message"]
     )

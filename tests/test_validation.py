@@ -359,6 +359,11 @@ BAD_CHATS = [
     ),
     ([[{"role": "user", "content": "a"}], []], TypeError, "conversation 1, a conversation must be a non-empty list"),
     ([], TypeError, "messages must be a non-empty list"),
+    (
+        [{"role": "user", "content": "a\udc00"}],  # a JSON escape of half a character: the tokenizer raised TypeError
+        ValueError,
+        "message 0: 'content' is not valid Unicode text: character 1 is a lone surrogate",
+    ),
 ]
 
 

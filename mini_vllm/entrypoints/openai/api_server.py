@@ -500,6 +500,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         if first.get("type") == "json_invalid":
             message = f"the request body is not valid JSON: {first.get('msg')}"
             param = None
+        elif param is None and first.get("type") == "value_error":  # a check of the whole body: its own words
+            message = str(first.get("msg")).removeprefix("Value error, ")
         else:
             message = f"{param or 'body'}: {first.get('msg')}"
             if "input" in first and param:
@@ -531,6 +533,7 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     @app.post("/tokenize", dependencies=[Depends(json_only)])
     async def tokenize(body: TokenizeRequest) -> dict:
         serving.check_model(body.model)
+        serving.check_implemented(body)
         return await serving.tokenize(body)
 
     @app.post("/detokenize", dependencies=[Depends(json_only)])

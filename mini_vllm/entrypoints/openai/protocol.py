@@ -201,9 +201,10 @@ class TokenizeRequest(_ChatTemplateFields):
     """``POST /tokenize``: a ``prompt`` (as ``/v1/completions`` tokenizes it) or ``messages`` (as chat
     renders and tokenizes them), one of the two, as vLLM's ``TokenizeCompletionRequest`` /
     ``TokenizeChatRequest``. ``add_special_tokens`` defaults to True for a prompt and False for
-    messages (the template writes them), as in vLLM."""
+    messages (the template writes them), as in vLLM. ``tools`` (which a template may render) is
+    refused unless empty, as in a chat request."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None
     prompt: StrictStr | None = None
@@ -212,6 +213,11 @@ class TokenizeRequest(_ChatTemplateFields):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     return_token_strs: Annotated[StrictBool, null_means(False)] = False
+
+    def not_implemented_field(self) -> str | None:
+        """``tools`` when the request gives any (see NOT_IMPLEMENTED); None otherwise."""
+        tools = (self.model_extra or {}).get("tools")
+        return None if _is_off(tools, NOT_IMPLEMENTED["tools"]) else "tools"
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
