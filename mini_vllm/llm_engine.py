@@ -12,6 +12,7 @@ vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -43,7 +44,7 @@ from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .parallel_sampling import ParentRequest, parent_id_of
 from .request import Request, RequestStatus
-from .sampler import make_generator, sample
+from .sampler import make_generator, sample, token_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
 
@@ -604,6 +605,8 @@ class LLMEngine:
                 continue  # a prefill chunk: its last token's logits predict nothing we need yet
             try:
                 token_id = sample(logits[row], request.sampling_params, request.generator)
+                if request.logprobs is not None:
+                    request.logprobs.append(token_logprobs(logits[row], token_id, request.sampling_params.logprobs))
                 request.append_output_token_ids(token_id)
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
@@ -717,6 +720,17 @@ class LLMEngine:
             if request.status is RequestStatus.FINISHED_STOPPED:
                 stop_reason = stop
         completion = CompletionOutput(0, text, token_ids, request.get_finished_reason(), stop_reason)
+        if request.logprobs is not None:  # as vLLM's: each entry's decoded_token, and their sum
+            completion.logprobs = [
+                {
+                    token: dataclasses.replace(entry, decoded_token=self.tokenizer.decode([token]))
+                    for token, entry in position.items()
+                }
+                for position in request.logprobs
+            ]
+            completion.cumulative_logprob = sum(
+                position[token].logprob for token, position in zip(token_ids, request.logprobs)
+            )
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,

@@ -12,16 +12,26 @@ from typing import Any
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``vllm.logprobs.Logprob``)."""
+
+    logprob: float
+    rank: int | None = None  # 1: the most likely token at that position
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort" or "error" (its step failed: see LLMEngine.step)
     stop_reason: str | None = None  # the stop string that ended it (vLLM: also a stop token id); None otherwise
-    # vLLM's log-probability fields, None as in vLLM without SamplingParams(logprobs=...), which this
-    # engine does not implement (SamplingParams refuses it): code written for vLLM reads them unchanged.
+    # With SamplingParams(logprobs=k), as vLLM's: the sum of the generated tokens' log-probabilities, and for
+    # each generated token {token id: Logprob} of that token and the k most likely (k + 1 entries, or k
+    # when the generated token is among them). None without logprobs.
     cumulative_logprob: float | None = None
-    logprobs: None = None
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass

@@ -35,7 +35,7 @@ from .hashing import BlockHash, BlockHasher, make_block_hasher
 if TYPE_CHECKING:
     import torch
 
-    from .outputs import RequestMetrics
+    from .outputs import Logprob, RequestMetrics
     from .sampling_params import SamplingParams
 
 
@@ -114,6 +114,9 @@ class Request:
         # The engine's, set when it queues the request (None for a request built without one).
         self.metrics: RequestMetrics | None = None
         self.generator: torch.Generator | None = None
+        # With SamplingParams(logprobs=k): each generated token's {token id: Logprob} (the engine appends them).
+        wants_logprobs = sampling_params is not None and sampling_params.logprobs is not None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if wants_logprobs else None
 
         self._block_hasher = make_block_hasher(hash_algo) if block_hasher is None else block_hasher
         self.block_hashes: list[BlockHash] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .outputs import Logprob
 from .sampling_params import SamplingParams
 
 
@@ -30,6 +31,19 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         probs = torch.zeros_like(probs).scatter_(-1, sorted_ids, sorted_probs)
     # Sample on the CPU with the request's own generator: reproducible on any device.
     return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+
+
+def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> dict[int, Logprob]:
+    """The generated token's log-probability and rank, then the ``num_top`` most likely tokens' (vLLM's
+    order), from one row of raw logits (``SamplingParams.logprobs``)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs[token_id]
+    entries = {token_id: Logprob(float(chosen), rank=int((logprobs > chosen).sum()) + 1)}
+    if num_top:
+        top = torch.topk(logprobs, num_top)
+        for rank, (token, value) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
+            entries.setdefault(token, Logprob(value, rank=rank))
+    return entries
 
 
 def make_generator(seed: int) -> torch.Generator:

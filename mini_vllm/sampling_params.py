@@ -22,6 +22,8 @@ MAX_N = 256
 # vLLM 0.33 refuses temperatures above 2 and raises those below 0.01 to 0.01.
 MAX_TEMPERATURE = 2.0
 MIN_TEMPERATURE = 0.01
+# vLLM's default --max-logprobs: the most top tokens a request may ask for at each position.
+MAX_LOGPROBS = 20
 # What torch.Generator.manual_seed accepts.
 MIN_SEED = -(2**63)
 MAX_SEED = 2**64 - 1
@@ -36,7 +38,6 @@ VLLM_NOT_IMPLEMENTED: dict[str, Any] = {
     "repetition_penalty": 1.0,
     "min_p": 0.0,
     "min_tokens": 0,
-    "logprobs": None,
     "prompt_logprobs": None,
     "stop_token_ids": None,
     "include_stop_str_in_output": False,
@@ -83,6 +84,11 @@ class SamplingParams:
             with n > 1, completion k uses seed + k (as in vLLM). -1 means None.
         stop: strings that end the completion (not included in its text).
         ignore_eos: keep generating past the end-of-sequence token.
+        logprobs: also return each generated token's log-probability and those of
+            the ``logprobs`` most likely tokens at its position (0: the generated
+            token's alone; at most MAX_LOGPROBS, 20, vLLM's default limit), from the
+            model's raw logits, before temperature, top-k and top-p (vLLM's default
+            ``logprobs_mode``). None: no log-probabilities.
     """
 
     n: int = 1
@@ -93,6 +99,7 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -126,6 +133,8 @@ class SamplingParams:
                     f"seed must be at most {MAX_SEED} - (n - 1) = {MAX_SEED - self.n + 1} with n={self.n} "
                     f"(completion k samples with seed + k), got {self.seed!r}"
                 )
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__} {self.ignore_eos!r}")
         if self.stop is None:
@@ -159,7 +168,7 @@ def _refuse_what_is_not_implemented(init):
             if not (value is None or (value == neutral and isinstance(value, bool) == isinstance(neutral, bool))):
                 raise ValueError(
                     f"{name}={value!r}: vLLM's SamplingParams has this setting, mini-vLLM does not implement it "
-                    "(it has n, temperature, top_p, top_k, max_tokens, seed, stop and ignore_eos)"
+                    "(it has n, temperature, top_p, top_k, max_tokens, seed, stop, ignore_eos and logprobs)"
                 )
         init(self, *args, **kwargs)
 

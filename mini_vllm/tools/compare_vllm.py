@@ -384,16 +384,20 @@ def run_mini_workloads(llm, workloads: list[dict]) -> list[dict]:
             previous = (list(outputs[-1].prompt_token_ids), list(outputs[-1].outputs[0].token_ids))
             for index, output in enumerate(outputs):
                 generated += sum(len(c.token_ids) for c in output.outputs)
-                requests.append(
-                    {
-                        "call": call_index,
-                        "index": index,
-                        "num_prompt_tokens": len(output.prompt_token_ids),
-                        "num_cached_tokens": output.num_cached_tokens,
-                        "token_ids": [list(c.token_ids) for c in output.outputs],
-                        "ttft_s": output.metrics.time_to_first_token if output.metrics else None,
-                    }
-                )
+                request = {
+                    "call": call_index,
+                    "index": index,
+                    "num_prompt_tokens": len(output.prompt_token_ids),
+                    "num_cached_tokens": output.num_cached_tokens,
+                    "token_ids": [list(c.token_ids) for c in output.outputs],
+                    "ttft_s": output.metrics.time_to_first_token if output.metrics else None,
+                }
+                if params.logprobs is not None:  # each generated token's, as run_vllm.py reports vLLM's
+                    request["logprobs"] = [
+                        [position[token].logprob for token, position in zip(c.token_ids, c.logprobs)]
+                        for c in output.outputs
+                    ]
+                requests.append(request)
         after = engine.get_stats()
         results.append(
             {
