@@ -452,3 +452,38 @@ def test_ch02_free_queue_blames_the_method_that_is_wrong(wrong, named, not_named
     fixing neighbours on both sides when the queue keeps no links at all."""
     message = rejects(check_free_queue, wrong, named, regex=False)
     assert not_named not in message, message
+
+
+class SentinelsOnTheClass(LearnerQueue):
+    """A learner pass: every queue shares the class's sentinels; it was told get_all_free_blocks was wrong."""
+
+    from mini_vllm.block_pool import KVCacheBlock
+
+    head, tail = KVCacheBlock(-1), KVCacheBlock(-1)
+
+    def __init__(self, blocks):
+        self.num_free_blocks = 0
+        if self.head.next_free_block is None:
+            self.head.next_free_block, self.tail.prev_free_block = self.tail, self.head
+        for block in blocks:
+            self.append(block)
+
+
+class AppendleftLinksOneSide(LearnerQueue):
+    def appendleft(self, block):
+        first = self.head.next_free_block
+        self.head.next_free_block, block.prev_free_block, block.next_free_block = block, self.head, first
+        self.num_free_blocks += 1  # first.prev_free_block = block is missing
+
+
+@pytest.mark.parametrize(
+    "wrong, named, not_named",
+    [
+        (SentinelsOnTheClass, "state shared between queues", "the mistake is in get_all_free_blocks()"),
+        (AppendleftLinksOneSide, "appendleft(b) links b between the head and the first block", "remove(b)"),
+    ],
+    ids=["sentinels on the class", "appendleft one side"],
+)
+def test_ch02_free_queue_second_learner_pass(wrong, named, not_named):
+    message = rejects(check_free_queue, wrong, named)
+    assert not_named not in message, message

@@ -516,8 +516,16 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
             num_new_tokens = request.num_tokens - request.num_computed_tokens  # 0 computed yet: the hit not counted
         if mistake != "no chunking":
             num_new_tokens = min(num_new_tokens, token_budget)
+        if mistake == "num_prompt_tokens for num_tokens":
+            num_new_tokens = min(request.num_prompt_tokens - num_computed_tokens, token_budget)
+        if mistake == "cached set before allocating" and request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_computed_tokens
         if mistake == "hits not passed to allocate_slots":
             new_blocks = manager.allocate_slots(request, num_new_tokens)
+        elif mistake == "asks for the hit's tokens too":
+            new_blocks = manager.allocate_slots(
+                request, num_new_tokens + num_computed_tokens, num_computed_tokens, computed_blocks
+            )
         elif mistake == "hit blocks passed with a count of 0":
             new_blocks = manager.allocate_slots(request, num_new_tokens, 0, computed_blocks)
         else:
@@ -677,6 +685,20 @@ def test_ch08_schedule_waiting_names_what_a_learner_pass_found_passing_or_misnam
     level was told that cached tokens cost no budget."""
     message = rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
     assert "cached tokens cost no budget" not in message
+
+
+@pytest.mark.parametrize(
+    "mistake, expected_message, not_expected",
+    [
+        ("asks for the hit's tokens too", "the table is long", "allocated a second time"),
+        ("num_prompt_tokens for num_tokens", "num_new_tokens came out negative", "did the same thing twice"),
+        ("cached set before allocating", "has not been admitted yet", "on first admission, set"),
+    ],
+)
+def test_ch08_schedule_waiting_second_learner_pass(mistake, expected_message, not_expected):
+    """Hints that blamed something else: hits not passed (they were), running out of blocks, a bare rule."""
+    message = rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
+    assert not_expected not in message, message
 
 
 def test_ch08_schedule_waiting_counting_lookups_by_hand_is_told_to_leave_them_to_the_engine():

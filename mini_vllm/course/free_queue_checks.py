@@ -108,8 +108,7 @@ class _Scenario:
                 not any(neighbour is other for other in self.blocks),
                 f"{self.where()}: block {block.block_id} is the {which} in the queue, but its {link} is "
                 f"{_name(neighbour)}, a block that is not in the queue",
-                "every change must fix the links on BOTH sides: remove(b) sets b.prev.next = b.next AND "
-                "b.next.prev = b.prev (forgetting one neighbour breaks a later append or popleft)",
+                self._both_sides_hint(),
             )
         for left, right in zip(free, free[1:]):
             check.expect(
@@ -117,9 +116,23 @@ class _Scenario:
                 f"{self.where()}: blocks {left.block_id} and {right.block_id} are neighbours in the queue, but "
                 f"block {left.block_id}.next_free_block is {_name(left.next_free_block)} and "
                 f"block {right.block_id}.prev_free_block is {_name(right.prev_free_block)}",
-                "every change must fix the links on BOTH sides: remove(b) sets b.prev.next = b.next AND "
-                "b.next.prev = b.prev (forgetting one neighbour breaks a later append or popleft)",
+                self._both_sides_hint(),
             )
+
+    def _both_sides_hint(self) -> str:
+        """The links the last operation must set on both sides of the block it moved."""
+        operation = self.history[-1].split("(", 1)[0]
+        links = {
+            "init": "__init__ links every block both ways: b.prev = the block before it AND that block's next = b",
+            "append": "append(b) links b between the last block and the tail: last.next = b, b.prev = last, "
+            "b.next = tail AND tail.prev = b",
+            "appendleft": "appendleft(b) links b between the head and the first block: head.next = b, b.prev = head, "
+            "b.next = first AND first.prev = b",
+        }.get(operation, "remove(b) (popleft too) sets b.prev.next = b.next AND b.next.prev = b.prev")
+        return (
+            f"every change must fix the links on BOTH sides; after {self.history[-1]}: {links} (forgetting one "
+            "neighbour breaks a later operation)"
+        )
 
     def _named(self, got: list) -> str:
         """A hint naming the mistake when ``got`` is what a known one gives ("" otherwise)."""
@@ -144,6 +157,14 @@ class _Scenario:
             return (
                 "appendleft put the block second, after the first free block: it goes first, between the head "
                 "sentinel and the old first block"
+            )
+        ours = {id(block) for block in self.blocks}
+        strangers = [b for b in self.free_list() if id(b) not in ours and getattr(b, "block_id", None) != -1]
+        if strangers:
+            return (
+                f"the list holds block objects this queue was never given (block {strangers[0].block_id} of an "
+                "earlier queue): state shared between queues. Keep the sentinels and the count on self, set in "
+                "__init__, not on the class (fake_head = ... in the class body is one object for every queue)"
             )
         if self._linked_in_expected_order():
             return (

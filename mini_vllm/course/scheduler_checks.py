@@ -116,6 +116,12 @@ class _CheckedScheduler(Scheduler):
             raise
         except Exception as error:  # noqa: BLE001 - reported with the step that triggered it
             hint = ""
+            if isinstance(error, ValueError) and "num_new_tokens must be positive, got -" in str(error):
+                hint = (
+                    "num_new_tokens came out negative: count what the request still needs from request.num_tokens "
+                    "(its prompt and the tokens it has generated: a preempted request comes back with more than its "
+                    "prompt) minus the hit's tokens, num_new_local_computed_tokens"
+                )
             if isinstance(error, ValueError) and "num_new_tokens must be positive, got 0" in str(error):
                 hint = (
                     "allocate_slots was asked for 0 new tokens: the token budget was spent (or was 0 to begin "
@@ -314,14 +320,19 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
             return problem, "num_new_tokens = min(request.num_tokens - num_new_local_computed_tokens, token_budget)"
         if blocks != want_blocks:
             problem = f"{where}: '{rid}' should have the block table {list(want_blocks)}; yours: {list(blocks)}"
-            if want_computed and tuple(blocks[: len(want_blocks)]) != tuple(
-                want_blocks[: want_computed // scenario.block_size]
-            ):
+            num_hit_blocks = want_computed // scenario.block_size
+            if num_hit_blocks and tuple(blocks[:num_hit_blocks]) != tuple(want_blocks[:num_hit_blocks]):
                 return problem, (
                     f"its first {want_computed // scenario.block_size} blocks are cache hits shared with another "
                     "request: pass the hit blocks and their token count to allocate_slots "
                     "(allocate_slots(request, num_new_tokens, num_new_local_computed_tokens, new_computed_blocks)), "
                     "or they are allocated a second time and not shared"
+                )
+            if len(blocks) > len(want_blocks) and tuple(blocks[: len(want_blocks)]) == tuple(want_blocks):
+                return problem, (
+                    f"the table is long: allocate_slots was asked for more tokens than '{rid}' computes in this step. "
+                    "Its num_new_tokens are only the tokens after the hit (at most the budget left); the hit's tokens "
+                    "go to allocate_slots separately, as num_new_local_computed_tokens"
                 )
             if want_computed and len(blocks) < len(want_blocks):
                 return problem, (
@@ -339,6 +350,11 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 return problem, (
                     f"'{rid}' was preempted and re-admitted: num_cached_tokens reports the hit of its FIRST "
                     "admission (what the user's prompt got from the cache); set it only while it is still -1"
+                )
+            if want_cached < 0:
+                return problem, (
+                    f"'{rid}' has not been admitted yet (allocate_slots returned None, or it was not tried): set "
+                    "num_cached_tokens only after allocate_slots has returned its blocks, on its first admission"
                 )
             return problem, "on first admission, set request.num_cached_tokens to the cached tokens found"
     if got["status"] != want["status"]:
