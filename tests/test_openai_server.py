@@ -236,8 +236,11 @@ BAD = [
         400,
         "stream_options.continuous_usage_stats",
     ),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs"),
-    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),  # without logprobs
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 1}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1}, 400, "prompt_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "allowed_token_ids": [5]}, 400, "allowed_token_ids"),
     ({"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True}, 400, "use_beam_search"),
     ({"messages": [{"role": "user", "content": "hi"}], "length_penalty": 2.0}, 400, "length_penalty"),
@@ -384,8 +387,8 @@ def test_bad_json_and_bad_completion_prompts(served):
     wait_idle(llm)
     assert_nothing_leaked(llm.llm_engine)
     with pytest.raises(APIStatusError) as raised:
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2, logprobs=2)
-    assert raised.value.status_code == 400
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, logprobs=21)
+    assert raised.value.status_code == 400 and "greater than max allowed: 20" in raised.value.message
 
 
 def test_neutral_values_of_fields_the_server_does_not_implement_are_accepted(served):

@@ -199,6 +199,55 @@ def test_tokenize_and_detokenize_answer_as_vllms(servers, workload_rows, case):
     assert httpx.get(servers["mini"].url + "/ping").status_code == httpx.get(servers["vllm"].url + "/ping").status_code
 
 
+def _logprob_values(choice_logprobs: dict, chat: bool) -> tuple[list, list]:
+    """(the texts, the log-probabilities) of a choice's tokens and their candidates, in order."""
+    if chat:
+        items = [
+            (e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]])
+            for e in choice_logprobs["content"]
+        ]
+        return [(t, [c for c, _ in top]) for t, _, top in items], [(v, [x for _, x in top]) for _, v, top in items]
+    texts = list(zip(choice_logprobs["tokens"], [list(top) for top in choice_logprobs["top_logprobs"]]))
+    values = list(
+        zip(choice_logprobs["token_logprobs"], [list(top.values()) for top in choice_logprobs["top_logprobs"]])
+    )
+    return texts + [("offsets", choice_logprobs["text_offset"])], values
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_logprobs_answer_as_vllms(servers, workload_rows, endpoint, stream):
+    """The same tokens, token texts, candidates (and text offsets) from both servers; values within 1e-3."""
+    chat = endpoint == "chat"
+    body = {"model": SERVED_MODEL_NAME, "max_tokens": 6, "temperature": 0, "stream": stream}
+    if chat:
+        body |= {"messages": OK_MESSAGES, "logprobs": True, "top_logprobs": 2}
+    else:
+        body |= {"prompt": "Once upon a time, a little", "logprobs": 2}
+    answers = {}
+    for name in ("mini", "vllm"):
+        url = servers[name].url + ("/v1/chat/completions" if chat else "/v1/completions")
+        if not stream:
+            response = httpx.post(url, json=body, timeout=120)
+            assert response.status_code == 200, (name, response.text)
+            answers[name] = _logprob_values(response.json()["choices"][0]["logprobs"], chat)
+            continue
+        parts = []  # each chunk's logprobs, joined: what a streaming client collects
+        with httpx.stream("POST", url, json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    choices = json.loads(line[6:])["choices"]
+                    if choices and choices[0].get("logprobs"):
+                        parts.append(choices[0]["logprobs"])
+        joined = {key: [item for part in parts for item in part[key]] for key in parts[0]} if parts else {}
+        answers[name] = _logprob_values(joined, chat)
+    (mini_texts, mini_values), (vllm_texts, vllm_values) = answers["mini"], answers["vllm"]
+    assert mini_texts == vllm_texts
+    flat = lambda values: [v for value, top in values for v in (value, *top)]  # noqa: E731
+    assert len(flat(mini_values)) == len(flat(vllm_values)) > 6
+    assert max(abs(a - b) for a, b in zip(flat(mini_values), flat(vllm_values))) < 1e-3
+
+
 def test_metrics_have_vllms_prefix_cache_counters_on_both(servers, workload_rows):
     for name in ("mini", "vllm"):
         text = httpx.get(servers[name].url + "/metrics", timeout=30).text

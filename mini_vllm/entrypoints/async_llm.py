@@ -75,6 +75,8 @@ class StreamDelta:
     finished: bool = False
     finish_reason: str | None = None
     output: RequestOutput | None = None
+    # With SamplingParams(logprobs=k): each of token_ids' {token id: Logprob} (``CompletionOutput.logprobs``).
+    logprobs: list | None = None
 
 
 @dataclass
@@ -357,6 +359,7 @@ class AsyncLLM:
                 continue  # not ours (queued directly on the engine) or already aborted
             completion = output.outputs[0]
             new_tokens = completion.token_ids[stream.num_tokens_sent :]
+            logprobs = None if completion.logprobs is None else completion.logprobs[stream.num_tokens_sent :]
             if completion.text.startswith(stream.text_sent):
                 text = completion.text[len(stream.text_sent) :]
             else:  # cannot happen with held-back text; say so rather than send a wrong tail
@@ -376,6 +379,7 @@ class AsyncLLM:
                     finished=True,
                     finish_reason=completion.finish_reason,
                     output=output,
+                    logprobs=logprobs,
                 )
             )
         for request_id, stream in self._streams.items():
@@ -383,6 +387,7 @@ class AsyncLLM:
             if request is None or request.num_output_tokens == stream.num_tokens_sent:
                 continue
             new_tokens = list(request.output_token_ids[stream.num_tokens_sent :])
+            logprobs = None if request.logprobs is None else request.logprobs[stream.num_tokens_sent :]
             self._count_prefill(stream, request.num_prompt_tokens)
             stream.num_tokens_sent = request.num_output_tokens
             self.stats.generation_tokens += len(new_tokens)
@@ -395,6 +400,7 @@ class AsyncLLM:
                     new_tokens,
                     request.num_prompt_tokens,
                     max(request.num_cached_tokens, 0),
+                    logprobs=logprobs,
                 )
             )
 

@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ...llm import LLM, check_conversation
-from ...sampling_params import SamplingParams
+from ...sampling_params import MAX_LOGPROBS, SamplingParams
 from ...validation import check_text
 from ..async_llm import SHUTDOWN, AsyncLLM, EngineShutDown, RequestStream, StreamDelta
 from .protocol import (
@@ -59,6 +59,8 @@ from .protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    chat_logprobs,
+    completion_logprobs,
     error_body,
     now,
     random_id,
@@ -264,12 +266,32 @@ class OpenAIServing:
         for key in ("temperature", "top_p", "top_k", "seed"):
             if getattr(body, key) is not None:
                 settings[key] = getattr(body, key)
+        settings["logprobs"] = self.num_logprobs(body)
         try:
             return SamplingParams(
                 n=body.n, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos, **settings
             )
         except (ValueError, TypeError) as error:
             raise bad_request(error) from None
+
+    @staticmethod
+    def num_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+        """How many top candidates per token the request asks for (chat: ``top_logprobs`` with
+        ``logprobs: true``; completions: ``logprobs``), None for none; a 400 outside 0..MAX_LOGPROBS."""
+        name = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+        try:
+            num = body.num_logprobs()
+        except ValueError as error:
+            raise APIError(400, str(error).removeprefix(f"{name}: "), param=name) from None
+        if num is not None and num < 0:
+            raise APIError(400, f"`{name}` must be a non-negative integer, got {num}", param=name)
+        if num is not None and num > MAX_LOGPROBS:  # vLLM's words
+            raise APIError(
+                400,
+                f"Requested sample logprobs of {num}, which is greater than max allowed: {MAX_LOGPROBS}",
+                param=name,
+            )
+        return num
 
     async def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         text = await self.conversation_text(body)
@@ -464,6 +486,10 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The FastAPI application: routes, error handlers, and the engine's shutdown with the server's."""
     serving = OpenAIServing(engine, settings)
     name = settings.served_model_name
+
+    def decode(token_id: int) -> str:
+        return engine.tokenizer.decode([token_id])
+
     details = settings.enable_prompt_tokens_details
 
     @asynccontextmanager
@@ -576,7 +602,9 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         token_ids = await serving.chat_prompt(body)
         params = serving.sampling_params(body, len(token_ids))
         [stream] = await serving.start([token_ids], body.cache_salt, [params], "messages")
-        response = _Response("chatcmpl", "chat.completion", name, details, body.n, chat=True)
+        response = _Response(
+            "chatcmpl", "chat.completion", name, details, body.n, chat=True, logprobs=params.logprobs, decode=decode
+        )
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(response.stream([stream], include_usage), media_type="text/event-stream")
@@ -591,7 +619,9 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         prompts = await serving.completion_prompts(body)
         params = [serving.sampling_params(body, len(token_ids)) for token_ids in prompts]
         streams = await serving.start(prompts, body.cache_salt, params, "prompt")
-        response = _Response("cmpl", "text_completion", name, details, body.n, chat=False)
+        response = _Response(
+            "cmpl", "text_completion", name, details, body.n, chat=False, logprobs=params[0].logprobs, decode=decode
+        )
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(response.stream(streams, include_usage), media_type="text/event-stream")
@@ -607,7 +637,17 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
 class _Response:
     """Builds one chat or text completion response (whole, or as SSE chunks) from the engine's deltas."""
 
-    def __init__(self, id_prefix: str, obj: str, model: str, details: bool, n: int, chat: bool) -> None:
+    def __init__(
+        self,
+        id_prefix: str,
+        obj: str,
+        model: str,
+        details: bool,
+        n: int,
+        chat: bool,
+        logprobs: int | None = None,
+        decode: Callable[[int], str] = str,
+    ) -> None:
         self.id = random_id(id_prefix)
         self.object = obj
         self.model = model
@@ -615,6 +655,20 @@ class _Response:
         self.n = n
         self.chat = chat
         self.created = now()
+        self.num_logprobs = logprobs  # top candidates per token (SamplingParams.logprobs); None: no logprobs
+        self.decode = decode  # one token id's text (the routes give the tokenizer's)
+        self.text_offsets: dict[int, int] = {}  # completions, streamed: each choice's text so far, in token texts
+
+    def _logprobs(self, choice: int, token_ids: list[int], entries: list | None) -> dict | None:
+        """The ``logprobs`` of ``token_ids`` (a whole choice, or one chunk's tokens), None when not asked for."""
+        if self.num_logprobs is None or entries is None:
+            return None
+        if self.chat:
+            return chat_logprobs(token_ids, entries, self.num_logprobs, self.decode)
+        offset = self.text_offsets.get(choice, 0)
+        result = completion_logprobs(token_ids, entries, self.num_logprobs, self.decode, offset)
+        self.text_offsets[choice] = offset + sum(len(token) for token in result["tokens"])
+        return result
 
     def _choice_index(self, prompt_index: int, delta: StreamDelta) -> int:
         return prompt_index * self.n + delta.index
@@ -622,11 +676,15 @@ class _Response:
     async def collect(self, streams: list[RequestStream]) -> JSONResponse:
         texts: dict[int, list[str]] = {}
         finals: dict[int, StreamDelta] = {}
+        tokens: dict[int, list[int]] = {}
+        entries: dict[int, list] = {}
         prompt_tokens = cached_tokens = completion_tokens = 0
         counted: set[int] = set()
         async for prompt_index, delta in _merged(streams):
             choice = self._choice_index(prompt_index, delta)
             texts.setdefault(choice, []).append(delta.text)
+            tokens.setdefault(choice, []).extend(delta.token_ids)
+            entries.setdefault(choice, []).extend(delta.logprobs or [])
             completion_tokens += len(delta.token_ids)
             if delta.finished:
                 finals[choice] = delta
@@ -648,7 +706,7 @@ class _Response:
                 entry["text"] = text
             entry.update(
                 {
-                    "logprobs": None,
+                    "logprobs": self._logprobs(choice, tokens[choice], entries[choice]),
                     "finish_reason": finals[choice].finish_reason,
                     "stop_reason": _stop_reason(finals[choice]),
                 }
@@ -678,9 +736,15 @@ class _Response:
         return chunk
 
     def _choice(
-        self, index: int, text: str, finish_reason: str | None, stop_reason: str | None = None, first: bool = False
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None,
+        stop_reason: str | None = None,
+        first: bool = False,
+        logprobs: dict | None = None,
     ) -> dict:
-        ending = {"logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason}
+        ending = {"logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason}
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             return {"index": index, "delta": delta, **ending}
@@ -711,9 +775,11 @@ class _Response:
                     status, error_type, message = FAILED_ENDINGS[delta.finish_reason]
                     yield _sse(error_body(message, error_type, status))
                     break
-                if delta.text or delta.finished:
+                with_logprobs = self.num_logprobs is not None and bool(delta.token_ids)
+                if delta.text or delta.finished or with_logprobs:
                     finish = delta.finish_reason if delta.finished else None
-                    choice_chunk = self._choice(choice, delta.text, finish, _stop_reason(delta))
+                    logprobs = self._logprobs(choice, delta.token_ids, delta.logprobs)
+                    choice_chunk = self._choice(choice, delta.text, finish, _stop_reason(delta), logprobs=logprobs)
                     yield _sse(self._chunk([choice_chunk], include_usage))
             if include_usage and not failed:
                 yield _sse(self._chunk([], True, usage(prompt_tokens, completion_tokens, cached_tokens, self.details)))

@@ -3,7 +3,8 @@
 Only the fields a prompt-caching course needs, with the OpenAI / vLLM names:
 ``messages`` or ``prompt``, ``max_tokens`` (``max_completion_tokens`` for chat),
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n``, ``stop``, ``stream``,
-``stream_options.include_usage``, ``ignore_eos`` and vLLM's ``cache_salt``. Types are checked strictly
+``stream_options.include_usage``, ``ignore_eos``, ``logprobs`` (chat: ``logprobs`` and
+``top_logprobs``) and vLLM's ``cache_salt``. Types are checked strictly
 (a string ``max_tokens`` is refused, not converted; vLLM's lax models convert it) except that a
 whole-number float such as ``3.0`` is the integer 3, as vLLM takes it (``Integer``); values are checked by
 ``SamplingParams``, the engine's one place for them, so the server and
@@ -19,9 +20,11 @@ vLLM equivalent: ``vllm/entrypoints/openai/protocol.py`` (and, in 0.33,
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -78,8 +81,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (False, None),
     "skip_special_tokens": (True, None),
     "truncate_prompt_tokens": (None,),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "prompt_logprobs": (None,),
     "echo": (False, None),
     "response_format": (None, {"type": "text"}),
@@ -188,6 +189,14 @@ class ChatCompletionRequest(_Request, _ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     n: Annotated[Integer, null_means(1)] = 1  # Optional in vLLM's chat request (not in its completion request)
     max_completion_tokens: Integer | None = None
+    logprobs: Annotated[StrictBool, null_means(False)] = False
+    top_logprobs: Integer | None = None
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs`` for this request: ``top_logprobs`` (0 without) when ``logprobs`` is true."""
+        if self.top_logprobs and not self.logprobs:  # 0 asks for nothing, as in vLLM
+            raise ValueError("top_logprobs: when using `top_logprobs`, `logprobs` must be set to true.")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Request):
@@ -195,6 +204,11 @@ class CompletionRequest(_Request):
 
     # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
     prompt: StrictStr | list[StrictStr] | list[Integer] | list[list[Integer]]
+    logprobs: Integer | None = None
+
+    def num_logprobs(self) -> int | None:
+        """``SamplingParams.logprobs`` for this request."""
+        return self.logprobs
 
 
 class TokenizeRequest(_ChatTemplateFields):
@@ -257,6 +271,47 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, with_d
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens} if with_details else None,
     }
+
+
+def _decoded(entry: Any, token_id: int, decode: Callable[[int], str]) -> str:
+    """A logprob entry's token as text: the engine's ``decoded_token``, else decoded here (vLLM's ``_get_decoded_token``)."""
+    return entry.decoded_token if entry.decoded_token is not None else decode(token_id)
+
+
+def _logprob(entry: Any) -> float:
+    return max(entry.logprob, -9999.0)  # -inf is no JSON number: OpenAI's floor, as vLLM writes it
+
+
+def completion_logprobs(
+    token_ids: list[int], entries: list[dict], num_top: int, decode: Callable[[int], str], text_offset: int = 0
+) -> dict[str, Any]:
+    """A completion choice's ``logprobs``, as vLLM's ``_create_completion_logprobs``: per token its text,
+    log-probability, offset in the text, and the first ``num_top + 1`` candidates (the token first)."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    for token_id, position in zip(token_ids, entries):
+        token = _decoded(position[token_id], token_id, decode)
+        tokens.append(token)
+        token_logprobs.append(_logprob(position[token_id]))
+        candidates = itertools.islice(position.items(), num_top + 1)
+        top_logprobs.append({_decoded(entry, other, decode): _logprob(entry) for other, entry in candidates})
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top_logprobs}
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict], num_top: int, decode: Callable[[int], str]) -> dict:
+    """A chat choice's ``logprobs``, as vLLM's ``_create_chat_logprobs``: per token its text, log-probability
+    and UTF-8 bytes, and the first ``num_top`` candidates in the engine's order (the token first)."""
+
+    def item(token_id: int, entry: Any) -> dict[str, Any]:
+        token = _decoded(entry, token_id, decode)
+        return {"token": token, "logprob": _logprob(entry), "bytes": list(token.encode("utf-8", errors="replace"))}
+
+    content = []
+    for token_id, position in zip(token_ids, entries):
+        top = [item(other, entry) for other, entry in itertools.islice(position.items(), num_top)]
+        content.append({**item(token_id, position[token_id]), "top_logprobs": top})
+    return {"content": content}
 
 
 def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict[str, Any]:
