@@ -674,6 +674,8 @@ class LLMEngine:
         last = request.output_token_ids[-1]
         if not params.ignore_eos and last in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
+        if params.stop_token_ids and last in params.stop_token_ids:  # also with ignore_eos, as in vLLM
+            return RequestStatus.FINISHED_STOPPED
         if params.stop_strings:
             # A new stop string ends in the newest token: decode only the last few tokens.
             window = request.output_token_ids[-stop_string_window(params.stop_strings) :]
@@ -704,15 +706,19 @@ class LLMEngine:
 
     def _make_output(self, request: Request) -> RequestOutput:
         token_ids = list(request.output_token_ids)
-        if token_ids and not request.sampling_params.ignore_eos and token_ids[-1] in self.eos_token_ids:
-            token_ids_for_text = token_ids[:-1]
-        else:
-            token_ids_for_text = token_ids
+        params = request.sampling_params
+        last = token_ids[-1] if token_ids else None
+        ends_with_eos = last is not None and not params.ignore_eos and last in self.eos_token_ids
+        stopped = request.status is RequestStatus.FINISHED_STOPPED
+        by_stop_token = stopped and not ends_with_eos and last in (params.stop_token_ids or ())
+        # What ended it, as vLLM reports: a stop token's id or a stop string (None for EOS, length, ...).
+        stop_reason = last if by_stop_token else None
+        # The token that stopped it is not text, as in vLLM.
+        token_ids_for_text = token_ids[:-1] if ends_with_eos or by_stop_token else token_ids
         if request.status is RequestStatus.FINISHED_ERROR:
             text = ""  # decoding may be what failed: the tokens so far are in token_ids
         else:
             text = decode_output_text(self.tokenizer, token_ids_for_text)
-        stop_reason = None  # the stop string that ended it, as vLLM reports (None for EOS, length, ...)
         hit = first_stop_string(text, request.sampling_params.stop_strings)
         if hit is not None:
             cut, stop = hit

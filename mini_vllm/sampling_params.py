@@ -39,7 +39,6 @@ VLLM_NOT_IMPLEMENTED: dict[str, Any] = {
     "min_p": 0.0,
     "min_tokens": 0,
     "prompt_logprobs": None,
-    "stop_token_ids": None,
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
@@ -84,6 +83,9 @@ class SamplingParams:
             with n > 1, completion k uses seed + k (as in vLLM). -1 means None.
         stop: strings that end the completion (not included in its text).
         ignore_eos: keep generating past the end-of-sequence token.
+        stop_token_ids: token ids that end the completion, as EOS does (the
+            token stays in ``token_ids``, not in the text; ``stop_reason`` is its id),
+            also with ``ignore_eos``, as in vLLM.
         logprobs: also return each generated token's log-probability and those of
             the ``logprobs`` most likely tokens at its position (0: the generated
             token's alone; at most MAX_LOGPROBS, 20, vLLM's default limit), from the
@@ -99,6 +101,7 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
     logprobs: int | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
@@ -135,6 +138,15 @@ class SamplingParams:
                 )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        if self.stop_token_ids is not None:
+            if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, (list, tuple)):
+                raise TypeError(
+                    f"stop_token_ids must be a list of ints, got {type(self.stop_token_ids).__name__} "
+                    f"{self.stop_token_ids!r:.80}"
+                )
+            for index, token_id in enumerate(self.stop_token_ids):
+                _check_int(f"stop_token_ids[{index}]", token_id, minimum=0)
+            self.stop_token_ids = list(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {type(self.ignore_eos).__name__} {self.ignore_eos!r}")
         if self.stop is None:
@@ -168,7 +180,7 @@ def _refuse_what_is_not_implemented(init):
             if not (value is None or (value == neutral and isinstance(value, bool) == isinstance(neutral, bool))):
                 raise ValueError(
                     f"{name}={value!r}: vLLM's SamplingParams has this setting, mini-vLLM does not implement it "
-                    "(it has n, temperature, top_p, top_k, max_tokens, seed, stop, ignore_eos and logprobs)"
+                    "(it has n, temperature, top_p, top_k, max_tokens, seed, stop, stop_token_ids, ignore_eos and logprobs)"
                 )
         init(self, *args, **kwargs)
 

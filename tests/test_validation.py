@@ -70,6 +70,9 @@ BAD_SAMPLING_PARAMS = [
     ({"logprobs": 21}, ValueError, "logprobs must be at most 20, got 21"),
     ({"logprobs": -1}, ValueError, "logprobs must be an integer >= 0, got -1"),
     ({"logprobs": True}, TypeError, "logprobs must be an integer, got bool True"),
+    ({"stop_token_ids": 2}, TypeError, "stop_token_ids must be a list of ints, got int 2"),
+    ({"stop_token_ids": [2, -1]}, ValueError, r"stop_token_ids\[1\] must be an integer >= 0, got -1"),
+    ({"stop_token_ids": ["2"]}, TypeError, r"stop_token_ids\[0\] must be an integer, got str"),
 ]
 
 
@@ -575,7 +578,7 @@ def test_a_model_folder_that_does_not_exist_or_has_no_config_is_named(tmp_path):
 def test_vllm_sampling_settings_this_engine_lacks_say_so_and_their_neutral_values_pass(llm, reference):
     """Code written for vLLM: a setting mini-vLLM lacks is a ValueError naming it, not Python's
     "unexpected keyword argument"; vLLM's default value of such a setting asks for nothing and passes."""
-    for name, value in (("prompt_logprobs", 1), ("presence_penalty", 0.5), ("stop_token_ids", [2]), ("min_tokens", 3)):
+    for name, value in (("prompt_logprobs", 1), ("presence_penalty", 0.5), ("bad_words", ["x"]), ("min_tokens", 3)):
         with pytest.raises(ValueError, match=rf"{name}=.*mini-vLLM does not implement it"):
             SamplingParams(max_tokens=4, **{name: value})
     neutral = SamplingParams(

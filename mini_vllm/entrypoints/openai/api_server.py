@@ -267,6 +267,7 @@ class OpenAIServing:
             if getattr(body, key) is not None:
                 settings[key] = getattr(body, key)
         settings["logprobs"] = self.num_logprobs(body)
+        settings["stop_token_ids"] = body.stop_token_ids
         try:
             return SamplingParams(
                 n=body.n, max_tokens=max_tokens, stop=body.stop, ignore_eos=body.ignore_eos, **settings

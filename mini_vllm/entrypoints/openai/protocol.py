@@ -2,7 +2,7 @@
 
 Only the fields a prompt-caching course needs, with the OpenAI / vLLM names:
 ``messages`` or ``prompt``, ``max_tokens`` (``max_completion_tokens`` for chat),
-``temperature``, ``top_p``, ``top_k``, ``seed``, ``n``, ``stop``, ``stream``,
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``n``, ``stop``, ``stop_token_ids``, ``stream``,
 ``stream_options.include_usage``, ``ignore_eos``, ``logprobs`` (chat: ``logprobs`` and
 ``top_logprobs``) and vLLM's ``cache_salt``. Types are checked strictly
 (a string ``max_tokens`` is refused, not converted; vLLM's lax models convert it) except that a
@@ -76,7 +76,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "min_tokens": (0, None),
     "logit_bias": (None, {}),
     "best_of": (None, 1),
-    "stop_token_ids": (None, []),
     "bad_words": (None, []),
     "include_stop_str_in_output": (False, None),
     "skip_special_tokens": (True, None),
@@ -135,6 +134,7 @@ class _Request(BaseModel):
     stream: Annotated[StrictBool, null_means(False)] = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
+    stop_token_ids: list[Annotated[Integer, Field(ge=0)]] | None = None
     cache_salt: StrictStr | None = None
 
 
