@@ -40,12 +40,14 @@ class ComputedBlocksFound:
                 f"ComputedBlocksFound: request_id must be the request's id (a str), got "
                 f"{type(self.request_id).__name__}: pass request.request_id"
             )
-        ids = self.block_ids if isinstance(self.block_ids, (tuple, list)) else [self.block_ids]
-        not_an_id = next((b for b in ids if isinstance(b, bool) or not isinstance(b, int)), None)
-        if not_an_id is not None or ids is not self.block_ids:
-            shown = type(self.block_ids if ids is not self.block_ids else not_an_id).__name__
+        if not isinstance(self.block_ids, (tuple, list)):
+            wrong = type(self.block_ids).__name__
+        else:  # the type of the first item that is no id, if any
+            ids = self.block_ids
+            wrong = next((type(b).__name__ for b in ids if isinstance(b, bool) or not isinstance(b, int)), None)
+        if wrong is not None:
             raise TypeError(
-                f"ComputedBlocksFound: block_ids must be a tuple of the hit blocks' ids (ints), got {shown}: "
+                f"ComputedBlocksFound: block_ids must be a tuple of the hit blocks' ids (ints), got {wrong}: "
                 "pass manager.block_ids_of(new_computed_blocks)"
             )
         if isinstance(self.num_computed_tokens, bool) or not isinstance(self.num_computed_tokens, int):

@@ -437,23 +437,6 @@ class KeepsAPythonList:
         return list(self.free)
 
 
-@pytest.mark.parametrize(
-    "wrong, named, not_named",
-    [
-        (ListingSkipsTheLastBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
-        (ListingIncludesAStaleBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
-        (CountsEveryBlockTwice, "counts every block twice", "must change in every operation"),
-        (KeepsAPythonList, "the links live in the blocks themselves", "BOTH sides"),
-    ],
-    ids=["listing one short", "listing a block twice", "count doubled in __init__", "a Python list"],
-)
-def test_ch02_free_queue_blames_the_method_that_is_wrong(wrong, named, not_named):
-    """A learner pass: these were blamed on __init__, got the generic count hint, or were told about
-    fixing neighbours on both sides when the queue keeps no links at all."""
-    message = rejects(check_free_queue, wrong, named, regex=False)
-    assert not_named not in message, message
-
-
 class SentinelsOnTheClass(LearnerQueue):
     """A learner pass: every queue shares the class's sentinels; it was told get_all_free_blocks was wrong."""
 
@@ -479,11 +462,25 @@ class AppendleftLinksOneSide(LearnerQueue):
 @pytest.mark.parametrize(
     "wrong, named, not_named",
     [
+        (ListingSkipsTheLastBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
+        (ListingIncludesAStaleBlock, "the mistake is in get_all_free_blocks()", "starts with every block given"),
+        (CountsEveryBlockTwice, "counts every block twice", "must change in every operation"),
+        (KeepsAPythonList, "the links live in the blocks themselves", "BOTH sides"),
         (SentinelsOnTheClass, "state shared between queues", "the mistake is in get_all_free_blocks()"),
         (AppendleftLinksOneSide, "appendleft(b) links b between the head and the first block", "remove(b)"),
     ],
-    ids=["sentinels on the class", "appendleft one side"],
+    ids=[
+        "listing one short",
+        "listing a block twice",
+        "count doubled in __init__",
+        "a Python list",
+        "sentinels on the class",
+        "appendleft one side",
+    ],
 )
-def test_ch02_free_queue_second_learner_pass(wrong, named, not_named):
-    message = rejects(check_free_queue, wrong, named)
+def test_ch02_free_queue_blames_the_method_that_is_wrong(wrong, named, not_named):
+    """Learner passes: these were blamed on __init__ (or, sharing state between queues, on
+    get_all_free_blocks), got the generic count hint, or were told about remove's links when the queue
+    keeps no links at all or appendleft broke them."""
+    message = rejects(check_free_queue, wrong, named, regex=False)
     assert not_named not in message, message

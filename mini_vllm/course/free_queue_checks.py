@@ -75,9 +75,10 @@ class _Scenario:
     def verify(self, hint: str) -> None:
         check = self.check
         _expect_given_list_unchanged(check, self.given, self.blocks, self.where())
-        got = block_ids(self.free_list())
+        free = self.free_list()
+        got = block_ids(free)
         check.expect_equal(
-            got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", self._named(got) or hint
+            got, self.expected, f"{self.where()}: get_all_free_blocks() (head to tail)", self._named(free) or hint
         )
         count_hint = (
             "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft"
@@ -91,7 +92,6 @@ class _Scenario:
             self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks", count_hint
         )
         # The links must agree in both directions: the next operation follows them.
-        free = self.free_list()
         links = ("prev_free_block", "next_free_block")
         check.expect(
             len(free) < 2 or any(getattr(block, link, None) is not None for block in free for link in links),
@@ -134,8 +134,10 @@ class _Scenario:
             "neighbour breaks a later operation)"
         )
 
-    def _named(self, got: list) -> str:
-        """A hint naming the mistake when ``got`` is what a known one gives ("" otherwise)."""
+    def _named(self, free: list) -> str:
+        """A hint naming the mistake when ``free`` (what get_all_free_blocks returned) is what a known one
+        gives ("" otherwise)."""
+        got = block_ids(free)
         if got == self.expected:
             return ""
         pool_ids = {block.block_id for block in self.blocks}
@@ -159,7 +161,7 @@ class _Scenario:
                 "sentinel and the old first block"
             )
         ours = {id(block) for block in self.blocks}
-        strangers = [b for b in self.free_list() if id(b) not in ours and getattr(b, "block_id", None) != -1]
+        strangers = [b for b in free if id(b) not in ours and getattr(b, "block_id", None) != -1]
         if strangers:
             return (
                 f"the list holds block objects this queue was never given (block {strangers[0].block_id} of an "
