@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Callable
 
 # This file is benchmarks/kernels.py, and Python puts its folder first on
-# sys.path, where `import kernels` would find this very script instead of the
-# kernels package. Replace that entry with the repository root.
+# sys.path, where a package that probes for Hugging Face's `kernels` (transformers does) would
+# find this very script instead. Replace that entry with the repository root.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
@@ -55,8 +55,8 @@ sys.path.insert(0, str(_HERE.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import reference  # noqa: E402
+from mini_vllm import kernels  # noqa: E402
+from mini_vllm.kernels import reference  # noqa: E402
 
 DEFAULT_JSON = _HERE / "results" / "kernels.json"
 

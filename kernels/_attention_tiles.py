@@ -1,6 +1,6 @@
 """Building blocks shared by the two attention kernels (chapter 07).
 
-Both :mod:`kernels.paged_attention` and :mod:`kernels.unified_attention` walk
+Both :mod:`mini_vllm.kernels.paged_attention` and :mod:`mini_vllm.kernels.unified_attention` walk
 over a sequence's keys in tiles of ``BLOCK_N`` token positions, and for each
 tile they
 

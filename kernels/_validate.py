@@ -53,7 +53,7 @@ def check_same_device(tensors: dict[str, torch.Tensor], interpreted: bool) -> No
     if not interpreted and first_device.type == "cpu":
         raise ValueError(
             "the Triton kernels are compiled for the GPU here, but the tensors are on the CPU; "
-            "move them to the GPU, or use kernels.reference / the torch attention backend"
+            "move them to the GPU, or use mini_vllm.kernels.reference / the torch attention backend"
         )
 
 

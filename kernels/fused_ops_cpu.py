@@ -17,7 +17,7 @@ the chapters run the readable ones.
 products streaming the weight (the model uses it below ``PACKED_MIN_ROWS`` rows, where
 on some CPUs MKL's matrix-vector path reads the weight well below memory speed).
 
-Compiled on first use as :mod:`kernels.paged_attention_cpu` is (:mod:`kernels._c_build`);
+Compiled on first use as :mod:`mini_vllm.kernels.paged_attention_cpu` is (:mod:`mini_vllm.kernels._c_build`);
 :func:`available` says whether that worked.
 """
 
@@ -61,7 +61,7 @@ def unavailable_reason() -> str:
 
 
 def _library(function: str, **tensors: torch.Tensor) -> ctypes.CDLL:
-    """The loaded library, after :func:`~kernels._c_build.check_c_tensors` (float32) on every tensor."""
+    """The loaded library, after :func:`~mini_vllm.kernels._c_build.check_c_tensors` (float32) on every tensor."""
     check_c_tensors(function, torch.float32, **tensors)
     lib, why_not = _load()
     if lib is None:

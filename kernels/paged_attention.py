@@ -26,7 +26,7 @@ kernel (:func:`_combine_splits_kernel`) merges them exactly:
     out = sum_i 2**(lse_i - lse_max) * out_i  /  sum_i 2**(lse_i - lse_max)
 
 **Sliding window.** With one, the context a program reads starts at the
-decode query's window start (:func:`kernels._attention_tiles.window_start`)
+decode query's window start (:func:`mini_vllm.kernels._attention_tiles.window_start`)
 instead of position 0, and the splits share out that shorter context.
 """
 
@@ -287,7 +287,7 @@ def paged_attention(
             heuristics (tests and benchmarks).
 
     Returns ``[num_seqs, num_q_heads, head_dim]`` in ``query``'s dtype, equal to
-    :func:`kernels.reference.paged_attention` up to float rounding.
+    :func:`mini_vllm.kernels.reference.paged_attention` up to float rounding.
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, TRITON_INTERPRETED)
     check_sliding_window(sliding_window)

@@ -1,7 +1,7 @@
 """``paged_attention_cpu``: decode attention over the paged KV cache, in C, for the CPU (chapter 07).
 
-The same contract as :func:`kernels.paged_attention` (the Triton kernel) and
-:func:`kernels.reference.paged_attention` (the oracle both are tested against),
+The same contract as :func:`mini_vllm.kernels.paged_attention` (the Triton kernel) and
+:func:`mini_vllm.kernels.reference.paged_attention` (the oracle both are tested against),
 for float32 tensors on the CPU. The loop is ``paged_attention_cpu.c``, beside
 this file: it reads each key and value row where it lies in the cache, through
 the block table, instead of copying the sequence's blocks out first as the
@@ -16,7 +16,7 @@ goes to per-call overhead and the gather copies (``benchmarks/README.md``,
 The C file is compiled once per machine with the system's C compiler (``cc``,
 or ``$CC``) into ``~/.cache/mini_vllm`` (or ``$MINI_VLLM_CACHE_DIR``; a private
 temporary folder when the home cannot be written) and loaded with :mod:`ctypes`
-(:mod:`kernels._c_build`); no PyTorch headers, so it takes under a second.
+(:mod:`mini_vllm.kernels._c_build`); no PyTorch headers, so it takes under a second.
 :func:`available` says whether that worked (no compiler: False, and the reason
 in :func:`unavailable_reason`); the ``cpu`` attention backend needs it.
 """
@@ -80,7 +80,7 @@ def paged_attention_cpu(
 ) -> torch.Tensor:
     """Decode attention: ``query[s]`` (one token per sequence) over sequence ``s``'s cached context.
 
-    Shapes and dtypes as :func:`kernels.reference.paged_attention`: ``query``
+    Shapes and dtypes as :func:`mini_vllm.kernels.reference.paged_attention`: ``query``
     ``[num_seqs, num_q_heads, head_dim]``; caches ``[num_blocks, block_size,
     num_kv_heads, head_dim]``; ``block_tables`` ``[num_seqs, max_num_blocks]`` and
     ``seq_lens`` ``[num_seqs]``, int32. All on the CPU, float32. ``scale`` defaults

@@ -115,7 +115,7 @@ def store_kv(
         k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         slot_mapping: ``[num_tokens]`` int64 (or int32); ``-1`` skips a token.
 
-    Same result as :func:`kernels.reference.store_kv`. Slots must be below
+    Same result as :func:`mini_vllm.kernels.reference.store_kv`. Slots must be below
     ``num_blocks * block_size`` (not checked: that would read GPU memory).
     """
     check_store_kv(key, value, k_cache, v_cache, slot_mapping, TRITON_INTERPRETED)

@@ -29,7 +29,7 @@ program search for its sequence; simpler is better here.)
 A program walks the keys in tiles of ``BLOCK_N`` positions and stops after
 the last position its last query may see: keys to the right of the diagonal
 are never loaded. With a sliding window it also starts late, at the window
-start of its first query (:func:`kernels._attention_tiles.window_start`):
+start of its first query (:func:`mini_vllm.kernels._attention_tiles.window_start`):
 keys too far to the left are never loaded either.
 """
 
@@ -226,7 +226,7 @@ def unified_attention(
             count (query tokens x padded group).
 
     Returns ``[total_q, num_q_heads, head_dim]`` in ``query``'s dtype, equal to
-    :func:`kernels.reference.unified_attention` up to float rounding.
+    :func:`mini_vllm.kernels.reference.unified_attention` up to float rounding.
     """
     check_attention(query, k_cache, v_cache, block_tables, seq_lens, TRITON_INTERPRETED, cu_seqlens_q)
     check_sliding_window(sliding_window)

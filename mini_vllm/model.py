@@ -378,7 +378,7 @@ class Linear(nn.Linear):
     (vLLM's CPU backend does the same). :meth:`pack_for_cpu` makes that copy
     (the model runner calls it once, after loading); inputs of fewer than
     ``PACKED_MIN_ROWS`` rows keep the plain multiply, which is faster there (or, with
-    the ``cpu`` backend, ``kernel``: a C loop of dot products, :func:`kernels.fused_ops_cpu.linear`).
+    the ``cpu`` backend, ``kernel``: a C loop of dot products, :func:`mini_vllm.kernels.fused_ops_cpu.linear`).
     The parameter stays the source of truth: when it is replaced or changed in
     place (its version counter moves), the packed copy is ignored and the plain
     multiply runs.
@@ -617,7 +617,7 @@ class CausalLM(nn.Module):
         return sum(module.pack_for_cpu() for module in self.modules() if isinstance(module, Linear))
 
     def use_fused_cpu_ops(self) -> bool:
-        """Run RMSNorm, RoPE and SwiGLU's gate as fused C kernels (:mod:`kernels.fused_ops_cpu`),
+        """Run RMSNorm, RoPE and SwiGLU's gate as fused C kernels (:mod:`mini_vllm.kernels.fused_ops_cpu`),
         and projections of fewer than ``PACKED_MIN_ROWS`` rows as its plain C loop.
 
         The same numbers up to float rounding, in one pass each instead of several
@@ -628,7 +628,7 @@ class CausalLM(nn.Module):
         weight = self.model.embed_tokens.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
-        from kernels import fused_ops_cpu
+        from mini_vllm.kernels import fused_ops_cpu
 
         if not fused_ops_cpu.available():
             return False

@@ -1,8 +1,8 @@
-"""What the attention-backend tests share: a ``kernels.testing.PagedBatch`` as the engine's metadata."""
+"""What the attention-backend tests share: a ``mini_vllm.kernels.testing.PagedBatch`` as the engine's metadata."""
 
 from __future__ import annotations
 
-from kernels.testing import PagedBatch
+from mini_vllm.kernels.testing import PagedBatch
 from mini_vllm.attention import AttentionMetadata
 
 

@@ -12,7 +12,7 @@ import torch
 from prerequisites import pytest_runtest_makereport  # noqa: F401
 
 # Without a GPU the kernels run in Triton's interpreter; the variable must be set
-# before triton is first imported (kernels/__init__ does the same). On a GPU
+# before triton is first imported (mini_vllm.kernels does the same). On a GPU
 # machine the kernels compile, and the kernel tests run on CUDA.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

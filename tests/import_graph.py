@@ -26,6 +26,7 @@ ENGINE = (
     "mini_vllm/model_runner.py",
     "mini_vllm/model.py",
     "mini_vllm/attention/",
+    "mini_vllm/kernels/",  # the package of the top-level kernels/ folder (its __init__ points there)
     "mini_vllm/llm_engine.py",
     "mini_vllm/llm.py",
     "mini_vllm/input_processor.py",

@@ -27,7 +27,7 @@ import torch
 from course_fixtures import make_decode, rejects
 from known_mistakes import free_one_at_a_time
 
-import kernels
+from mini_vllm import kernels
 from mini_vllm import hashing
 from mini_vllm.block_pool import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from mini_vllm.course import (

@@ -13,7 +13,7 @@ import pytest
 from course_fixtures import rejects
 import torch
 
-import kernels
+from mini_vllm import kernels
 from mini_vllm.course import check_paged_decode, check_schedule_waiting, check_store_kv
 from mini_vllm.events import ComputedBlocksFound
 from mini_vllm.request import RequestStatus
@@ -344,7 +344,7 @@ def test_ch07_paged_decode_accepts_the_solution(capsys):
 
 
 def test_ch07_paged_decode_accepts_a_gather_then_softmax_version(capsys):
-    from kernels import reference
+    from mini_vllm.kernels import reference
 
     def gather_then_softmax(query, k_cache, v_cache, block_table, seq_len, scale=None):
         out = reference.paged_attention(
@@ -388,7 +388,7 @@ def test_ch07_paged_decode_rejects_typical_mistakes(mistake, expected_message):
     ],
 )
 def test_ch07_paged_decode_a_missing_rescale_is_named(mistake, left_out):
-    """The old message was only "compare your loop with kernels.reference.paged_attention on this case"."""
+    """The old message was only "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"."""
 
     def wrong(*args, **kwargs):
         return _paged_decode(*args, mistake=mistake, **kwargs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-import kernels
+from mini_vllm import kernels
 from engine_invariants import assert_nothing_leaked
 from mini_vllm import LLM, SamplingParams
 

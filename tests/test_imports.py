@@ -45,7 +45,7 @@ def import_in_fresh_process(statement: str) -> dict:
         {statement}
         after = dict(os.environ)
         print(json.dumps({{
-            "loaded": sorted(m for m in ("torch", "transformers", "triton", "kernels") if m in sys.modules),
+            "loaded": sorted(m for m in ("torch", "transformers", "triton", "mini_vllm.kernels") if m in sys.modules),
             "changed": sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k)),
         }}))
         """
@@ -65,11 +65,11 @@ def test_bookkeeping_modules_load_without_torch_and_change_no_environment_variab
 
 
 def test_importing_the_offline_api_changes_no_environment_variable():
-    # LLM needs torch and transformers, but not the Triton kernels: `kernels` decides on
+    # LLM needs torch and transformers, but not the Triton kernels: `mini_vllm.kernels` decides on
     # TRITON_INTERPRET when it is imported, so it is imported only once a backend needs it.
     report = import_in_fresh_process("from mini_vllm import LLM, SamplingParams, default_model_path")
     assert "torch" in report["loaded"]
-    assert "kernels" not in report["loaded"] and "triton" not in report["loaded"], report
+    assert "mini_vllm.kernels" not in report["loaded"] and "triton" not in report["loaded"], report
     assert report["changed"] == [], report
 
 

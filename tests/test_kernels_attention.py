@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-from kernels import reference
-from kernels.testing import make_paged_batch
+from mini_vllm import kernels
+from mini_vllm.kernels import reference
+from mini_vllm.kernels.testing import make_paged_batch
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)
 

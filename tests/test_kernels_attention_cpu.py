@@ -1,6 +1,6 @@
-"""The C decode-attention kernel (``kernels.paged_attention_cpu``) and the ``cpu`` backend.
+"""The C decode-attention kernel (``mini_vllm.kernels.paged_attention_cpu``) and the ``cpu`` backend.
 
-The kernel is held to :func:`kernels.reference.paged_attention` as the Triton kernel
+The kernel is held to :func:`mini_vllm.kernels.reference.paged_attention` as the Triton kernel
 is (tests/test_kernels_attention.py): random paged batches with shuffled blocks and
 NaN in every slot no sequence owns, so reading one position too many turns the
 output into NaN. Its sliding-window cases are in tests/test_sliding_window_attention.py
@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from engine_invariants import assert_nothing_leaked
-from kernels import fused_ops_cpu
-from kernels import paged_attention_cpu as cpu_kernel
-from kernels import reference
-from kernels.paged_attention_cpu import paged_attention_cpu
-from kernels.testing import make_paged_batch
+from mini_vllm.kernels import fused_ops_cpu
+from mini_vllm.kernels import paged_attention_cpu as cpu_kernel
+from mini_vllm.kernels import reference
+from mini_vllm.kernels.paged_attention_cpu import paged_attention_cpu
+from mini_vllm.kernels.testing import make_paged_batch
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.attention import cpu_backend, get_attn_backend
 from mini_vllm.model import hybrid_model_path

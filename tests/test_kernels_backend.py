@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
+from mini_vllm import kernels
 from attention_fixtures import metadata_of
-from kernels.testing import PagedBatch, make_paged_batch
+from mini_vllm.kernels.testing import PagedBatch, make_paged_batch
 from mini_vllm.attention import TorchAttentionBackend
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)

@@ -1,4 +1,4 @@
-"""The C element-wise kernels (``kernels.fused_ops_cpu``) and the model running them.
+"""The C element-wise kernels (``mini_vllm.kernels.fused_ops_cpu``) and the model running them.
 
 Each kernel is held to the model's readable definition (``mini_vllm.model.rms_norm``,
 ``apply_rotary_pos_emb``, ``silu_and_mul``) on shapes the engine meets (the bundled
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import fused_ops_cpu, paged_attention_cpu
+from mini_vllm.kernels import fused_ops_cpu, paged_attention_cpu
 from mini_vllm import model as M
 from mini_vllm.attention import TorchAttentionBackend, get_attn_backend
 from mini_vllm.model import apply_rotary_pos_emb, default_model_path, load_model, rms_norm, silu_and_mul

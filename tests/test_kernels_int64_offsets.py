@@ -25,15 +25,15 @@ import textwrap
 
 import pytest
 
-import kernels
+from mini_vllm import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)
 
 SCRIPT = textwrap.dedent(
     """
     import torch
-    import kernels
-    from kernels import reference
+    from mini_vllm import kernels
+    from mini_vllm.kernels import reference
 
     # The interpreter works on CPU tensors; compiled kernels need GPU tensors.
     device = "cpu" if kernels.TRITON_INTERPRETED else "cuda"

@@ -1,4 +1,4 @@
-"""The ``kernels`` package as a whole: imports without Triton, and no name clash.
+"""The ``mini_vllm.kernels`` package as a whole: imports without Triton, and no name clash.
 
 Each check runs in a fresh interpreter: hiding Triton or importing
 ``transformers`` must not leak into the other tests.
@@ -24,7 +24,7 @@ def test_without_triton_kernels_import_and_explain_themselves():
         import pytest
         import torch
 
-        import kernels
+        from mini_vllm import kernels
         assert kernels.TRITON_AVAILABLE is False
         for kernel in (kernels.store_kv, kernels.paged_attention, kernels.unified_attention):
             with pytest.raises(RuntimeError, match="Triton is not installed.*torch attention backend"):
@@ -69,7 +69,7 @@ def test_kernels_defines_no_version():
     # PYTHONPATH); without one it reports the hub package as absent.
     result = run_python(
         """
-        import kernels
+        from mini_vllm import kernels
         print(hasattr(kernels, "__version__"))
         """
     )

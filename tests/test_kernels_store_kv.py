@@ -1,13 +1,13 @@
-"""kernels.store_kv == kernels.reference.store_kv (Triton interpreter on a CPU)."""
+"""mini_vllm.kernels.store_kv == mini_vllm.kernels.reference.store_kv (Triton interpreter on a CPU)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import kernels
-from kernels import reference
-from kernels.testing import make_paged_batch
+from mini_vllm import kernels
+from mini_vllm.kernels import reference
+from mini_vllm.kernels.testing import make_paged_batch
 
 pytestmark = pytest.mark.skipif(not kernels.TRITON_AVAILABLE, reason=kernels.UNAVAILABLE_MESSAGE)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)
+from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)
 from mini_vllm.block_pool import FreeKVCacheBlockQueue
 from mini_vllm.course.parts import PARTS, reference_objects
 from mini_vllm.model_runner import compute_slot_mapping

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
+import os
 import re
+import subprocess
+import sys
+import textwrap
+import zipfile
 import tomllib
 from pathlib import Path
 
@@ -38,7 +42,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_packages_import_and_transformers_ignores_our_kernels_package():
-    import kernels  # noqa: F401
+    from mini_vllm import kernels  # noqa: F401
     import mini_vllm  # noqa: F401
     from transformers.utils import import_utils
 
@@ -60,12 +64,49 @@ def test_every_bundled_model_folder_ships_in_the_package():
         assert f"{folder}/*" in patterns, f"mini_vllm/{folder}/ is not in pyproject's package-data"
 
 
-@pytest.mark.parametrize("module", ["paged_attention_cpu", "fused_ops_cpu"])
-def test_the_c_kernel_sources_ship_in_the_package(module):
-    """The cpu attention backend compiles kernels/paged_attention_cpu.c and kernels/fused_ops_cpu.c
-    on first use: an installed (non-editable) mini-vLLM needs the files beside their Python modules."""
-    source = importlib.import_module(f"kernels.{module}").SOURCE
+@pytest.fixture(scope="module")
+def built_wheel(tmp_path_factory) -> Path:
+    """mini-vLLM built as a wheel (no build isolation: setuptools is in the venv) and unpacked."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        cwd=out,
+    )
+    (wheel,) = out.glob("mini_vllm_course-*.whl")
+    unpacked = out / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+    return unpacked
 
-    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    assert source.suffix == ".c" and source.parent.name == "kernels" and source.is_file()
-    assert any(Path(source.name).match(pattern) for pattern in package_data["kernels"])
+
+def test_the_wheel_claims_no_import_name_but_mini_vllm(built_wheel):
+    """`kernels` is Hugging Face's kernel hub package (transformers imports it): a wheel of
+    ours installs mini_vllm only, with the kernels/ folder inside it as mini_vllm/kernels/."""
+    top_level = sorted(p.name for p in built_wheel.iterdir() if not p.name.endswith(".dist-info"))
+    assert top_level == ["mini_vllm"], top_level
+    shipped = {p.name for p in (built_wheel / "mini_vllm" / "kernels").iterdir()}
+    wanted = {p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".py", ".c")}
+    assert wanted <= shipped, f"not in the wheel: {sorted(wanted - shipped)}"
+
+
+def test_an_installed_wheel_finds_its_kernels_and_their_c_sources(built_wheel, tmp_path):
+    """Imported from the unpacked wheel (not the checkout), mini_vllm.kernels reads its own folder,
+    and the cpu backend's C sources lie beside their Python modules."""
+    script = textwrap.dedent(
+        """
+        import mini_vllm, mini_vllm.kernels as kernels
+        from mini_vllm.kernels import fused_ops_cpu, paged_attention_cpu, reference
+        print(mini_vllm.__file__)
+        print(kernels.KERNELS_DIR)
+        print(paged_attention_cpu.SOURCE.is_file(), fused_ops_cpu.SOURCE.is_file())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(built_wheel)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    package_file, kernels_dir, sources = result.stdout.splitlines()
+    assert Path(package_file).is_relative_to(built_wheel), package_file
+    assert Path(kernels_dir) == built_wheel / "mini_vllm" / "kernels"
+    assert sources == "True True"

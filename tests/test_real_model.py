@@ -35,7 +35,7 @@ import pytest
 import torch
 import transformers
 
-import kernels
+from mini_vllm import kernels
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.attention import TorchAttentionBackend
 from mini_vllm.model import RotaryEmbedding, load_model, rope_inv_freq

@@ -1,7 +1,7 @@
 """Sliding-window attention (``AttentionMetadata.sliding_window``) in every backend and kernel.
 
 With a window ``W`` the query at position ``p`` sees only the keys at ``p - W + 1 .. p``.
-Every implementation -- ``kernels.reference``, the torch backend (decode, prefill and
+Every implementation -- ``mini_vllm.kernels.reference``, the torch backend (decode, prefill and
 chunked-prefill paths), the torch backend with kernel parts, the triton backend,
 the two Triton kernels, the cpu backend and its C decode kernel -- is compared with :func:`dense_attention`: one score matrix
 per sequence and an explicit band mask, written here apart from all of them.
@@ -27,10 +27,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
+from mini_vllm import kernels
 from attention_fixtures import metadata_of
-from kernels import reference
-from kernels.testing import PagedBatch, make_paged_batch
+from mini_vllm.kernels import reference
+from mini_vllm.kernels.testing import PagedBatch, make_paged_batch
 from mini_vllm.attention import TorchAttentionBackend
 from mini_vllm.attention import torch_backend
 from mini_vllm.attention.torch_backend import PartsAttentionBackend
@@ -219,7 +219,7 @@ def run_cpu_backend(batch: PagedBatch, **window) -> torch.Tensor:
 
 
 def run_c_kernel(batch: PagedBatch, **window) -> torch.Tensor:
-    from kernels.paged_attention_cpu import paged_attention_cpu
+    from mini_vllm.kernels.paged_attention_cpu import paged_attention_cpu
 
     b = on_cpu(batch)
     out = paged_attention_cpu(b.query, b.k_cache, b.v_cache, b.block_tables, b.seq_lens, SCALE, **window)

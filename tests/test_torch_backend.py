@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from mini_vllm.kernels import reference
 from attention_fixtures import metadata_of
-from kernels.testing import make_paged_batch
+from mini_vllm.kernels.testing import make_paged_batch
 from mini_vllm.attention import TorchAttentionBackend
 from mini_vllm.attention import torch_backend
 

@@ -1,7 +1,7 @@
 """Attention backends over the paged KV cache (chapter 07).
 
 ``get_attn_backend(name)`` returns a backend by name: ``"torch"`` (the reference,
-always available), ``"triton"`` (the kernels in :mod:`kernels`; needs Triton),
+always available), ``"triton"`` (the kernels in :mod:`mini_vllm.kernels`; needs Triton),
 ``"cpu"`` (the torch backend with decode attention in C, and the model's element-wise
 operations in C too, for speed on a CPU; needs a C compiler), or ``"auto"`` (Triton
 on a CUDA device, the torch reference otherwise: the readable path the chapters show).
@@ -9,7 +9,7 @@ on a CUDA device, the torch reference otherwise: the readable path the chapters 
 Each backend is one function registered with ``@register_attention_backend(name)``
 below, which imports its class only when it is called: this module loads
 without torch (``EngineConfig`` reads the names from it), and without the
-``kernels`` package, which decides on Triton's interpreter when it is imported
+``mini_vllm.kernels`` package, which decides on Triton's interpreter when it is imported
 (only the ``triton`` backend needs it). The classes are imported on first use too.
 """
 
@@ -62,7 +62,7 @@ def create_torch_backend(device: str) -> AttentionBackend:
 
 @register_attention_backend("triton")
 def create_triton_backend(device: str) -> AttentionBackend:
-    """The Triton kernels of :mod:`kernels` (compiled on a GPU, interpreted on a CPU)."""
+    """The Triton kernels of :mod:`mini_vllm.kernels` (compiled on a GPU, interpreted on a CPU)."""
     if not _triton_available():
         raise ValueError(
             "attention_backend='triton' needs Triton, which is not installed "
@@ -75,11 +75,11 @@ def create_triton_backend(device: str) -> AttentionBackend:
 
 @register_attention_backend("cpu")
 def create_cpu_backend(device: str) -> AttentionBackend:
-    """The torch backend with decode attention in C (:mod:`kernels.paged_attention_cpu`), and
-    the model's norms, RoPE and SwiGLU's gate in C too (:mod:`kernels.fused_ops_cpu`)."""
+    """The torch backend with decode attention in C (:mod:`mini_vllm.kernels.paged_attention_cpu`), and
+    the model's norms, RoPE and SwiGLU's gate in C too (:mod:`mini_vllm.kernels.fused_ops_cpu`)."""
     if _device_type(device) != "cpu":
         raise ValueError(f"attention_backend='cpu' runs on the CPU, but the engine's device is {device!r}")
-    from kernels import fused_ops_cpu, paged_attention_cpu
+    from mini_vllm.kernels import fused_ops_cpu, paged_attention_cpu
 
     for module in (paged_attention_cpu, fused_ops_cpu):
         if not module.available():
@@ -114,7 +114,7 @@ def _device_type(device: str) -> str:
 
 
 def _triton_available() -> bool:
-    import kernels
+    from mini_vllm import kernels
 
     return kernels.TRITON_AVAILABLE
 

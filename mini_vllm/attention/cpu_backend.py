@@ -4,7 +4,7 @@ On a CPU, a decode step's attention in the ``torch`` backend spends its time on
 copies and per-call overhead: every layer gathers each sequence's blocks out of
 the cache (``index_select``) and calls PyTorch's attention once per sequence.
 This backend sends an all-decode batch of float32 CPU tensors to
-:func:`kernels.paged_attention_cpu.paged_attention_cpu` instead, a C loop that
+:func:`mini_vllm.kernels.paged_attention_cpu.paged_attention_cpu` instead, a C loop that
 reads each key and value row in place through the block table, one call for
 the whole batch (as vLLM's CPU backend does in C++). Prefill steps, and other
 dtypes or devices, stay the torch backend's: a prefill's attention is already
@@ -12,7 +12,7 @@ PyTorch's fused flash kernel, which this loop would not beat.
 
 It is the CPU's fast path as a whole: with this backend the model also runs
 RMSNorm, RoPE and SwiGLU's gate as fused C kernels, and projections of one to
-three rows as a C loop (``fused_cpu_ops``; :mod:`kernels.fused_ops_cpu`, what
+three rows as a C loop (``fused_cpu_ops``; :mod:`mini_vllm.kernels.fused_ops_cpu`, what
 vLLM's CPU backend does in C++), where the readable path makes several PyTorch
 calls of each.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.paged_attention_cpu import paged_attention_cpu
+from mini_vllm.kernels.paged_attention_cpu import paged_attention_cpu
 
 from .base import AttentionMetadata
 from .torch_backend import TorchAttentionBackend

@@ -1,6 +1,6 @@
 """The ``torch`` attention backend: PyTorch's fused attention over the paged cache (chapter 07).
 
-Same contract and same numbers (up to float rounding) as :mod:`kernels.reference`,
+Same contract and same numbers (up to float rounding) as :mod:`mini_vllm.kernels.reference`,
 the plain functions the Triton kernels are tested against, but shaped for speed
 on a CPU:
 
@@ -24,7 +24,7 @@ copies of K/V). Blocks are gathered with ``index_select`` and new K/V stored
 with ``index_copy_``: the same copies as the reference's indexing, at a
 quarter of its per-call cost (paid once per layer and step). Computed in
 float32, like the reference. The reference loop
-(``kernels.reference.unified_attention``) stays the readable oracle; the tests
+(``mini_vllm.kernels.reference.unified_attention``) stays the readable oracle; the tests
 compare this backend with it and with ``transformers``.
 """
 
@@ -44,7 +44,9 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        if bool((slot_mapping < 0).any()):  # tokens to skip (slot -1): dropped first, as kernels.reference does
+        if bool(
+            (slot_mapping < 0).any()
+        ):  # tokens to skip (slot -1): dropped first, as mini_vllm.kernels.reference does
             keep = slot_mapping >= 0
             key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
         # The cache viewed as one row per slot: index_copy_ writes row slot_mapping[i] from token i.
@@ -107,7 +109,7 @@ def gather_kv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's context K/V through its block table: ``[seq_len, Hkv, D]`` copies.
 
-    ``kernels.reference.gather_kv``, one ``index_select`` per cache: the
+    ``mini_vllm.kernels.reference.gather_kv``, one ``index_select`` per cache: the
     sequence's whole blocks, then its first ``seq_len`` rows (no per-token index).
     """
     block_size = k_cache.shape[1]

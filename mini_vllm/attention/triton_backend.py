@@ -1,4 +1,4 @@
-"""The ``triton`` attention backend: the kernels of :mod:`kernels` (chapter 07).
+"""The ``triton`` attention backend: the kernels of :mod:`mini_vllm.kernels` (chapter 07).
 
 Same contract as the ``torch`` backend, same results up to float rounding, but
 each step is one kernel launch for the whole batch instead of a Python loop
@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import torch
 
-import kernels
+from mini_vllm import kernels
 
 from .base import AttentionBackend, AttentionMetadata
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """``store_kv`` → :func:`kernels.store_kv`; attention → the Triton attention kernels.
+    """``store_kv`` → :func:`mini_vllm.kernels.store_kv`; attention → the Triton attention kernels.
 
     An all-decode batch (one query token per sequence) goes to
-    :func:`kernels.paged_attention`, which can split long contexts across
+    :func:`mini_vllm.kernels.paged_attention`, which can split long contexts across
     programs when the batch is small; everything else goes to
-    :func:`kernels.unified_attention`. Both take ``metadata.sliding_window``.
+    :func:`mini_vllm.kernels.unified_attention`. Both take ``metadata.sliding_window``.
     """
 
     name = "triton"

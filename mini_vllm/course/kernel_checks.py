@@ -2,7 +2,7 @@
 
 * :func:`check_store_kv` runs your ``store_kv(key, value, k_cache, v_cache,
   slot_mapping)`` (the launcher of your Triton kernel) on small caches and
-  compares every element of both caches with :func:`kernels.reference.store_kv`.
+  compares every element of both caches with :func:`mini_vllm.kernels.reference.store_kv`.
   It also stores one token whose cache offset is past ``2**31`` elements, in a
   cache that only *reserves* 8 GiB of address space (only the pages written
   are ever backed by memory), to catch offsets computed in 32 bits, and
@@ -16,7 +16,7 @@
   tensor; each head's slots together) catch strides worked out from the shape.
 * :func:`check_paged_decode` compares your PyTorch
   ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
-  with :func:`kernels.reference.paged_attention` for one sequence, float16
+  with :func:`mini_vllm.kernels.reference.paged_attention` for one sequence, float16
   and bfloat16 included (the output keeps the query's dtype, within 1 ulp of
   the float32 result: arithmetic in float16/bfloat16 is several ulps off),
   with scores all far below 0, and checks that the inputs (the shared caches)
@@ -52,7 +52,7 @@ PAST_THE_END = 8
 # -- shared helpers ----------------------------------------------------------------
 def _device() -> torch.device:
     """Where the kernels run: CPU tensors in Triton's interpreter, GPU tensors when compiled."""
-    import kernels
+    from mini_vllm import kernels
 
     if kernels.TRITON_INTERPRETED or not torch.cuda.is_available():
         return torch.device("cpu")
@@ -156,7 +156,7 @@ def _store_case(
     seed: int = 0,
     random_case: bool = False,
 ) -> None:
-    from kernels import reference
+    from mini_vllm.kernels import reference
 
     device = _device()
     generator = torch.Generator().manual_seed(seed)
@@ -361,7 +361,7 @@ def _store_case(
     # Then the whole caches, element by element.
     check.expect(
         torch.equal(k.cache, expected_k) and torch.equal(v.cache, expected_v),
-        f"{where}: the caches differ from kernels.reference.store_kv",
+        f"{where}: the caches differ from mini_vllm.kernels.reference.store_kv",
         "only the slots in slot_mapping may change, each to its token's K (V) row",
         random_case=random_case,
     )
@@ -380,7 +380,7 @@ def _store_into_strided_caches(store_kv: Callable, check: Checker, layout: str) 
       heads are ``block_size * head_dim`` apart and its slots ``head_dim`` apart: a kernel that takes
       ``stride_cache_block`` but works out the offset and head strides from the shape is wrong here.
 
-    The expected caches are written in plain PyTorch (``kernels.reference.store_kv`` takes contiguous
+    The expected caches are written in plain PyTorch (``mini_vllm.kernels.reference.store_kv`` takes contiguous
     caches only). The cases are not counted: a passing check prints the same counts as before them.
     """
     num_blocks, block_size, num_kv_heads, head_dim = 4, 4, 2, 8
@@ -717,7 +717,7 @@ class _DecodeCase:
         )
 
     def expected(self, scale=None) -> torch.Tensor:
-        from kernels import reference
+        from mini_vllm.kernels import reference
 
         out = reference.paged_attention(
             self.query[None],
@@ -814,7 +814,7 @@ def _decode_case(
             )
         check.expect(True, where, random_case=random_case)
         return
-    hint = "compare your loop with kernels.reference.paged_attention on this case"
+    hint = "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"
     extreme = case.very_negative or (scale is not None and scale >= 10)
     full_blocks = case.seq_len // case.block_size * case.block_size  # the tokens in full blocks
     if case.seq_len % case.block_size == 0 and _first_tokens_only(got, case, used_scale, full_blocks - case.block_size):

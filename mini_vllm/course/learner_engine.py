@@ -221,8 +221,8 @@ def learner_engine(
 
 
 def _triton_interpreted() -> bool:
-    """True where Triton runs its kernels in its interpreter (no GPU): ``kernels.TRITON_INTERPRETED``."""
-    import kernels  # first: sets TRITON_INTERPRET=1 on a machine without a GPU
+    """True where Triton runs its kernels in its interpreter (no GPU): ``mini_vllm.kernels.TRITON_INTERPRETED``."""
+    from mini_vllm import kernels  # first: sets TRITON_INTERPRET=1 on a machine without a GPU
 
     return kernels.TRITON_INTERPRETED
 

@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import linecache
 import os
+import re
 import sys
 import textwrap
 import types
@@ -115,14 +116,14 @@ PARTS: list[Part] = [
         "07",
         "store_kv",
         "the Triton kernel that writes K/V into the cache",
-        ("kernels.store_kv:_store_kv_kernel",),
+        ("mini_vllm.kernels.store_kv:_store_kv_kernel",),
     ),
     Part(
         "paged_decode",
         "07",
         "paged_decode",
         "decode attention over the paged cache",
-        ("kernels.reference:paged_attention", "kernels.reference:unified_attention"),
+        ("mini_vllm.kernels.reference:paged_attention", "mini_vllm.kernels.reference:unified_attention"),
     ),
     Part(
         "schedule_waiting",
@@ -223,7 +224,7 @@ def freeze(obj: Any, name: str) -> str:
     header = [
         f'"""Your part: {name}, kept when its check passed. Edit it here, or re-run the exercise."""',
         "",
-        "import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)",
+        "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)",
     ]
     imports: list[str] = []
     definitions: list[str] = []
@@ -340,7 +341,7 @@ def _engine_module_defining(name: str, value: Any) -> str | None:
     from their own ``__module__``.)
     """
     for module_name, module in sorted(sys.modules.items()):
-        if module_name.split(".")[0] in ("mini_vllm", "kernels") and not module_name.startswith("mini_vllm.course"):
+        if module_name.split(".")[0] == "mini_vllm" and not module_name.startswith("mini_vllm.course"):
             if getattr(module, name, _MISSING) is value:
                 return module_name
     return None
@@ -368,6 +369,7 @@ def load_part(key: str) -> Any:
     path = parts_dir() / f"{key}.py"
     if not path.exists():
         raise ImportError(f"part '{key}' is not kept ({path.name} is not in the parts folder)")
+    _update_kernels_imports(path)
     module_name = f"mini_vllm_course_parts.{key}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
@@ -379,6 +381,33 @@ def load_part(key: str) -> Any:
     if not hasattr(module, part.name):  # an edited file that no longer defines the part
         raise ImportError(f"part '{key}' does not load: {path} defines no {part.name!r}")
     return getattr(module, part.name)
+
+
+# A part kept before the course's kernels were renamed says `import kernels` (now Hugging Face's package).
+_OLD_KERNELS_IMPORT = re.compile(r"^(\s*)(?:import kernels(?!\w)(\.[\w.]+)?( as \w+)?|from kernels(?=[. ]))", re.MULTILINE)
+
+
+def _new_kernels_import(match: re.Match) -> str:
+    indent, submodule, alias = match.group(1), match.group(2), match.group(3)
+    if match.group(0).lstrip().startswith("from"):
+        return f"{indent}from mini_vllm.kernels"
+    if submodule or alias:  # import kernels.reference as reference
+        return f"{indent}import mini_vllm.kernels{submodule or ''}{alias or ' as kernels'}"
+    return f"{indent}from mini_vllm import kernels"
+
+
+def _update_kernels_imports(path: Path) -> None:
+    """Rewrite a kept part's imports of ``kernels`` to ``mini_vllm.kernels``, with a line saying so.
+
+    The course's kernels were importable as ``kernels`` until that name turned out
+    to be Hugging Face's kernel hub package (which transformers installs); a part
+    kept before then would import theirs, or fail.
+    """
+    source = path.read_text()
+    updated = _OLD_KERNELS_IMPORT.sub(_new_kernels_import, source)
+    if updated != source:
+        path.write_text(updated)
+        print(f"  updated {path.name}: the course's kernels are imported as mini_vllm.kernels now (it said `kernels`)")
 
 
 def learner_parts(keys: list[str] | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Triton kernels for the paged KV cache, and their PyTorch references (chapter 07).
 
-Three kernels, the same three functions as :mod:`kernels.reference`:
+Three kernels, the same three functions as :mod:`mini_vllm.kernels.reference`:
 
 - :func:`store_kv` writes each new token's key/value into its cache slot;
 - :func:`paged_attention` is decode attention (one query token per sequence),
@@ -18,25 +18,43 @@ Where they run:
   before Triton decides how to build ``@triton.jit`` functions, which happens
   when the kernel modules below are imported; we set it here, first thing, and
   only when it is not already set (a user may ask for the interpreter on a GPU).
-- Where Triton is not installed (it is Linux-only), ``import kernels`` still
+- Where Triton is not installed (it is Linux-only), ``from mini_vllm import kernels`` still
   works: :data:`TRITON_AVAILABLE` is ``False``, the reference functions work, and
   calling a kernel raises a :class:`RuntimeError` that says to use the ``torch``
   attention backend instead.
 
-This package deliberately defines no ``__version__``: Hugging Face
-``transformers`` has an optional integration with an unrelated PyPI package that
-is also imported as ``kernels``, and it decides whether that package is present
-by looking up the version of whatever ``import kernels`` finds.
+Where the code lives, and why it is imported by this name:
+
+- The kernels' modules are the files of ``kernels/`` at the top of the
+  repository (the course's layout: chapter 07 reads them there). This file is
+  the package's ``__init__``; it points the package's ``__path__`` at that
+  folder, so ``mini_vllm.kernels.store_kv`` is ``kernels/store_kv.py``.
+- The import name is ``mini_vllm.kernels``, never a top-level ``kernels``:
+  that name belongs to Hugging Face's kernel hub package, which ``transformers``
+  5.25 and newer install and import (``from kernels import ...``). ``kernels/``
+  therefore has no ``__init__.py``: with the repository root on ``sys.path``
+  (``python -m ...`` from the root, ``PYTHONPATH=.``) it is no package that
+  could shadow theirs, and theirs cannot shadow ours.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import torch
 
-from . import reference
+_HERE = Path(__file__).resolve().parent
+KERNELS_DIR = _HERE.parents[1] / "kernels"
+"""The folder that holds this package's modules: ``kernels/`` beside ``mini_vllm/``."""
+
+if (KERNELS_DIR / "reference.py").is_file():  # a checkout, or an editable install of one
+    __path__.append(str(KERNELS_DIR))  # noqa: F821 (a package's __path__ is set before its __init__ runs)
+else:  # a wheel: setup.py copied the folder's files here
+    KERNELS_DIR = _HERE
+
+from . import reference  # noqa: E402
 
 
 def _prepare_triton() -> bool:
@@ -67,7 +85,7 @@ TRITON_INTERPRETED: bool = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET
 UNAVAILABLE_MESSAGE = (
     "Triton is not installed, so the Triton kernels cannot run (Triton is Linux-only). "
     "Use the torch attention backend (LLM(attention_backend='torch')) or the "
-    "plain PyTorch functions in kernels.reference instead."
+    "plain PyTorch functions in mini_vllm.kernels.reference instead."
 )
 
 if TRITON_AVAILABLE:
