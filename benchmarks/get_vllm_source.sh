@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM's pure-Python KV-cache manager of one release, for the block-manager benchmark and the
-# differential test (tests/test_vs_vllm_kv_cache_manager.py runs it against mini-vLLM's).
+# differential test (tests/vs_vllm/test_vs_vllm_kv_cache_manager.py runs it against mini-vLLM's).
 #
 # Downloads one vLLM wheel WITHOUT its dependencies (pip download --no-deps; about 340 MB for
 # 0.33.0, most of it compiled kernels), unpacks its Python files into .vllm-<version>/src and

@@ -1,7 +1,7 @@
 """Who imports whom in ``mini_vllm``, read from the source with ``ast`` (nothing is imported).
 
-Shared by ``tests/test_imports.py`` (no import cycle among the engine modules) and
-``tests/test_import_contracts.py`` (the engine never imports the course, the widgets,
+Shared by ``tests/engine/test_imports.py`` (no import cycle among the engine modules) and
+``tests/engine/test_import_contracts.py`` (the engine never imports the course, the widgets,
 the servers, ...).
 """
 

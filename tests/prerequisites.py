@@ -51,9 +51,22 @@ def missing(prerequisite: str, reason: str) -> NoReturn:
     pytest.skip(reason_for(prerequisite, reason))
 
 
-def skip_if_missing(condition: bool, prerequisite: str, reason: str) -> pytest.MarkDecorator:
-    """``pytest.mark.skipif`` with a tagged reason."""
-    return pytest.mark.skipif(condition, reason=reason_for(prerequisite, reason))
+# The prerequisites that are markers too: make test-fast leaves their tests out.
+TIER_MARKERS = {"real-model": "real_model", "vllm": "vllm"}
+
+
+def pytest_configure(config):
+    """Register the prerequisites' markers (tests/conftest.py imports this hook)."""
+    for prerequisite, marker in TIER_MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: needs {PREREQUISITES[prerequisite]} (not in make test-fast)")
+
+
+def skip_if_missing(condition: bool, prerequisite: str, reason: str):
+    """``pytest.mark.skipif`` with a tagged reason, and the prerequisite's marker (``real_model``, ``vllm``)."""
+    skip = pytest.mark.skipif(condition, reason=reason_for(prerequisite, reason))
+    if prerequisite not in TIER_MARKERS:
+        return skip
+    return lambda test: getattr(pytest.mark, TIER_MARKERS[prerequisite])(skip(test))
 
 
 def require_chromium() -> None:

@@ -23,7 +23,7 @@ refuses this config), and prints:
   (``num_prompt_tokens - 1``) and a shared-prefix junction that a second request
   revealed -- so the second prompt of a shared prefix misses and the third hits.
 
-``tests/test_hybrid_model.py`` asserts all of it.
+``tests/engine/test_hybrid_model.py`` asserts all of it.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ COURSE = Path(os.environ.get("MINI_VLLM_WORKSHOP_COURSE") or ROOT).resolve()
 HOMES = WORKSHOP_DIR / "home"
 PROGRESS = WORKSHOP_DIR / "progress"
 # make lab's start page (mini_vllm.course.lab.START_NOTEBOOK; the hub does not import the course's
-# package, which loads torch: tests/test_workshop.py keeps the two equal).
+# package, which loads torch: tests/course/test_workshop.py keeps the two equal).
 START_NOTEBOOK = "my-course/notebooks/00_welcome.ipynb"
 USERNAME_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
 # The configurable-http-proxy that `make hub` installs with npm (workshop/ensure_proxy.sh).

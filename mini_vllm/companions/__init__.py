@@ -7,5 +7,5 @@
 * ``radix_cache`` — SGLang's radix tree, on the same workloads as the hash
   map (chapter 06b).
 
-They import the engine; the engine never imports them (``tests/test_import_contracts.py``).
+They import the engine; the engine never imports them (``tests/engine/test_import_contracts.py``).
 """

@@ -4,7 +4,7 @@ README.md ("What the course covers"), notebooks/README.md and chapter 00's
 course map each hold the same table, between the markers ``TABLE_BEGIN`` and
 ``TABLE_END``. Adding or splitting a chapter means adding its ``Chapter`` here
 and running ``python -m mini_vllm.course.build chapter-tables`` (``make
-exercises`` runs it too); ``tests/test_chapter_index.py`` fails while a table
+exercises`` runs it too); ``tests/course/test_chapter_index.py`` fails while a table
 differs from this list or a notebook in ``notebooks/`` is missing from it.
 """
 

@@ -48,7 +48,7 @@ class Part:
     role: str  # what it does in the engine
     # The engine's implementation, as "module:qualified.name": first the one with the exercise's signature,
     # then what it delegates to or is called from; shown next to the learner's once their check passed
-    # (side_by_side), and looked for in the chapters before it (tests/test_no_answer_before_exercise.py).
+    # (side_by_side), and looked for in the chapters before it (tests/course/test_no_answer_before_exercise.py).
     reference: tuple[str, ...] = ()
     in_engine: bool = True  # False: the learner's code, but not engine code (the engine of their parts never runs it)
 

@@ -125,7 +125,7 @@ REQUIRE_JS = f"{STATIC}/requirejs/require.js"
 MATHJAX_JS = f"{STATIC}/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 
 # nbconvert's lab template with the site's navigation; mermaid's loader (a CDN import, and the
-# course has no mermaid diagrams: tests/test_site.py checks that) is left out.
+# course has no mermaid diagrams: tests/course/test_site.py checks that) is left out.
 PAGE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block jupyter_widgets -%}

@@ -6,7 +6,7 @@ Nothing here imports mini-vLLM: each file is started as a script by
 * ``run_vllm.py``: whole workloads through vLLM's ``LLM``;
   ``mini_vllm/tools/compare_vllm.py`` starts it and compares its answers with mini-vLLM's.
 * ``kv_cache_manager_driver.py``: vLLM's ``KVCacheManager`` driven call by call;
-  ``tests/test_vs_vllm_kv_cache_manager.py`` compares it with mini-vLLM's after every call,
-  ``tests/test_vs_vllm_hybrid_kv_cache_manager.py`` the same for a hybrid model (a
+  ``tests/vs_vllm/test_vs_vllm_kv_cache_manager.py`` compares it with mini-vLLM's after every call,
+  ``tests/vs_vllm/test_vs_vllm_hybrid_kv_cache_manager.py`` the same for a hybrid model (a
   full-attention and a sliding-window KV-cache group).
 """

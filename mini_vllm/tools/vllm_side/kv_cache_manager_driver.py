@@ -2,7 +2,7 @@
 
 Run with the Python of a virtualenv that has vLLM (``.venv-vllm``, made by
 ``make vllm``): it imports only vLLM and the standard library, never
-mini-vLLM. ``tests/test_vs_vllm_kv_cache_manager.py`` sends it, on stdin, a
+mini-vLLM. ``tests/vs_vllm/test_vs_vllm_kv_cache_manager.py`` sends it, on stdin, a
 JSON object ``{"workloads": [...]}``; each workload is
 
     {"num_blocks": N, "block_size": B, "enable_caching": bool, "ops": [op, ...]}
@@ -24,7 +24,7 @@ mini-vLLM's numbering (vLLM's block 0 is its null block, so vLLM id - 1, and
 the null block is -1 as in mini-vLLM).
 
 A workload with ``"sliding_window": W`` drives a *hybrid* model
-(``tests/test_vs_vllm_hybrid_kv_cache_manager.py``): two KV-cache groups over
+(``tests/vs_vllm/test_vs_vllm_hybrid_kv_cache_manager.py``): two KV-cache groups over
 one pool, group 0 full attention and group 1 a sliding window of ``W``
 tokens, with vLLM's default ``prefix_cache_retention_interval`` (0, from
 ``CacheConfig``; the ``KVCacheConfig`` dataclass alone would default to

@@ -1,6 +1,6 @@
 """Differential test of a hybrid model's KV cache: mini-vLLM's KVCacheManager against vLLM's, call for call.
 
-The hybrid sibling of ``tests/test_vs_vllm_kv_cache_manager.py`` (same
+The hybrid sibling of ``tests/vs_vllm/test_vs_vllm_kv_cache_manager.py`` (same
 driver, same releases, same skips): two KV-cache groups over one pool,
 group 0 full attention and group 1 a sliding window of ``W`` tokens, with
 block sizes 4 and 16 and ``W`` in {2 blocks, 3 blocks + 1 token, 7 tokens}

@@ -117,7 +117,7 @@ def test_quick_training_run_writes_a_loadable_model(tmp_path):
     ours = load_model(tmp_path, attn_backend=TorchAttentionBackend())
     theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     assert ours.config.vocab_size == len(tokenizer)
-    # One sequence in contiguous blocks 0, 1, ... (tests/test_model.py does the paged cases).
+    # One sequence in contiguous blocks 0, 1, ... (tests/engine/test_model.py does the paged cases).
     n, block_size, config = len(ids), 16, ours.config
     num_blocks = (n + block_size - 1) // block_size
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)

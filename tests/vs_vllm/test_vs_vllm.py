@@ -377,7 +377,7 @@ def test_make_vllm_where_vllm_cannot_be_installed_says_why_and_exits_0(tmp_path)
     (fake_bin / "uname").write_text('#!/bin/sh\nif [ "$1" = "-s" ]; then echo Darwin; else echo arm64; fi\n')
     (fake_bin / "uname").chmod(0o755)
     venv = tmp_path / "venv-vllm"
-    script = Path(__file__).resolve().parent.parent / "scripts" / "install_vllm.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "install_vllm.sh"
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "VLLM_VENV": str(venv)}
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "ARCHITECTURE.md"
 # Folders that a make target creates and git ignores: named in the guide, absent from a clean clone.
 MADE_BY_MAKE = ("models/", ".venv-vllm/", "my-course/")

@@ -61,7 +61,7 @@ from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
 from prerequisites import missing, under_ci
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DRIVER = paths.VLLM_SIDE_DIR / "kv_cache_manager_driver.py"
 NUM_WORKLOADS = 40

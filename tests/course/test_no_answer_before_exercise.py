@@ -28,7 +28,7 @@ from mini_vllm.course.parts import PARTS, reference_objects
 from mini_vllm.model_runner import compute_slot_mapping
 from mini_vllm.scheduler import Scheduler
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 
 MIN_LINE = 25  # shorter body lines (`return blocks`, `else:`) say nothing about the answer

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9A-Z][0-9_]*.ipynb"))  # the Makefile's NOTEBOOKS glob
 
 

@@ -8,6 +8,7 @@ HTTP, and (with ``make vllm``) against vLLM on the same requests.
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.entrypoints.openai.api_server import BackgroundServer
@@ -44,6 +45,7 @@ def test_a_stop_token_ends_the_completion_and_is_left_out_of_the_text():
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "stop_token_ids.0"
 
 
+@pytest.mark.vllm
 def test_stop_token_ids_stop_where_vllm_stops():
     if vllm_python() is None:
         missing("vllm", vllm_missing_reason())  # fails under CI (tests/prerequisites.py)

@@ -14,7 +14,7 @@ import mini_vllm.course as course
 from mini_vllm.course._harness import CHECKS, guarded_check
 from mini_vllm.course.parts import PARTS, PARTS_BY_KEY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p for folder in ("notebooks", "solutions", "exercises") for p in (ROOT / folder).glob("*.ipynb"))
 
 

@@ -85,6 +85,7 @@ def test_each_of_n_completions_has_its_own_logprobs(llm):
     assert len({c.cumulative_logprob for c in completions}) > 1
 
 
+@pytest.mark.vllm
 def test_the_generated_tokens_logprobs_equal_vllms():
     if vllm_python() is None:
         missing("vllm", vllm_missing_reason())  # fails under CI (tests/prerequisites.py)

@@ -46,27 +46,35 @@ def test_without_triton_kernels_import_and_explain_themselves():
     assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-3000:]
 
 
-def test_transformers_does_not_mistake_our_kernels_for_the_hub_package():
-    # transformers integrates with an unrelated PyPI package also imported as
-    # `kernels` (Hugging Face's kernel hub). It looks the name up on sys.path and
-    # then checks its version; ours must not pass for it, or transformers would
-    # try `from kernels import get_kernel` and fail.
+def test_transformers_sees_the_hub_package_only_when_it_is_installed():
+    # transformers integrates with Hugging Face's kernel hub package, imported as `kernels`
+    # (5.25 and newer depend on it). It looks the name up on sys.path and checks the
+    # distribution's version: it must never take ours for theirs.
     result = run_python(
         """
-        import sys
+        import importlib.metadata, sys
         from transformers.utils.import_utils import is_kernels_available
-        print("available:", is_kernels_available())
-        print("imported ours:", "kernels" in sys.modules)
+        try:
+            importlib.metadata.distribution("kernels")
+            installed = True
+        except importlib.metadata.PackageNotFoundError:
+            installed = False
+        from mini_vllm import kernels as ours
+        print("installed:", installed, "available:", is_kernels_available())
+        if "kernels" in sys.modules:
+            print("imported:", sys.modules["kernels"].__file__)
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "available: False" in result.stdout, result.stdout
+    first = result.stdout.splitlines()[0]
+    # Installed, transformers may still turn it down for its version (5.23 wants another range than 5.25).
+    assert first != "installed: False available: True", result.stdout
+    assert "mini_vllm" not in result.stdout.partition("imported:")[2], result.stdout
 
 
-def test_kernels_defines_no_version():
-    # transformers falls back to `kernels.__version__` when it finds no
-    # distribution metadata for the name `kernels` (e.g. a plain checkout on
-    # PYTHONPATH); without one it reports the hub package as absent.
+def test_our_package_defines_no_version():
+    # transformers falls back to `kernels.__version__` when it finds no distribution metadata
+    # for the name `kernels`; ours is never that name, and keeps no __version__ all the same.
     result = run_python(
         """
         from mini_vllm import kernels
@@ -74,3 +82,21 @@ def test_kernels_defines_no_version():
         """
     )
     assert result.stdout.strip() == "False", result.stdout + result.stderr[-3000:]
+
+
+def test_the_kernels_folder_is_no_top_level_package():
+    """kernels/ has no __init__.py: with the repository root first on sys.path, `import kernels`
+    must not find the course's folder as a regular package (it would shadow Hugging Face's)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert not (root / "kernels" / "__init__.py").exists()
+    result = subprocess.run(
+        [sys.executable, "-c", "import kernels; print(getattr(kernels, '__file__', None))"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    # Either Hugging Face's package (a file in site-packages) or, without it, a namespace (no file).
+    assert result.stdout.strip() == "None" or "site-packages" in result.stdout, result.stdout + result.stderr

@@ -7,7 +7,7 @@ table, count owners over all of them and never draw the null block as a block.
 
 A single-group engine must render byte for byte as it did before the views
 knew about groups: the committed notebooks' outputs depend on it. The golden
-files under ``tests/viz_golden/`` were written by the views before that
+files under ``tests/course/viz_golden/`` were written by the views before that
 change; ``MINI_VLLM_UPDATE_VIZ_GOLDEN=1`` rewrites them (only when a rendering
 change is meant).
 """

@@ -10,7 +10,7 @@ import pytest
 
 from mini_vllm.course import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]*_*.ipynb"))  # 05_…, 08b_…
 
 

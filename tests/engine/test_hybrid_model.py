@@ -172,6 +172,7 @@ def layer_index(name: str) -> int:
     return int(re.search(r"layers\.(\d+)\.", name).group(1))
 
 
+@pytest.mark.vllm
 def test_vllm_builds_one_kv_cache_group_per_kind_of_layer(vllm_comparison):
     kv_cache = vllm_comparison["kv_cache"]
     assert kv_cache["coordinator"] == "HybridKVCacheCoordinator"
@@ -182,6 +183,7 @@ def test_vllm_builds_one_kv_cache_group_per_kind_of_layer(vllm_comparison):
     assert [layer_index(name) for name in groups["FullAttentionSpec"]["layers"]] == [1, 3]
 
 
+@pytest.mark.vllm
 def test_vllm_greedy_tokens_and_logprobs_equal_transformers(vllm_comparison):
     rows = vllm_comparison["greedy"]
     assert len(rows) == check.NUM_PROMPTS
@@ -193,6 +195,7 @@ def test_vllm_greedy_tokens_and_logprobs_equal_transformers(vllm_comparison):
     assert min(row["max_logprob_gap_without_window"] for row in rows) > 10 * LOGPROB_TOLERANCE
 
 
+@pytest.mark.vllm
 def test_vllm_prefix_cache_hits_on_the_hybrid_model(vllm_comparison):
     cached, lengths = vllm_comparison["num_cached_tokens"], vllm_comparison["num_prompt_tokens"]
     block = check.BLOCK_SIZE

@@ -1,7 +1,7 @@
 """The KV-cache manager with two KV-cache groups (full attention + sliding window), scenario by scenario.
 
 The call-for-call comparison with vLLM 0.33's own manager is
-``tests/test_vs_vllm_hybrid_kv_cache_manager.py``; these tests pin the
+``tests/vs_vllm/test_vs_vllm_hybrid_kv_cache_manager.py``; these tests pin the
 behaviour a reader of chapter 08b is told about, with small numbers.
 """
 

@@ -39,7 +39,7 @@ from http_wait import wait_for_http
 from jupyterlab_page import VISIBLE, session_kernel, wait_kernel_idle
 from prerequisites import CHROMIUM, missing, require_chromium
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "workshop" / "jupyterhub_config.py"
 SINGLEUSER = ROOT / "workshop" / "singleuser.py"
 PROXY = ROOT / "build" / "node_modules" / ".bin" / "configurable-http-proxy"

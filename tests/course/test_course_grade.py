@@ -12,7 +12,7 @@ import pytest
 from mini_vllm.entrypoints.cli import main as cli_main
 from mini_vllm.course import grade
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ["03_block_tables.ipynb", "05_prefix_hits.ipynb"]  # quick to run up to their check cells
 
 

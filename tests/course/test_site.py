@@ -35,7 +35,7 @@ import pytest
 from mini_vllm.course import site
 from prerequisites import CHROMIUM, missing, require_chromium
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 # Text that must never be on a page: what JupyterLab, the html-manager and ipywidgets show
 # when a widget cannot be rendered, and MathJax's error.

@@ -11,7 +11,7 @@ import pytest
 
 from prerequisites import PREREQUISITES, reason_for
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/, where prerequisites.py is
 
 SAMPLE = """
 import pytest

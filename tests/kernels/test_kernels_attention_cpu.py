@@ -1,9 +1,9 @@
 """The C decode-attention kernel (``mini_vllm.kernels.paged_attention_cpu``) and the ``cpu`` backend.
 
 The kernel is held to :func:`mini_vllm.kernels.reference.paged_attention` as the Triton kernel
-is (tests/test_kernels_attention.py): random paged batches with shuffled blocks and
+is (tests/kernels/test_kernels_attention.py): random paged batches with shuffled blocks and
 NaN in every slot no sequence owns, so reading one position too many turns the
-output into NaN. Its sliding-window cases are in tests/test_sliding_window_attention.py
+output into NaN. Its sliding-window cases are in tests/kernels/test_sliding_window_attention.py
 beside every other implementation. The kernel is compiled here with the machine's C
 compiler (CI has gcc): a missing compiler fails these tests rather than skipping them.
 """

@@ -27,7 +27,7 @@ from traitlets.config import Config
 
 from mini_vllm.course import lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BINDER = ROOT / "binder"
 DEVCONTAINER = ROOT / ".devcontainer" / "devcontainer.json"
 
