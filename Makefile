@@ -26,7 +26,7 @@ help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
 	@echo "make test           install test dependencies into .venv and run the whole suite (what CI runs)"
 	@echo "make lint           ruff check + ruff format --check over every Python file (part of make test)"
-	@echo "make test-fast      the contributor's loop (a few minutes): engine, kernels, course, server, project; no vLLM, Chromium or real model"
+	@echo "make test-fast      the contributor's loop (about 3 minutes): engine, kernels, course, server, project; no vLLM, Chromium or real model"
 	@echo "make test-latest    make test-fast in .venv-latest, resolved without constraints.txt (today's releases, as environment.yml)"
 	@echo "make test-unit      only the pytest suite under tests/ (PYTEST_ARGS=tests/engine: only that path)"
 	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
@@ -83,18 +83,23 @@ else
 	$(MAKE) --no-print-directory test-unit
 endif
 
-# The tiers (tests/conftest.py marks each test with its folder; README "Tests" says which to run when).
-# The contributor's loop: every layer but the ones that need real vLLM, Chromium or the real model,
-# without the tests marked slow. It installs nothing but .venv.
-FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/project tests/notebooks
+# The tiers (tests/conftest.py marks each test with its folder; README "Tests, in tiers" says which
+# to run when). The contributor's loop: the engine, kernels, course, server and project layers,
+# without the tests marked slow or needing real vLLM or the real model (and without Chromium's
+# browser/ and the exercise notebooks' notebooks/), on both cores (pytest-xdist: one process each,
+# one thread each). It installs nothing but .venv.
+FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/project
 FAST_MARKERS  := not slow and not real_model and not vllm
+XDIST         := -n 2 -p no:cacheprovider
 test-fast: $(VENV)/.test
-	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(filter-out tests%,$(PYTEST_ARGS))
+	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
 
 # Today's releases: the fast tier again in .venv-latest, resolved as environment.yml resolves it today
 # (pyproject's ranges, no constraints.txt, from pip's configured index; --upgrade every run, so a release
 # that breaks the course fails here the day it appears). torch stays the CPU build of TORCH_SPEC.
-# The Hugging Face kernels test runs whole here, the real model included (make test installed it).
+# The exercise notebooks (tests/notebooks/: each executed in a Jupyter kernel, with today's ipykernel,
+# ipywidgets and nbclient) and the Hugging Face kernels test run whole here, the real model included
+# (make test installed it).
 LATEST        := .venv-latest
 LATEST_PY     := $(LATEST)/bin/python
 $(LATEST_PY):
@@ -106,8 +111,8 @@ test-latest: | $(LATEST_PY)
 	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
 	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
 	@$(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
-	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) -m "$(FAST_MARKERS)" -p no:cacheprovider
-	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -p no:cacheprovider
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(XDIST)
+	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model -p no:cacheprovider
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
 # and the formatter's check over every Python file; `ruff format .` fixes what the second one reports.

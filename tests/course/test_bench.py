@@ -64,6 +64,7 @@ def check_types(section: dict, keys: dict, where: str) -> None:
         assert isinstance(section.get(key), kind), f"{where}[{key!r}] = {section.get(key)!r} is not {kind.__name__}"
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_bench_writes_the_fixed_json_keys_and_plots(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench.BenchSettings, "quick", classmethod(lambda cls, device="auto": cls.tiny(device)))
     path = tmp_path / "bench.json"

@@ -53,6 +53,7 @@ def graded(submissions, tmp_path_factory):
     return out.getvalue(), json.loads(json_path.read_text())
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_every_check_of_the_solved_notebooks_passes(graded):
     table, results = graded
     alice = [r for r in results if r["learner"] == "alice"]

@@ -97,6 +97,7 @@ def test_shared_prefix_loss_and_gradients_equal_the_full_forward(layer_types):
         assert (a - b).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_quick_training_run_writes_a_loadable_model(tmp_path):
     assert main(["--quick", "--out", str(tmp_path)]) == 0
     for name in [
@@ -136,6 +137,7 @@ def test_quick_training_run_writes_a_loadable_model(tmp_path):
     assert (logits - expected).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_quick_fine_tune_of_a_trained_model_into_a_hybrid_one(tmp_path):
     """--init-from + --layer-types/--sliding-window: the default model's way to the hybrid one."""
     base, hybrid = tmp_path / "base", tmp_path / "hybrid"

@@ -290,6 +290,7 @@ def test_equals_dense_masked_attention_with_freed_blocks(step, window, impl):
 GQA_WINDOWS = {"mixed": [6], "decode": [11]}
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1)], ids=lambda h: f"{h[0]}q-{h[1]}kv")
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("step, window, impl", cases(GQA_WINDOWS))
@@ -301,6 +302,7 @@ def test_grouped_query_attention_and_block_sizes(step, window, impl, heads, bloc
     assert_close(IMPLEMENTATIONS[impl][0](batch, sliding_window=window), expected)
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
 @pytest.mark.parametrize("window", [1, 20, 64, 137, 150, 1000])
 def test_torch_backend_long_prefills_in_query_chunks(monkeypatch, chunk, window):
@@ -390,6 +392,7 @@ def test_huge_values_in_freed_blocks_do_not_matter(step, impl):
 # --------------------------------------------------------------------------- no window: today's results
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("step, impl", strict_cases())
 def test_no_window_is_full_causal_attention_bit_for_bit(step, impl):
     """sliding_window=None is the default, and a window longer than every sequence changes no bit."""

@@ -856,6 +856,7 @@ def shutdown_error(status: int, text: str) -> dict:
     return json.loads(events[-2])["error"]
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("signals", [["SIGINT"], ["SIGTERM"], ["SIGINT", "SIGINT"]])
 def test_a_shutdown_during_a_long_step_answers_every_client_with_a_503_and_exits_cleanly(tmp_path, signals):
     """A step longer than GRACEFUL_SHUTDOWN_S: clients (one mid-step, one queued behind it) get a JSON 503 or a
