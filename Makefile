@@ -20,7 +20,7 @@ TEST_ENV      := OMP_NUM_THREADS=1
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -72,13 +72,14 @@ lab: $(VENV)/.course
 # The unit suite and the notebooks run side by side: each runs one thread at a time
 # (OMP_NUM_THREADS=1), so on 2 cores this takes the time of the longer one instead of the
 # sum (about 7 minutes less). The installs come first, one at a time; each half's output is
-# printed when it ends (--output-sync), and either failing fails make test.
+# printed when it ends (--output-sync), and either failing fails make test. The notebooks
+# take less than half the unit suite's time, so make test-latest follows them on the same
+# core (one test process: LATEST_XDIST empty).
 # PYTEST_ARGS naming a path (make test PYTEST_ARGS=tests/engine/test_block_pool.py) runs only that path.
 test: lint
 	$(MAKE) --no-print-directory real-model vllm chromium
 ifeq ($(TEST_PATHS),)
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-unit test-notebooks
-	$(MAKE) --no-print-directory test-latest
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-unit test-notebooks-then-latest
 else
 	$(MAKE) --no-print-directory test-unit
 endif
@@ -90,9 +91,10 @@ endif
 # one thread each). It installs nothing but .venv.
 FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/project
 FAST_MARKERS  := not slow and not real_model and not vllm
-XDIST         := -n 2 -p no:cacheprovider
+XDIST         := -n 2
+LATEST_XDIST  := $(XDIST)
 test-fast: $(VENV)/.test
-	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
+	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" -p no:cacheprovider $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
 
 # Today's releases: the fast tier again in .venv-latest, resolved as environment.yml resolves it today
 # (pyproject's ranges, no constraints.txt, from pip's configured index; --upgrade every run, so a release
@@ -110,8 +112,8 @@ $(LATEST_PY):
 test-latest: | $(LATEST_PY)
 	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
 	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
-	@$(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
-	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(XDIST)
+	@printf "today's releases: "; $(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" -p no:cacheprovider $(LATEST_XDIST)
 	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model -p no:cacheprovider
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
@@ -128,6 +130,9 @@ lint: $(VENV)/.test
 test-unit: $(VENV)/.test chromium real-model vllm
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
 	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(PYTEST_ARGS)
+
+test-notebooks-then-latest: test-notebooks
+	$(MAKE) --no-print-directory test-latest LATEST_XDIST=
 
 test-browser: $(VENV)/.test chromium
 	$(PY) -m pytest tests/browser -v

@@ -571,3 +571,31 @@ def test_a_free_blocks_that_loses_blocks_stalls_with_a_note_naming_the_learners_
     assert names[1:] == ["generate"], names  # this test's call, then generate: none of the scheduler's frames
     # The reference engine serves the same prompts: the part, not the workload, stalled it.
     assert len(learner_engine(parts={}, **dict(_engine_args(), num_blocks=8)).generate(PROMPTS, GREEDY)) == 4
+
+
+def test_a_part_kept_when_the_kernels_were_imported_as_kernels_still_loads_and_says_what_changed(
+    tmp_path, monkeypatch, capsys
+):
+    """Parts kept before the rename say `import kernels` (now Hugging Face's package): loading one
+    rewrites those imports to mini_vllm.kernels, says so in one line, and the part works."""
+    from mini_vllm.course import parts as parts_module
+
+    monkeypatch.setenv("MINI_VLLM_PARTS", str(tmp_path))
+    old = (
+        '"""Your part: paged_decode, kept when its check passed."""\n\n'
+        "import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)\n"
+        "import kernels.reference as reference\n"
+        "from kernels.reference import paged_attention\n\n"
+        "def paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None):\n"
+        "    assert reference.paged_attention is paged_attention\n"
+        "    return kernels.__name__\n"
+    )
+    (tmp_path / "paged_decode.py").write_text(old)
+    paged_decode = parts_module.load_part("paged_decode")
+    assert paged_decode(None, None, None, None, 0) == "mini_vllm.kernels"
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "imported as mini_vllm.kernels now" in out, out
+    updated = (tmp_path / "paged_decode.py").read_text()
+    assert "import kernels" not in updated.replace("mini_vllm import kernels", "")
+    parts_module.load_part("paged_decode")  # the second time there is nothing left to say
+    assert capsys.readouterr().out == ""
