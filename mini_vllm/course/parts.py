@@ -384,7 +384,9 @@ def load_part(key: str) -> Any:
 
 
 # A part kept before the course's kernels were renamed says `import kernels` (now Hugging Face's package).
-_OLD_KERNELS_IMPORT = re.compile(r"^(\s*)(?:import kernels(?!\w)(\.[\w.]+)?( as \w+)?|from kernels(?=[. ]))", re.MULTILINE)
+_OLD_KERNELS_IMPORT = re.compile(
+    r"^(\s*)(?:import kernels(?!\w)(\.[\w.]+)?( as \w+)?|from kernels(?=[. ]))", re.MULTILINE
+)
 
 
 def _new_kernels_import(match: re.Match) -> str:

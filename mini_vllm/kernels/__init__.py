@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -61,6 +62,7 @@ def _prepare_triton() -> bool:
     """Choose compiled or interpreted kernels, then report whether Triton imports."""
     if importlib.util.find_spec("triton") is None:
         return False
+    imported_before = "triton" in sys.modules
     if not torch.cuda.is_available():
         # No GPU to compile for: interpret. setdefault keeps an explicit choice.
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -68,7 +70,32 @@ def _prepare_triton() -> bool:
         import triton  # noqa: F401  (imported for its side effect of being checked)
     except ImportError:
         return False
+    if imported_before:
+        _interpret_triton_language()
     return True
+
+
+def _interpret_triton_language() -> None:
+    """Make Triton's own ``@triton.jit`` helpers (``tl.zeros``, ``tl.max``, ...) interpretable.
+
+    Triton decides compiled or interpreted when a function is decorated, and it
+    decorates its standard library when it is first imported. PyTorch imports
+    Triton on its own (building any ``nn.Module`` loads ``torch._dynamo``), so an
+    engine on the torch backend, made before this package is imported, leaves
+    ``tl.zeros`` compiled-only: a kernel run in the interpreter then fails with
+    "Cannot call @triton.jit'd outside of the scope of a kernel". When we
+    interpret, each such helper is wrapped as Triton itself would have wrapped it.
+    """
+    if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "yes", "on"):
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if name == "triton.language" or name.startswith("triton.language."):
+            for attribute, value in list(vars(module).items()):
+                if type(value) is JITFunction:
+                    setattr(module, attribute, InterpretedFunction(value.fn))
 
 
 TRITON_AVAILABLE: bool = _prepare_triton()

@@ -100,3 +100,26 @@ def test_the_kernels_folder_is_no_top_level_package():
     )
     # Either Hugging Face's package (a file in site-packages) or, without it, a namespace (no file).
     assert result.stdout.strip() == "None" or "site-packages" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_engine_made_before_the_kernels_are_imported_leaves_them_working():
+    """Building any torch model imports Triton (through torch._dynamo) before mini_vllm.kernels
+    chooses the interpreter; a Triton engine made after a torch one must still run (it failed with
+    "Cannot call @triton.jit'd outside of the scope of a kernel")."""
+    result = run_python(
+        """
+        import os, sys
+        os.environ.pop("TRITON_INTERPRET", None)
+        from mini_vllm import LLM, SamplingParams
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        tokens = {}
+        for backend in ("torch", "triton"):
+            llm = LLM(device="cpu", attention_backend=backend)
+            assert backend != "torch" or "triton" in sys.modules  # the order this test is about
+            out = llm.generate(["A paged cache"], params)[0].outputs[0]
+            tokens[backend] = (out.token_ids, out.finish_reason)
+        assert tokens["torch"] == tokens["triton"], tokens
+        print("OK")
+        """
+    )
+    assert result.returncode == 0 and "OK" in result.stdout, result.stdout + result.stderr[-3000:]
