@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 # The KV-cache events live with the engine's other events; the pool records them.
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from .hashing import BlockHash
+from .validation import check_positive_int
 
 NULL_BLOCK_ID = -1  # the null block's id: a placeholder in sliding-window tables, never in the pool
 
@@ -404,8 +405,7 @@ class BlockPool:
         free_blocks: Callable[[BlockPool, Iterable[KVCacheBlock]], None] | None = None,
         cached_block_hash_to_block: BlockHashToBlockMap | None = None,
     ):
-        if not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        check_positive_int("num_blocks", num_blocks)
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]

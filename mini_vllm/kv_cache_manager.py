@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from .block_pool import BlockPool, BlockPoolSnapshot, KVCacheBlock, KVCacheEvent
 from .config import DEFAULT_BLOCK_SIZE, check_block_size
+from .validation import check_positive_int
 from .hashing import BlockHash
 from .kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from .request import Request
@@ -176,8 +177,7 @@ class KVCacheManager:
         find_sliding_window_cache_hit: Callable[..., list[KVCacheBlock]] = find_sliding_window_cache_hit,
     ) -> None:
         check_block_size(block_size)
-        if not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        check_positive_int("num_blocks", num_blocks)
         if kv_cache_config is None:  # one full-attention group (its layers: all of them)
             kv_cache_config = KVCacheConfig(num_blocks, (KVCacheGroupSpec((), FullAttentionSpec(block_size)),))
         elif kv_cache_config.num_blocks != num_blocks or kv_cache_config.block_size != block_size:

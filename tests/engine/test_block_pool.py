@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from known_mistakes import free_one_at_a_time
@@ -89,12 +91,6 @@ def test_pool_block_ids_run_from_zero_without_a_null_block():
     assert ids(pool.blocks) == list(range(8))
     assert pool.get_num_free_blocks() == 8
     assert ids(pool.get_new_blocks(2)) == [0, 1]
-
-
-@pytest.mark.parametrize("bad", [0, -1, 2.5])
-def test_pool_rejects_non_positive_sizes(bad):
-    with pytest.raises(ValueError, match="num_blocks"):
-        BlockPool(bad)
 
 
 def test_get_new_blocks_sets_ref_cnt_and_raises_when_short():
@@ -272,3 +268,22 @@ def test_reset_records_all_blocks_cleared():
     pool = BlockPool(2, enable_kv_cache_events=True)
     assert pool.reset_prefix_cache() is True
     assert pool.take_events() == [AllBlocksCleared()]
+
+
+@pytest.mark.parametrize(
+    "num_blocks, error, message",
+    [
+        (0, ValueError, "num_blocks must be a positive integer, got 0"),
+        (-3, ValueError, "num_blocks must be a positive integer, got -3"),
+        (2.5, TypeError, "num_blocks must be a positive integer, got float 2.5"),
+        (True, TypeError, "num_blocks must be a positive integer, got bool True"),
+    ],
+)
+def test_a_pool_and_a_manager_refuse_a_num_blocks_that_is_not_a_positive_integer(num_blocks, error, message):
+    """One check for both (mini_vllm/validation.py), the same words as the engine's settings."""
+    from mini_vllm.kv_cache_manager import KVCacheManager
+
+    with pytest.raises(error, match=re.escape(message)):
+        BlockPool(num_blocks)
+    with pytest.raises(error, match=re.escape(message)):
+        KVCacheManager(num_blocks=num_blocks, block_size=4)
