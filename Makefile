@@ -20,7 +20,7 @@ TEST_ENV      := OMP_NUM_THREADS=1
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-latest-notebooks test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -28,6 +28,7 @@ help:
 	@echo "make lint           ruff check + ruff format --check over every Python file (part of make test)"
 	@echo "make test-fast      the contributor's loop (about 3 minutes): engine, kernels, course, server, project; no vLLM, Chromium or real model"
 	@echo "make test-latest    make test-fast in .venv-latest, resolved without constraints.txt (today's releases, as environment.yml)"
+	@echo "make test-latest-notebooks  strict nbval on every chapter and solution in .venv-latest (after make test-latest)"
 	@echo "make test-unit      only the pytest suite under tests/ (PYTEST_ARGS=tests/engine: only that path)"
 	@echo "make test-notebooks strict nbval on notebooks/ and solutions/"
 	@echo "make test-browser   the real-browser widget test (headless Chromium)"
@@ -130,6 +131,13 @@ lint: $(VENV)/.test
 test-unit: $(VENV)/.test chromium real-model vllm
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
 	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(PYTEST_ARGS)
+
+# Every chapter and solution under strict nbval in .venv-latest (today's releases; run make test-latest
+# first): what a conda user gets from environment.yml today. Not part of make test (about 7 more minutes).
+test-latest-notebooks: | $(LATEST_PY)
+	parts=$$(mktemp -d) && trap 'rm -rf "$$parts"' EXIT && \
+	  MINI_VLLM_PARTS=$$parts $(TEST_ENV) $(LATEST_PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS)
 
 test-notebooks-then-latest: test-notebooks
 	$(MAKE) --no-print-directory test-latest LATEST_XDIST=
