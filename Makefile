@@ -94,6 +94,9 @@ FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/proj
 FAST_MARKERS  := not slow and not real_model and not vllm
 XDIST         := -n 2
 LATEST_XDIST  := $(XDIST)
+# The unit suite in two processes, a test file each at a time (module fixtures start vLLM or a server once):
+# beside the notebooks half of make test, so that neither core waits for the other half to end.
+UNIT_XDIST    := -n 2 --dist loadfile
 test-fast: $(VENV)/.test
 	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" -p no:cacheprovider $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
 
@@ -130,7 +133,7 @@ lint: $(VENV)/.test
 # offline, that test skips with the reason; under CI (CI=true) a failed fetch fails the run.
 test-unit: $(VENV)/.test chromium real-model vllm
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
-	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(UNIT_XDIST) $(PYTEST_ARGS)
 
 # Every chapter and solution under strict nbval in .venv-latest (today's releases; run make test-latest
 # first): what a conda user gets from environment.yml today. Not part of make test (about 7 more minutes).
