@@ -16,6 +16,8 @@ TEST_PATHS    := $(filter tests%,$(PYTEST_ARGS))
 # would otherwise oversubscribe them (up to 45x slower). `make bench` runs with it
 # too, so its results are one-thread numbers.
 TEST_ENV      := OMP_NUM_THREADS=1
+# pytest writes no .pytest_cache into the checkout
+NO_CACHE      := -p no:cacheprovider
 
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
@@ -98,7 +100,7 @@ LATEST_XDIST  := $(XDIST)
 # beside the notebooks half of make test, so that neither core waits for the other half to end.
 UNIT_XDIST    := -n 2 --dist loadfile
 test-fast: $(VENV)/.test
-	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" -p no:cacheprovider $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
+	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(NO_CACHE) $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
 
 # Today's releases: the fast tier again in .venv-latest, resolved as environment.yml resolves it today
 # (pyproject's ranges, no constraints.txt, from pip's configured index; --upgrade every run, so a release
@@ -117,8 +119,8 @@ test-latest: | $(LATEST_PY)
 	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
 	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
 	@printf "today's releases: "; $(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
-	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" -p no:cacheprovider $(LATEST_XDIST)
-	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model -p no:cacheprovider
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(LATEST_XDIST)
+	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model $(NO_CACHE)
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
 # and the formatter's check over every Python file; `ruff format .` fixes what the second one reports.
@@ -138,9 +140,7 @@ test-unit: $(VENV)/.test chromium real-model vllm
 # Every chapter and solution under strict nbval in .venv-latest (today's releases; run make test-latest
 # first): what a conda user gets from environment.yml today. Not part of make test (about 7 more minutes).
 test-latest-notebooks: | $(LATEST_PY)
-	parts=$$(mktemp -d) && trap 'rm -rf "$$parts"' EXIT && \
-	  MINI_VLLM_PARTS=$$parts $(TEST_ENV) $(LATEST_PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS)
+	$(call strict_nbval,$(LATEST_PY))
 
 test-notebooks-then-latest: test-notebooks
 	$(MAKE) --no-print-directory test-latest LATEST_XDIST=
@@ -198,15 +198,18 @@ grade: $(VENV)/.course
 	@test -n "$(DIR)" || (echo "usage: make grade DIR=folder-of-learners" && exit 2)
 	$(TEST_ENV) $(PY) -m mini_vllm grade "$(DIR)"
 
+# $(call strict_nbval,PYTHON): every chapter and solution under strict nbval with that interpreter. The
+# parts the solutions keep (MINI_VLLM_PARTS) go to a fresh folder, never to my-course/.
+define strict_nbval
+parts=$$(mktemp -d) && trap 'rm -rf "$$parts"' EXIT && \
+  MINI_VLLM_PARTS=$$parts $(TEST_ENV) $(1) -m pytest --nbval $(NO_CACHE) --nbval-sanitize-with tests/nbval_sanitize.cfg \
+    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS)
+endef
+
 # Strict nbval: every committed output must be what the code produces now
-# (tests/nbval_sanitize.cfg masks addresses and timings only). The parts the
-# solutions keep (MINI_VLLM_PARTS) go to a fresh folder, never to my-course/.
+# (tests/nbval_sanitize.cfg masks addresses and timings only).
 test-notebooks: $(VENV)/.test real-model
-	@if [ -n "$(NOTEBOOKS)$(SOLUTIONS)" ]; then \
-	  parts=$$(mktemp -d) && trap 'rm -rf "$$parts"' EXIT && \
-	  MINI_VLLM_PARTS=$$parts $(TEST_ENV) $(PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	    --nbval-cell-timeout=900 $(NOTEBOOKS) $(SOLUTIONS); \
-	else echo "no notebooks yet"; fi
+	$(call strict_nbval,$(PY))
 
 exercises: $(VENV)/.test
 	$(PY) -m mini_vllm.course.build exercises

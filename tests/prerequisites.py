@@ -39,6 +39,17 @@ def under_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
+def distribution_installed(name: str) -> bool:
+    """True when the distribution ``name`` (pip's name, not an import name) is installed here."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def reason_for(prerequisite: str, reason: str) -> str:
     """The tagged skip reason: ``[missing prerequisite: vllm] …``."""
     if prerequisite not in PREREQUISITES:

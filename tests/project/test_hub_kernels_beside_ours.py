@@ -27,6 +27,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from prerequisites import distribution_installed, under_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL_MODEL = ROOT / "models" / "SmolLM2-135M-Instruct"
@@ -105,18 +106,12 @@ def run_in(place: str, *snippets: str, model: Path | None = None, script_dir: Pa
 
 
 def hub_installed() -> bool:
-    import importlib.metadata
-
-    try:
-        importlib.metadata.distribution("kernels")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return True
+    return distribution_installed("kernels")
 
 
 # The test extra installs it (make test, make test-fast); without it these tests prove nothing.
 pytestmark = pytest.mark.skipif(
-    not hub_installed() and os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+    not hub_installed() and not under_ci(),
     reason="Hugging Face's kernels is not installed: pip install -e '.[test]' (make test-fast does)",
 )
 
