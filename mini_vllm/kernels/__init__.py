@@ -58,6 +58,11 @@ else:  # a wheel: setup.py copied the folder's files here
 from . import reference  # noqa: E402
 
 
+def _interpreting() -> bool:
+    """True when ``TRITON_INTERPRET`` asks Triton to interpret its kernels (Triton reads it the same way)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
 def _prepare_triton() -> bool:
     """Choose compiled or interpreted kernels, then report whether Triton imports."""
     if importlib.util.find_spec("triton") is None:
@@ -86,7 +91,7 @@ def _interpret_triton_language() -> None:
     "Cannot call @triton.jit'd outside of the scope of a kernel". When we
     interpret, each such helper is wrapped as Triton itself would have wrapped it.
     """
-    if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "yes", "on"):
+    if not _interpreting():
         return
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
@@ -101,12 +106,7 @@ def _interpret_triton_language() -> None:
 TRITON_AVAILABLE: bool = _prepare_triton()
 """True when Triton is installed and importable (compiled or interpreted)."""
 
-TRITON_INTERPRETED: bool = TRITON_AVAILABLE and os.environ.get("TRITON_INTERPRET", "0").lower() in (
-    "1",
-    "true",
-    "yes",
-    "on",
-)
+TRITON_INTERPRETED: bool = TRITON_AVAILABLE and _interpreting()
 """True when the kernels run in Triton's interpreter rather than compiled for a GPU."""
 
 UNAVAILABLE_MESSAGE = (
