@@ -18,6 +18,7 @@ machines this runs on are often shared with other work.
 6. roofline        one request's decode step against reading every weight once
 7. vs_vllm         real vLLM (``make vllm``) on the same token ids: TTFT cold / warm, throughput,
                    and each engine's own cost of caching (warm / fresh)
+   hybrid          1 on the hybrid model (sliding-window and full layers, chapter 08b); by name only
 
 ``main`` runs 1-5 on the bundled model (or ``--model``), and 6-7 plus a small
 shared-prefix run on SmolLM2-135M too when ``make real-model`` has installed it;
@@ -27,6 +28,9 @@ From Python (chapter 10 runs a tiny version live)::
 
     from mini_vllm.tools.bench import BenchSettings, run_benchmarks, format_table
     results = run_benchmarks(BenchSettings.tiny(), ["shared_prefix", "block_manager"])
+
+    from mini_vllm.course import learner_engine    # the same, on the learner's parts
+    yours = run_benchmarks(BenchSettings.tiny(), ["shared_prefix", "hybrid"], engine=learner_engine)
 
 One module per job: ``settings`` (sizes), ``engines`` (the engine factory, the
 device), ``workloads`` (the prompts), the runners ``prefix_caching`` (1-3),
@@ -46,7 +50,7 @@ from .block_manager import (
 )
 from .cli import RESULTS_DIR, main
 from .engines import EngineFactory, _llm, cpu_description, fastest_attention_backend, model_name
-from .prefix_caching import bench_multi_turn, bench_no_sharing, bench_shared_prefix, prefill_flops
+from .prefix_caching import bench_hybrid, bench_multi_turn, bench_no_sharing, bench_shared_prefix, prefill_flops
 from .report import (
     format_table,
     plot_hit_rate_per_turn,
@@ -60,7 +64,7 @@ from .report import (
 from .roofline import bench_roofline, measure_memory_bandwidth, weight_bytes
 from .serving import bench_serving_http
 from .settings import BenchSettings, Progress, no_progress
-from .suite import BENCHMARKS, run_benchmarks
+from .suite import BENCHMARKS, RUNNERS, run_benchmarks
 from .vs_transformers import bench_vs_transformers
 from .vs_vllm import VLLM_COMPARABLE, VLLM_DEFAULT, _fresh_matches_warm, bench_vs_vllm, vs_vllm_figures
 from .workloads import TTFT_CALLS, VS_VLLM_BLOCK_SIZE, VS_VLLM_NUM_BLOCKS, _vs_vllm_workloads
@@ -68,6 +72,7 @@ from .workloads import TTFT_CALLS, VS_VLLM_BLOCK_SIZE, VS_VLLM_NUM_BLOCKS, _vs_v
 __all__ = [
     "BENCHMARKS",
     "RESULTS_DIR",
+    "RUNNERS",
     "TTFT_CALLS",
     "VLLM_BLOCK_MANAGER_SCRIPT",
     "VLLM_COMPARABLE",
@@ -82,6 +87,7 @@ __all__ = [
     "_llm",
     "_vs_vllm_workloads",
     "bench_block_manager",
+    "bench_hybrid",
     "bench_multi_turn",
     "bench_no_sharing",
     "bench_roofline",

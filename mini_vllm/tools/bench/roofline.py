@@ -13,7 +13,7 @@ import torch
 
 from ...llm import LLM
 from ...sampling_params import SamplingParams
-from .engines import _llm, _warm_up
+from .engines import EngineFactory, _llm, _warm_up
 from .settings import Progress, no_progress
 from .workloads import _random_prompt
 
@@ -53,7 +53,7 @@ def weight_bytes(llm: LLM) -> int:
     return total
 
 
-def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = None) -> dict:
+def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = None, engine: EngineFactory = LLM) -> dict:
     """One request's decode step (median over its steps and rounds) against the memory floor.
 
     A decode step of one sequence must read every weight at least once (the
@@ -65,7 +65,7 @@ def bench_roofline(args, progress: Progress = no_progress, llm: LLM | None = Non
     the median of the rounds' own ratios: a host whose speed drifts during the run
     moves both sides of a round's ratio together.
     """
-    llm = llm or _llm(args)
+    llm = llm or _llm(args, engine)
     _warm_up(llm)
     vocab_size = llm.llm_engine.model_config.vocab_size
     num_bytes = weight_bytes(llm)

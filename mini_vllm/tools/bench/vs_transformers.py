@@ -11,20 +11,21 @@ import time
 
 import torch
 
+from ...llm import LLM
 from ...model import default_model_path
 from ...sampling_params import SamplingParams
-from .engines import _llm, _warm_up
+from .engines import EngineFactory, _llm, _warm_up
 from .settings import Progress, _spread, no_progress
 from .workloads import _chat_ids, _prompt_data
 
 
-def bench_vs_transformers(args, progress: Progress = no_progress) -> dict:
+def bench_vs_transformers(args, progress: Progress = no_progress, engine: EngineFactory = LLM) -> dict:
     from transformers import AutoModelForCausalLM
 
     data = _prompt_data()
     system = data["system_prompts"][0]
     users = [data["user_requests"][i % len(data["user_requests"])] for i in range(args.num_requests)]
-    llm = _llm(args)
+    llm = _llm(args, engine)
     device = llm.llm_engine.device
     prompts = [_chat_ids(llm, system, u) for u in users]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)

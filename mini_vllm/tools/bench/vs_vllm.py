@@ -11,8 +11,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from ...llm import LLM
 from ...model import default_model_path
-from .engines import _llm
+from .engines import EngineFactory, _llm
 from .settings import Progress, no_progress
 from .workloads import TTFT_CALLS, VS_VLLM_BLOCK_SIZE, VS_VLLM_NUM_BLOCKS, _vs_vllm_workloads
 
@@ -59,7 +60,7 @@ def vs_vllm_figures(results: list[dict]) -> dict[str, float]:
     }
 
 
-def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
+def bench_vs_vllm(args, progress: Progress = no_progress, engine: EngineFactory = LLM) -> dict:
     """mini-vLLM and real vLLM (``make vllm``): the same token ids, model, dtype (float32),
     block size, pool size and compute threads; TTFT cold, warm and fresh, and batch throughput.
 
@@ -77,7 +78,7 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
     if vllm_python() is None:
         return {"skipped": vllm_missing_reason()}
     threads = args.vs_vllm_threads
-    llm = _llm(args)
+    llm = _llm(args, engine)
     model_path = str(Path(args.model).expanduser().resolve()) if args.model else default_model_path()
     workloads = _vs_vllm_workloads(llm, args.vs_vllm_rounds, args.vs_vllm_max_tokens)
     ours, theirs, theirs_default = [], [], []
@@ -94,7 +95,12 @@ def bench_vs_vllm(args, progress: Progress = no_progress) -> dict:
         for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
             if side == "mini":
                 ours += run_mini(
-                    model_path, engines, dtype="float32", threads=threads, attention_backend=args.attention_backend
+                    model_path,
+                    engines,
+                    dtype="float32",
+                    threads=threads,
+                    attention_backend=args.attention_backend,
+                    engine=engine,
                 )[0]["workloads"]
             else:
                 configuration = "default" if side == "vllm_default" else "comparable"

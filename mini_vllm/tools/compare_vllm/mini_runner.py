@@ -9,9 +9,14 @@ vLLM's side reads ``vllm:prefix_cache_queries`` / ``_hits``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..vllm_side.run_vllm import call_prompts, resolve_prompt
 from .workloads import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, engine_max_model_len
+
+if TYPE_CHECKING:  # torch and the engine load only when mini-vLLM runs
+    from ...llm import LLM
 
 _resolve_prompt = resolve_prompt  # the rule for a chat turn: one definition, shared with vLLM's side
 
@@ -72,18 +77,22 @@ def run_mini(
     dtype: str = "float32",
     threads: int = 1,
     attention_backend: str = "auto",
+    engine: Callable[..., LLM] | None = None,
 ) -> list[dict]:
-    """mini-vLLM's side: one ``LLM`` per engine spec (``block_size``, ``num_blocks``, ``workloads``)."""
+    """mini-vLLM's side: one engine per spec (``block_size``, ``num_blocks``, ``workloads``), built by
+    ``engine``: ``LLM`` (None), or anything called like it (``mini_vllm.course.learner_engine``)."""
     import torch
 
     from ...llm import LLM
+
+    engine = engine or LLM
 
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         results = []
         for spec in engines:
-            llm = LLM(
+            llm = engine(
                 model_path,
                 device="cpu",
                 dtype=dtype,
