@@ -163,6 +163,24 @@ def bench_hybrid(args, progress: Progress = no_progress, engine: EngineFactory =
     return bench_shared_prefix(dataclasses.replace(args, model=hybrid_model_path()), progress, engine)
 
 
+def prefill_flops(config, num_new: int, num_cached: int) -> int:
+    """Multiply-add FLOPs (2 per multiply-add) of a prefill of ``num_new`` tokens after ``num_cached``
+    cached ones, up to the first token's logits: the projections for every new token, the
+    two attention matmuls (scores, then weighted values) over every key each query sees,
+    and the output projection for the last token only. A sliding-window layer's query sees
+    at most its window's keys."""
+    d, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
+    h, inter = config.hidden_size, config.intermediate_size
+    params_per_layer = h * (hq + 2 * hkv) * d + hq * d * h + 3 * h * inter  # qkv, o, gate + up + down
+    positions = range(num_cached, num_cached + num_new)
+    total = 2 * h * config.vocab_size
+    for window in config.layer_sliding_windows:  # None: full attention
+        # The query at position p sees keys p - W + 1 .. p in a window of W, all p + 1 without one.
+        keys_seen = sum(p + 1 if window is None else min(window, p + 1) for p in positions)
+        total += 2 * num_new * params_per_layer + 2 * 2 * hq * d * keys_seen
+    return total
+
+
 # -- 2. no sharing ------------------------------------------------------------------
 def bench_no_sharing(args, progress: Progress = no_progress, engine: EngineFactory = LLM) -> dict:
     """The same random prompts (no shared prefix) through an engine with caching on and off.
@@ -232,21 +250,3 @@ def bench_multi_turn(args, progress: Progress = no_progress, engine: EngineFacto
         "hit_rate_timestamped": statistics.mean(per_turn["timestamped"][1:]),
         "_per_turn": per_turn,
     }
-
-
-def prefill_flops(config, num_new: int, num_cached: int) -> int:
-    """Multiply-add FLOPs (2 per multiply-add) of a prefill of ``num_new`` tokens after ``num_cached``
-    cached ones, up to the first token's logits: the projections for every new token, the
-    two attention matmuls (scores, then weighted values) over every key each query sees,
-    and the output projection for the last token only. A sliding-window layer's query sees
-    at most its window's keys."""
-    d, hq, hkv = config.head_dim, config.num_heads, config.num_kv_heads
-    h, inter = config.hidden_size, config.intermediate_size
-    params_per_layer = h * (hq + 2 * hkv) * d + hq * d * h + 3 * h * inter  # qkv, o, gate + up + down
-    positions = range(num_cached, num_cached + num_new)
-    total = 2 * h * config.vocab_size
-    for window in config.layer_sliding_windows:  # None: full attention
-        # The query at position p sees keys p - W + 1 .. p in a window of W, all p + 1 without one.
-        keys_seen = sum(p + 1 if window is None else min(window, p + 1) for p in positions)
-        total += 2 * num_new * params_per_layer + 2 * 2 * hq * d * keys_seen
-    return total
