@@ -9,7 +9,10 @@ loads those blocks back instead of recomputing them.
   events with their medium) and the calls a scheduler makes on a tier
   (``OffloadingManager``);
 * ``cpu_manager.py``: the CPU tier's bookkeeping (``CPUOffloadingManager``);
-* ``cache_policy.py``, ``lru.py``, ``arc.py``: its eviction policies.
+* ``cache_policy.py``, ``lru.py``, ``arc.py``: its eviction policies;
+* ``connector.py``: the tier in the engine (``OffloadingConnector``): the
+  lookup past the pool's hit at admission, the loads before the forward
+  pass, the stores after it (``LLM(kv_offloading_size=...)``).
 
 vLLM equivalent: ``vllm/v1/kv_offload/`` (vLLM 0.33), driven there by the
 ``OffloadingConnector``.
