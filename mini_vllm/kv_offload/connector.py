@@ -137,8 +137,11 @@ class OffloadingConnector:
 
     def request_finished(self, request: Request) -> None:
         state = self.requests.pop(request.request_id, None)
-        if state is not None:
-            self.manager.on_request_finished(state.context)
+        if state is None:
+            return
+        if state.load_keys:  # finished before its step ran: its chunks must not stay pinned
+            self.manager.complete_load(state.load_keys, state.context)
+        self.manager.on_request_finished(state.context)
 
     def take_events(self) -> list[OffloadingEvent]:
         return self.manager.take_events()

@@ -19,6 +19,7 @@ import pytest
 from mini_vllm import LLM, SamplingParams
 from mini_vllm.config import EngineConfig
 from mini_vllm.kv_offload import make_offload_key
+from mini_vllm.model import hybrid_model_path
 from mini_vllm.request import Request
 
 PREFIX, SUFFIX, NUM_PREFIXES = 64, 5, 6
@@ -114,6 +115,23 @@ def test_the_tier_looks_up_along_the_hash_chain_past_the_pools_hit():
 def test_bad_offloading_settings_are_refused_by_name(settings, message):
     with pytest.raises((ValueError, TypeError), match=message):
         EngineConfig(**settings)
+
+
+def test_a_request_finished_before_its_load_unpins_its_chunks():
+    llm = make_llm(kv_offloading_size=0.01)
+    engine = llm.llm_engine
+    two_rounds(llm)  # every prefix in the tier, none in the pool
+    engine.add_request("early", PROMPTS[0], GREEDY)
+    engine.scheduler.schedule()  # admitted: its 4 tier blocks pinned, not loaded yet
+    connector = engine.scheduler.connector
+    assert sorted(ref_cnt for _, ref_cnt in connector.manager.resident().values())[-4:] == [1] * 4
+    engine.abort_request("early")
+    assert all(ref_cnt == 0 for _, ref_cnt in connector.manager.resident().values())
+
+
+def test_a_hybrid_model_is_refused_a_tier():
+    with pytest.raises(ValueError, match="one KV-cache group, not a hybrid model"):
+        LLM(hybrid_model_path(), num_blocks=12, device="cpu", kv_offloading_size=0.01)
 
 
 def test_a_tier_too_small_for_one_block_is_refused():
