@@ -302,10 +302,13 @@ class Scheduler:
                     request, num_new_local_computed_tokens
                 )
             num_computed_tokens = num_new_local_computed_tokens + num_external_computed_tokens
+            # A prompt loaded whole from the tier computes its last token again: its logits give the first output.
+            first_new_token = min(num_computed_tokens, request.num_tokens - 1)
             # Chunked prefill: a prompt longer than the budget gets only its first part now.
-            num_new_tokens = min(request.num_tokens - num_computed_tokens, token_budget)
+            num_new_tokens = min(request.num_tokens - first_new_token, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(  # the tier's hits get new blocks, to load into
-                request, num_external_computed_tokens + num_new_tokens, num_new_local_computed_tokens, new_computed_blocks
+                request, first_new_token - num_new_local_computed_tokens + num_new_tokens,
+                num_new_local_computed_tokens, new_computed_blocks,
             )
             if new_blocks is None:
                 break  # not enough free blocks: keep FIFO order, try again next step
@@ -325,7 +328,7 @@ class Scheduler:
                 block_ids = self.kv_cache_manager.block_ids_of(new_computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self.schedule_request(request, num_computed_tokens, num_new_tokens, output)
+            self.schedule_request(request, first_new_token, num_new_tokens, output)
             token_budget -= num_new_tokens
         return token_budget
 

@@ -37,9 +37,13 @@ queried and the tier's tokens are hits.
 vLLM equivalent: ``vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py``
 and its ``offloading/scheduler.py`` and ``offloading/worker.py``, with the
 ``CPUOffloadingSpec`` of ``vllm/v1/kv_offload/cpu/``. One KV-cache group only
-(a hybrid model's tier is not built here), one block per chunk, and a
-lookup that stops before the block of the prompt's last token, as the pool's
-does (``get_computed_blocks``), so that token is always computed.
+(a hybrid model's tier is not built here) and one block per chunk.
+
+Unlike the pool's lookup, which stops before the block of the prompt's last
+token (``get_computed_blocks``), the tier's goes on to the last full block,
+as vLLM's does: a prompt the tier holds whole is loaded whole, counted as
+cached whole, and its last token is computed again (the scheduler starts
+the step there), since its logits give the first output token.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..kv_cache_manager import PrefixCacheStats
-from ..single_type_kv_cache_manager import max_cache_hit_blocks
 from .base import LookupResult, OffloadingEvent, OffloadKey, ReqContext, make_offload_key
 from .cpu_manager import CPUOffloadingManager
 
@@ -105,7 +108,7 @@ class OffloadingConnector:
         """How many tokens after the pool's ``num_computed_tokens`` the tier holds, in whole blocks."""
         state = self._state(request)
         first = num_computed_tokens // self.block_size
-        last = max_cache_hit_blocks(request.num_tokens, self.block_size)
+        last = request.num_tokens // self.block_size  # every full block, the last token's too (vLLM's lookup)
         keys = self._keys(request, first, last)
         for index, key in enumerate(keys, start=first):  # the scheduler records each key's end position
             state.context.set_offload_key_position(key, (index + 1) * self.block_size)

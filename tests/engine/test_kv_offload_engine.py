@@ -65,6 +65,19 @@ def test_prefixes_evicted_from_the_pool_come_back_from_the_tier(without_tier):
     assert all(ref_cnt == 0 for _, ref_cnt in resident.values())  # every load done, every store complete
 
 
+def test_a_prompt_the_tier_holds_whole_is_loaded_whole_and_its_last_token_computed_again():
+    prompts = [prompt[:PREFIX] for prompt in PROMPTS]  # 4 full blocks, nothing after them
+    results = {}
+    for tier in (None, 0.01):
+        llm = make_llm(kv_offloading_size=tier)
+        outputs = [llm.generate([{"prompt_token_ids": p}], GREEDY)[0] for p in prompts + prompts]
+        results[tier] = [(list(o.outputs[0].token_ids), o.num_cached_tokens) for o in outputs]
+    assert [cached for _, cached in results[0.01]] == [0] * 6 + [PREFIX] * 6  # the pool's hit would be 48
+    assert [tokens for tokens, _ in results[0.01]] == [tokens for tokens, _ in results[None]]
+    external = llm.llm_engine.scheduler.make_stats().connector_prefix_cache_stats
+    assert (external.queries, external.hits) == (12 * PREFIX, 6 * PREFIX)
+
+
 def test_a_failed_load_is_recomputed(without_tier, monkeypatch):
     llm = make_llm(kv_offloading_size=0.01)
     connector = llm.llm_engine.scheduler.connector
@@ -94,7 +107,7 @@ def test_the_tier_looks_up_along_the_hash_chain_past_the_pools_hit():
 
     same = probe("same", PROMPTS[0])
     assert set(connector.manager.resident()) == {make_offload_key(h, 0) for h in same.block_hashes[:4]}
-    # From wherever the pool's hit ends, block by block, up to the block of the last prompt token.
+    # From wherever the pool's hit ends, block by block, up to the last full block (4 of the 69 tokens' 5 blocks).
     assert connector.get_num_new_matched_tokens(same, 2 * BLOCK_SIZE) == 2 * BLOCK_SIZE
     assert connector.get_num_new_matched_tokens(same, 0) == PREFIX
     # One token changed in block 1: from there on every hash differs, although blocks 2 and 3 hold the same tokens.
