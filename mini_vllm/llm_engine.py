@@ -339,7 +339,9 @@ class LLMEngine:
         """The CPU tier of ``kv_offloading_size`` GiB: as many chunks of one pool block as fit."""
         config = self.config
         if len(self.kv_cache_config.kv_cache_groups) > 1:
-            raise ValueError("kv_offloading_size: KV-cache offloading is built for one KV-cache group, not a hybrid model")
+            raise ValueError(
+                "kv_offloading_size: KV-cache offloading is built for one KV-cache group, not a hybrid model"
+            )
         bytes_per_block = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
         num_chunks = int(config.kv_offloading_size * 2**30) // bytes_per_block
         if num_chunks < 1:

@@ -307,8 +307,10 @@ class Scheduler:
             # Chunked prefill: a prompt longer than the budget gets only its first part now.
             num_new_tokens = min(request.num_tokens - first_new_token, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(  # the tier's hits get new blocks, to load into
-                request, first_new_token - num_new_local_computed_tokens + num_new_tokens,
-                num_new_local_computed_tokens, new_computed_blocks,
+                request,
+                first_new_token - num_new_local_computed_tokens + num_new_tokens,
+                num_new_local_computed_tokens,
+                new_computed_blocks,
             )
             if new_blocks is None:
                 break  # not enough free blocks: keep FIFO order, try again next step

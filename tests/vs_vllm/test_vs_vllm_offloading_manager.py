@@ -89,7 +89,9 @@ class MiniSide:
         if name == "finish":
             return manager.on_request_finished(context)
         if name == "events":
-            return [[[k.hex() for k in e.keys], e.medium.value, e.removed, e.metadata_only] for e in manager.take_events()]
+            return [
+                [[k.hex() for k in e.keys], e.medium.value, e.removed, e.metadata_only] for e in manager.take_events()
+            ]
         if name == "reset":
             return manager.reset_cache()
         raise ValueError(f"unknown op {name!r}")
