@@ -72,6 +72,12 @@ class EngineConfig:
             ``register_attention_backend``, ``mini_vllm/attention/__init__.py``).
         hash_algo: "sha256" (default) or "xxhash" (fast, not collision-resistant).
         seed: seeds sampling for requests without their own seed.
+        kv_offloading_size: GiB of host memory for a second KV-cache tier below the
+            pool (KV-cache offloading, ``mini_vllm/kv_offload/``): full prompt blocks
+            are copied there and loaded back on a later hit. None: no tier. Not
+            ``--cpu-offload-gb``, which moves model weights.
+        kv_offloading_backend: "native", the CPU tier (vLLM's default; its "lmcache"
+            is not built here).
     """
 
     device: str = "auto"
@@ -86,6 +92,8 @@ class EngineConfig:
     attention_backend: str = "auto"
     hash_algo: str = "sha256"
     seed: int = 0
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
@@ -93,12 +101,17 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None or name not in ("num_blocks", "max_model_len"):  # those two may be None
                 check_positive_int(name, value)
-        gb = self.kv_cache_memory_gb
-        if gb is not None:
-            if isinstance(gb, bool) or not isinstance(gb, (int, float)):
-                raise TypeError(f"kv_cache_memory_gb must be a number or None, got {type(gb).__name__} {gb!r}")
-            if not 0 < gb < math.inf:
-                raise ValueError(f"kv_cache_memory_gb must be positive and finite, got {gb!r}")
+        for name in ("kv_cache_memory_gb", "kv_offloading_size"):
+            gb = getattr(self, name)
+            if gb is not None:
+                if isinstance(gb, bool) or not isinstance(gb, (int, float)):
+                    raise TypeError(f"{name} must be a number or None, got {type(gb).__name__} {gb!r}")
+                if not 0 < gb < math.inf:
+                    raise ValueError(f"{name} must be positive and finite, got {gb!r}")
+        if self.kv_offloading_backend != "native":
+            raise ValueError(
+                f"kv_offloading_backend must be 'native' (the CPU tier), got {self.kv_offloading_backend!r}"
+            )
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

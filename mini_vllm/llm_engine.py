@@ -39,6 +39,8 @@ from .input_processor import (
 from .interrupts import keyboard_interrupts_deferred
 from .kv_cache_interface import make_kv_cache_config, max_blocks_per_request
 from .kv_cache_manager import KVCacheManager, cdiv
+from .kv_offload.connector import OffloadingConnector
+from .kv_offload.cpu_manager import CPUOffloadingManager
 from .model import ModelConfig, default_model_path, load_model
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -290,12 +292,15 @@ class LLMEngine:
             free_request_blocks=parts.free_request_blocks,
             find_sliding_window_cache_hit=parts.find_sliding_window_cache_hit,
         )
+        connector = self._make_offloading_connector() if config.kv_offloading_size is not None else None
+        self.model_runner.kv_connector = connector
         self.scheduler = Scheduler(
             kv_cache_manager,
             config.max_num_seqs,
             config.max_num_batched_tokens,
             self.events,
             schedule_waiting=parts.schedule_waiting,
+            connector=connector,
         )
         self.input_processor = InputProcessor(
             self.tokenizer,
@@ -330,6 +335,24 @@ class LLMEngine:
         return self.scheduler.kv_cache_manager
 
     # -- set-up helpers ---------------------------------------------------------
+    def _make_offloading_connector(self) -> OffloadingConnector:
+        """The CPU tier of ``kv_offloading_size`` GiB: as many chunks of one pool block as fit."""
+        config = self.config
+        if len(self.kv_cache_config.kv_cache_groups) > 1:
+            raise ValueError(
+                "kv_offloading_size: KV-cache offloading is built for one KV-cache group, not a hybrid model"
+            )
+        bytes_per_block = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        num_chunks = int(config.kv_offloading_size * 2**30) // bytes_per_block
+        if num_chunks < 1:
+            raise ValueError(
+                f"kv_offloading_size={config.kv_offloading_size} GiB holds no block of this model "
+                f"({bytes_per_block} bytes): use at least {bytes_per_block / 2**30:.2g}"
+            )
+        connector = OffloadingConnector(CPUOffloadingManager(num_chunks), config.block_size)
+        connector.register_kv_caches(self.model_runner.kv_caches)
+        return connector
+
     def _resolve_dtype(self, name: str) -> torch.dtype:
         if name != "auto":
             return DTYPES[name]

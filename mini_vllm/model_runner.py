@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from .attention import AttentionBackend, AttentionMetadata
 from .kv_cache_interface import KVCacheConfig, SlidingWindowSpec, make_kv_cache_config
 from .model import CausalLM, ModelConfig
 from .scheduler import SchedulerOutput
+
+if TYPE_CHECKING:
+    from .kv_offload.connector import OffloadingConnector
 
 logger = logging.getLogger("mini_vllm")
 
@@ -117,6 +121,9 @@ class ModelRunner:
             for index, layer in enumerate(group.layer_ids or range(self.config.num_layers)):
                 self.kv_caches[layer] = tensors[index]
                 self.layer_group[layer] = group_id
+        # A KV-cache offloading tier (``mini_vllm/kv_offload/connector.py``) that loads into these tensors
+        # before a forward pass and stores from them after it; set by the engine, None without a tier.
+        self.kv_connector: OffloadingConnector | None = None
 
     @property
     def attn_backend(self) -> AttentionBackend:
@@ -184,8 +191,12 @@ class ModelRunner:
         """Run one step; returns float32 logits ``[num_scheduled_requests, vocab]`` on the CPU."""
         if scheduler_output.is_empty:
             return None
+        if self.kv_connector is not None:  # the offloading tier's hits, into their pool blocks
+            self.kv_connector.load_kv(scheduler_output)
         input_ids, positions, metadata, logits_indices = self.prepare_inputs(scheduler_output)
         hidden = self.model(input_ids, positions, self.kv_caches, metadata)
+        if self.kv_connector is not None:  # the prompt blocks just computed, into the tier
+            self.kv_connector.save_kv(scheduler_output)
         return self.model.compute_logits(hidden[logits_indices]).cpu()
 
     def block_statistic(self, layer: int = 0) -> torch.Tensor:

@@ -30,6 +30,7 @@ import types
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .events import (
     BlockRemoved,
@@ -42,6 +43,9 @@ from .events import (
 from .block_pool import KVCacheBlock
 from .kv_cache_manager import KVCacheManager, PrefixCacheStats
 from .request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from .kv_offload.connector import OffloadingConnector
 
 
 def schedule_whole_prompt(kv_cache_manager: KVCacheManager, request: Request) -> int | None:
@@ -80,6 +84,8 @@ class SchedulerStats:
     num_free_blocks: int
     num_evictions: int
     prefix_cache_stats: PrefixCacheStats
+    # The KV-cache offloading tier's hits (vLLM's name; None without a tier): ``OffloadingConnector``.
+    connector_prefix_cache_stats: PrefixCacheStats | None = None
 
 
 @dataclass
@@ -160,6 +166,7 @@ class Scheduler:
         events: EventBus | None = None,
         *,
         schedule_waiting: Callable[[Scheduler, int, SchedulerOutput], int] | None = None,
+        connector: OffloadingConnector | None = None,
     ) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.max_num_seqs = max_num_seqs
@@ -168,6 +175,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.events = events if events is not None else EventBus()
         self.num_preemptions = 0
+        self.connector = connector  # a KV-cache offloading tier below the pool, or None
         if schedule_waiting is not None and schedule_waiting is not type(self).schedule_waiting:
             self.schedule_waiting = types.MethodType(schedule_waiting, self)
 
@@ -275,6 +283,10 @@ class Scheduler:
         it (the course's check does), or ``Scheduler(schedule_waiting=...)``
         give one scheduler another (``EngineParts.schedule_waiting``).
 
+        With a KV-cache offloading tier (``connector``), the lookup goes on past
+        the pool's hit into the tier, along the same hash chain: the tier's
+        tokens get new blocks, loaded before the forward pass, not computed.
+
         Stops at the first request the pool cannot serve (it keeps its place),
         when the budget is spent, or at ``max_num_seqs`` running requests.
         Returns the token budget left.
@@ -283,23 +295,42 @@ class Scheduler:
             request = self.waiting[0]
             # The cached prefix: its blocks and the tokens they hold (vLLM's names).
             new_computed_blocks, num_new_local_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            # Past the pool's hit, the offloading tier's along the same hash chain: loaded, not computed.
+            num_external_computed_tokens = 0
+            if self.connector is not None:
+                num_external_computed_tokens = self.connector.get_num_new_matched_tokens(
+                    request, num_new_local_computed_tokens
+                )
+            num_computed_tokens = num_new_local_computed_tokens + num_external_computed_tokens
+            # A prompt loaded whole from the tier computes its last token again: its logits give the first output.
+            first_new_token = min(num_computed_tokens, request.num_tokens - 1)
             # Chunked prefill: a prompt longer than the budget gets only its first part now.
-            num_new_tokens = min(request.num_tokens - num_new_local_computed_tokens, token_budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, num_new_local_computed_tokens, new_computed_blocks
+            num_new_tokens = min(request.num_tokens - first_new_token, token_budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(  # the tier's hits get new blocks, to load into
+                request,
+                first_new_token - num_new_local_computed_tokens + num_new_tokens,
+                num_new_local_computed_tokens,
+                new_computed_blocks,
             )
             if new_blocks is None:
                 break  # not enough free blocks: keep FIFO order, try again next step
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(
+                    request,
+                    self.kv_cache_manager.get_block_ids(request.request_id),
+                    num_new_local_computed_tokens,
+                    num_external_computed_tokens,
+                )
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             if request.num_cached_tokens < 0:  # its first admission; a re-admission keeps the first value
-                request.num_cached_tokens = num_new_local_computed_tokens
+                request.num_cached_tokens = num_computed_tokens
             if self.events.active:
                 block_ids = self.kv_cache_manager.block_ids_of(new_computed_blocks)
                 self.events.emit(ComputedBlocksFound(request.request_id, block_ids, num_new_local_computed_tokens))
                 self._emit_allocation(request, new_blocks)
-            self.schedule_request(request, num_new_local_computed_tokens, num_new_tokens, output)
+            self.schedule_request(request, first_new_token, num_new_tokens, output)
             token_budget -= num_new_tokens
         return token_budget
 
@@ -403,6 +434,8 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self._free_blocks(request)
+        if self.connector is not None:
+            self.connector.request_finished(request)
 
     def _free_blocks(self, request: Request) -> None:
         if self.events.active:
@@ -464,4 +497,5 @@ class Scheduler:
             num_free_blocks=manager.get_num_free_blocks(),
             num_evictions=manager.num_evictions,
             prefix_cache_stats=copy.copy(manager.prefix_cache_stats),
+            connector_prefix_cache_stats=copy.copy(self.connector.prefix_cache_stats) if self.connector else None,
         )

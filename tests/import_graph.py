@@ -42,6 +42,7 @@ ENGINE = (
     "mini_vllm/kv_cache_interface.py",
     "mini_vllm/single_type_kv_cache_manager.py",
     "mini_vllm/parallel_sampling.py",
+    "mini_vllm/kv_offload/",  # the second tier below the pool (KV-cache offloading)
 )
 
 # What is built on the engine, each in its own package beside it (ARCHITECTURE.md, "Layout").

@@ -232,14 +232,14 @@ def release_source(version: str, ci: bool, root: Path = ROOT) -> Path:
 
 
 class DriverRun:
-    """The driver, started on every workload (default: ``WORKLOADS``) by .venv-vllm's Python; ``result()`` waits.
+    """The driver (default: ``DRIVER``), started on every workload (default: ``WORKLOADS``) by .venv-vllm's Python.
 
-    On ``pythonpath``'s vLLM if given, else on the one installed there. Its
+    ``result()`` waits for it. On ``pythonpath``'s vLLM if given, else on the one installed there. Its
     input and output go through temporary files, so that several runs (one
     per release) can go on at once without filling a pipe.
     """
 
-    def __init__(self, pythonpath: Path | None, workloads: list[dict] | None = None) -> None:
+    def __init__(self, pythonpath: Path | None, workloads: list[dict] | None = None, driver: Path = DRIVER) -> None:
         # PYTHONHASHSEED, if set, passes through: both sides derive NONE_HASH from it the same way.
         env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "OMP_NUM_THREADS": "1"}
         env.pop("PYTHONPATH", None)
@@ -249,7 +249,7 @@ class DriverRun:
         json.dump({"workloads": WORKLOADS if workloads is None else workloads}, self.stdin)
         self.stdin.seek(0)
         self.process = subprocess.Popen(
-            [str(VLLM_PYTHON), str(DRIVER)], stdin=self.stdin, stdout=self.stdout, stderr=self.stderr, env=env
+            [str(VLLM_PYTHON), str(driver)], stdin=self.stdin, stdout=self.stdout, stderr=self.stderr, env=env
         )
 
     def result(self) -> dict:

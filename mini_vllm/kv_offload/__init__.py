@@ -1,0 +1,55 @@
+"""KV-cache offloading: a second tier below the pool, in host memory (chapter on offloading).
+
+When the pool evicts a cached block, its prefix is gone; with a tier, a copy
+of every full block is kept in host memory, and a later request whose prefix
+runs on past the pool's hits, along the same hash chain, into the tier
+loads those blocks back instead of recomputing them.
+
+* ``base.py``: the words (``OffloadKey``, ``LookupResult``, ``ReqContext``,
+  events with their medium) and the calls a scheduler makes on a tier
+  (``OffloadingManager``);
+* ``cpu_manager.py``: the CPU tier's bookkeeping (``CPUOffloadingManager``);
+* ``cache_policy.py``, ``lru.py``, ``arc.py``: its eviction policies;
+* ``connector.py``: the tier in the engine (``OffloadingConnector``): the
+  lookup past the pool's hit at admission, the loads before the forward
+  pass, the stores after it (``LLM(kv_offloading_size=...)``).
+
+vLLM equivalent: ``vllm/v1/kv_offload/`` (vLLM 0.33), driven there by the
+``OffloadingConnector``.
+"""
+
+from .arc import ARCCachePolicy
+from .base import (
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+)
+from .cache_policy import CachePolicy, ChunkStatus
+from .cpu_manager import CACHE_POLICIES, CPUOffloadingManager
+from .lru import LRUCachePolicy
+
+__all__ = [
+    "ARCCachePolicy",
+    "CACHE_POLICIES",
+    "CPUOffloadingManager",
+    "CachePolicy",
+    "ChunkStatus",
+    "LRUCachePolicy",
+    "LookupResult",
+    "Medium",
+    "OffloadKey",
+    "OffloadingEvent",
+    "OffloadingManager",
+    "PrepareStoreOutput",
+    "ReqContext",
+    "get_offload_block_hash",
+    "get_offload_group_idx",
+    "make_offload_key",
+]

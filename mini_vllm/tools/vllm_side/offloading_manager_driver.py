@@ -1,0 +1,124 @@
+"""Drive vLLM's real ``CPUOffloadingManager`` with a list of calls; print what it did (the differential test).
+
+Run with the Python of a virtualenv that has vLLM (``.venv-vllm``, made by
+``make vllm``), with vLLM 0.33.0's Python files first on ``PYTHONPATH``
+(``.vllm-0.33.0/src``, from ``benchmarks/get_vllm_source.sh``): it imports
+only vLLM and the standard library, never mini-vLLM.
+``tests/vs_vllm/test_vs_vllm_offloading_manager.py`` sends it, on stdin, a
+JSON object ``{"workloads": [...]}``; each workload is
+
+    {"num_chunks": N, "cache_policy": "lru" | "arc", "ops": [op, ...]}
+
+and each op one call the offloading connector's scheduler side would make,
+keys written in hex:
+
+* ``{"op": "new", "rid", "positions": {key: end token}}`` - a request's
+  ``ReqContext`` (with its keys' positions) and ``on_new_request``;
+* ``{"op": "lookup", "rid", "keys"}``, ``{"op": "prepare_load", "rid", "keys"}``,
+  ``{"op": "touch", "rid", "keys"}``, ``{"op": "complete_load", "rid", "keys"}``,
+  ``{"op": "prepare_store", "rid", "keys"}``,
+  ``{"op": "complete_store", "rid", "keys", "success"}``, ``{"op": "finish", "rid"}``
+  (``on_request_finished``), ``{"op": "events"}`` (``take_events``), ``{"op": "reset"}``.
+
+It prints one JSON list per workload, a snapshot after every op: the call's
+result, every resident key's chunk id and ref_cnt, and the policy's own order
+(LRU: each key's rank; ARC: its four lists and ``target_t1_size``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _hex(keys) -> list[str]:
+    return [bytes(key).hex() for key in keys]
+
+
+def _result(manager, contexts: dict, op: dict):
+    from vllm.v1.kv_offload.base import ReqContext
+
+    name = op["op"]
+    keys = [bytes.fromhex(key) for key in op.get("keys", [])]
+    context = contexts.get(op.get("rid"))
+    if name == "new":
+        context = contexts[op["rid"]] = ReqContext(req_id=op["rid"])
+        for key, position in op["positions"].items():
+            context.set_offload_key_position(bytes.fromhex(key), position)
+        manager.on_new_request(context)
+        return None
+    if name == "lookup":
+        return [manager.lookup(key, context).name for key in keys]
+    if name == "prepare_load":
+        return [int(chunk_id) for chunk_id in manager.prepare_load(keys, context).block_ids]
+    if name == "touch":
+        return manager.touch(keys, context)
+    if name == "complete_load":
+        return manager.complete_load(keys, context)
+    if name == "prepare_store":
+        output = manager.prepare_store(keys, context)
+        if output is None:
+            return None
+        return {
+            "keys_to_store": _hex(output.keys_to_store),
+            "chunk_ids": [int(chunk_id) for chunk_id in output.store_spec.block_ids],
+            "evicted_keys": _hex(output.evicted_keys),
+        }
+    if name == "complete_store":
+        return manager.complete_store(keys, context, success=op["success"])
+    if name == "finish":
+        return manager.on_request_finished(context)
+    if name == "events":
+        return [[_hex(e.keys), e.medium.value, e.removed, e.metadata_only] for e in manager.take_events()]
+    if name == "reset":
+        return manager.reset_cache()
+    raise ValueError(f"unknown op {name!r}")
+
+
+def _snapshot(manager, result) -> dict:
+    policy = manager._policy
+    if hasattr(policy, "t1"):  # ARC
+        order = {
+            "t1": _hex(policy.t1),
+            "t2": _hex(policy.t2),
+            "b1": _hex(policy.b1),
+            "b2": _hex(policy.b2),
+            "target_t1_size": policy.target_t1_size,
+        }
+        chunks = {**policy.t1, **policy.t2}
+    else:  # LRU
+        order = {"ranks": {bytes(key).hex(): list(rank) for key, rank in policy._ranks.items()}}
+        chunks = policy.chunks
+    resident = {bytes(key).hex(): [int(chunk.chunk_id), int(chunk.ref_cnt)] for key, chunk in chunks.items()}
+    return {"result": result, "resident": resident, "policy": order}
+
+
+def run_workload(workload: dict) -> list[dict]:
+    from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
+
+    manager = CPUOffloadingManager(workload["num_chunks"], cache_policy=workload["cache_policy"], enable_events=True)
+    contexts: dict = {}
+    snapshots = []
+    for op in workload["ops"]:
+        try:
+            result = _result(manager, contexts, op)
+        except Exception as error:  # an invalid call: recorded, and the workload stops here
+            snapshots.append({"error": f"{type(error).__name__}: {error}"})
+            break
+        snapshots.append(_snapshot(manager, result))
+    return snapshots
+
+
+def main() -> None:
+    import logging
+
+    logging.disable(logging.WARNING)
+    payload = json.load(sys.stdin)
+    import vllm
+
+    out = {"vllm_version": vllm.__version__, "results": [run_workload(w) for w in payload["workloads"]]}
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
