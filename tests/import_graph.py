@@ -28,6 +28,8 @@ ENGINE = (
     "mini_vllm/attention/",
     "mini_vllm/kernels/",  # the package of the top-level kernels/ folder (its __init__ points there)
     "mini_vllm/llm_engine.py",
+    "mini_vllm/output_processor.py",
+    "mini_vllm/detokenizer.py",
     "mini_vllm/llm.py",
     "mini_vllm/input_processor.py",
     "mini_vllm/sampling_params.py",
