@@ -80,7 +80,8 @@ class AttentionBackend(ABC):
 
     A backend owns no state between calls: the cache tensors belong to the
     model runner, the metadata to the step. Subclasses implement
-    :meth:`store_kv` and :meth:`attention`; :meth:`forward` fixes their order.
+    :meth:`store_kv` and :meth:`attention` (the types are written here, once);
+    :meth:`forward` fixes their order.
     """
 
     name: str = "abstract"

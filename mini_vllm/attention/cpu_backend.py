@@ -40,12 +40,7 @@ class CpuAttentionBackend(TorchAttentionBackend):
         in_c = query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.float32
         if not (metadata.is_all_decode and in_c):
             return super().attention(query, k_cache, v_cache, metadata, scale)
+        tables, lengths = metadata.block_tables, metadata.seq_lens
         return paged_attention_cpu(
-            query,
-            k_cache,
-            v_cache,
-            metadata.block_tables,
-            metadata.seq_lens,
-            scale,
-            sliding_window=metadata.sliding_window,
+            query, k_cache, v_cache, tables, lengths, scale, sliding_window=metadata.sliding_window
         )
