@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from .block_pool import BlockPool
 from .config import EngineConfig, check_device_name
 from .detokenizer import find_stop_string, stop_string_window  # noqa: F401  (tests/engine/test_engine.py's names)
 from .engine_parts import EngineParts
+from .engine_stats import EngineStats
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
 from .input_processor import (
     InputProcessor,
@@ -47,90 +47,11 @@ from .parallel_sampling import ParentRequest, parent_id_of
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample, token_logprobs
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from .scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger("mini_vllm")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``).
-
-    Owns only ``num_steps``; every other number is the scheduler's
-    (``scheduler_stats``, from ``Scheduler.make_stats``), read through the flat
-    names below that the chapters, the command line, the router and
-    ``/metrics`` use. The prefix-cache counters are
-    ``KVCacheManager.prefix_cache_stats``, as vLLM 0.33 counts them: one
-    lookup per admitted request, re-admissions after preemption apart
-    (``prefix_cache_preempted_*``), nothing with caching off. ``hit_rate``
-    is ``prefix_cache_hits / prefix_cache_queries``.
-    """
-
-    num_steps: int
-    scheduler_stats: SchedulerStats
-
-    @property
-    def prefix_cache_queries(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.hits
-
-    @property
-    def hit_rate(self) -> float:
-        return self.scheduler_stats.prefix_cache_stats.hit_rate
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.scheduler_stats.num_preemptions
-
-    @property
-    def num_evictions(self) -> int:
-        return self.scheduler_stats.num_evictions
-
-    @property
-    def num_blocks(self) -> int:
-        return self.scheduler_stats.num_blocks
-
-    @property
-    def num_blocks_in_use(self) -> int:
-        return self.scheduler_stats.num_blocks - self.scheduler_stats.num_free_blocks
-
-    @property
-    def num_running(self) -> int:
-        return self.scheduler_stats.num_running_reqs
-
-    @property
-    def num_waiting(self) -> int:
-        return self.scheduler_stats.num_waiting_reqs
-
-    @property
-    def prefix_cache_requests(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.requests
-
-    @property
-    def prefix_cache_preempted_requests(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_requests
-
-    @property
-    def prefix_cache_preempted_queries(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_queries
-
-    @property
-    def prefix_cache_preempted_hits(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_hits
-
-    @classmethod
-    def metric_names(cls) -> tuple[str, ...]:
-        """Every name a reader can take from the stats: ``num_steps``, then the properties above, in order."""
-        return ("num_steps", *(name for name, value in vars(cls).items() if isinstance(value, property)))
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.metric_names())
-        return f"EngineStats({values})"
 
 
 # The device types the engine runs on (its kernels, memory budget and dtypes know these two).

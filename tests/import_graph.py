@@ -30,6 +30,7 @@ ENGINE = (
     "mini_vllm/llm_engine.py",
     "mini_vllm/output_processor.py",
     "mini_vllm/detokenizer.py",
+    "mini_vllm/engine_stats.py",
     "mini_vllm/llm.py",
     "mini_vllm/input_processor.py",
     "mini_vllm/sampling_params.py",
