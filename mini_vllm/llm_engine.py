@@ -39,7 +39,8 @@ from .input_processor import (
 from .interrupts import keyboard_interrupts_deferred
 from .kv_cache_interface import make_kv_cache_config, max_blocks_per_request
 from .kv_cache_manager import KVCacheManager, cdiv
-from .model import ModelConfig, default_model_path, load_model
+from .model import default_model_path, load_model
+from .model_config import ModelConfig
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .output_processor import OutputProcessor
 from .outputs import RequestMetrics, RequestOutput

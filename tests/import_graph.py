@@ -24,7 +24,9 @@ ENGINE = (
     "mini_vllm/request.py",
     "mini_vllm/scheduler.py",
     "mini_vllm/model_runner.py",
+    "mini_vllm/model_config.py",
     "mini_vllm/model.py",
+    "mini_vllm/cpu_fast_path.py",
     "mini_vllm/attention/",
     "mini_vllm/kernels/",  # the package of the top-level kernels/ folder (its __init__ points there)
     "mini_vllm/llm_engine.py",
