@@ -7,12 +7,11 @@ function first checks shapes, dtypes and devices here and raises ``ValueError``
 naming the argument at fault.
 
 The checks only look at metadata (shapes, dtypes, devices), never at values:
-reading a value of a GPU tensor would make the CPU wait for the GPU.
+reading a value of a GPU tensor would make the CPU wait for the GPU. (The
+sliding window's check is the engine's, ``mini_vllm.validation.check_sliding_window``.)
 """
 
 from __future__ import annotations
-
-import numbers
 
 import torch
 
@@ -152,11 +151,3 @@ def check_attention(
             )
         tensors["cu_seqlens_q"] = cu_seqlens_q
     check_same_device(tensors, interpreted)
-
-
-def check_sliding_window(sliding_window: object) -> None:
-    """None (full attention) or a positive whole number of tokens (not a bool)."""
-    if sliding_window is None:
-        return
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
-        raise ValueError(f"sliding_window must be None (full attention) or a positive int, got {sliding_window!r}")

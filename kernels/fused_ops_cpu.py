@@ -10,11 +10,11 @@ Why: in a decode step of a few tokens, each PyTorch call costs more in overhead
 than in arithmetic, and RMSNorm alone is six of them (``pow``, ``mean``, ``add``,
 ``rsqrt``, two multiplies); RoPE is five, SwiGLU's gate three. vLLM's CPU backend
 runs the same three operations as fused C++ kernels. The ``cpu`` attention
-backend turns these on for the whole model (:meth:`mini_vllm.model.CausalLM.use_fused_cpu_ops`);
+backend turns these on for the whole model (:func:`mini_vllm.cpu_fast_path.install_cpu_fast_path`);
 the chapters run the readable ones.
 
 ``linear`` is the odd one out: ``nn.functional.linear`` for a few rows, as plain dot
-products streaming the weight (the model uses it below ``PACKED_MIN_ROWS`` rows, where
+products streaming the weight (``CpuLinear`` uses it below ``PACKED_MIN_ROWS`` rows, where
 on some CPUs MKL's matrix-vector path reads the weight well below memory speed).
 
 Compiled on first use as :mod:`mini_vllm.kernels.paged_attention_cpu` is (:mod:`mini_vllm.kernels._c_build`);

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import torch
 
+from mini_vllm.validation import check_sliding_window
+
 from ._c_build import check_c_tensors, load_library
-from ._validate import check_attention, check_sliding_window
+from ._validate import check_attention
 
 SOURCE = Path(__file__).with_name("paged_attention_cpu.c")
 

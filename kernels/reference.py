@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ._validate import check_sliding_window
+from mini_vllm.validation import check_sliding_window
 
 
 def store_kv(

@@ -41,6 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_vllm.validation import check_sliding_window
+
 from . import TRITON_INTERPRETED
 from ._attention_tiles import (
     LOG2_E,
@@ -52,7 +54,7 @@ from ._attention_tiles import (
     use_tf32,
     window_start,
 )
-from ._validate import check_attention, check_sliding_window
+from ._validate import check_attention
 
 
 @triton.jit

@@ -189,15 +189,14 @@ class FreeQueueBatchOperations:
     A free-queue class given to the pool (``EngineParts.free_queue``) that
     lacks ``popleft_n``, ``append_n``, ``prepend_n`` or ``__len__`` gets them
     from here (:func:`with_batch_operations`): same order, one single
-    operation per block. ``FreeKVCacheBlockQueue`` has its own.
+    operation per block. ``FreeKVCacheBlockQueue`` has its own (``popleft_n``
+    and ``__len__`` are its very methods, which use only ``popleft`` and
+    ``num_free_blocks``).
     """
 
     num_free_blocks: int
-
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        if n > self.num_free_blocks:
-            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} are free")
-        return [self.popleft() for _ in range(n)]
+    popleft_n = FreeKVCacheBlockQueue.popleft_n
+    __len__ = FreeKVCacheBlockQueue.__len__
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         for block in blocks:
@@ -206,9 +205,6 @@ class FreeQueueBatchOperations:
     def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:  # blocks[0] becomes the head
         for block in reversed(list(blocks)):
             self.appendleft(block)
-
-    def __len__(self) -> int:
-        return self.num_free_blocks
 
 
 BATCH_OPERATIONS = ("popleft_n", "append_n", "prepend_n", "__len__")

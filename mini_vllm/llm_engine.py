@@ -12,14 +12,12 @@ vLLM equivalent: ``vllm/v1/engine/llm_engine.py`` and ``core.py``
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +25,9 @@ import torch
 from .attention import get_attn_backend
 from .block_pool import BlockPool
 from .config import EngineConfig, check_device_name
+from .detokenizer import find_stop_string, stop_string_window  # noqa: F401  (tests/engine/test_engine.py's names)
 from .engine_parts import EngineParts
+from .engine_stats import EngineStats
 from .events import EventBus, Listener, RequestAdded, RequestFinished, StepFinished
 from .input_processor import (
     InputProcessor,
@@ -41,97 +41,20 @@ from .kv_cache_interface import make_kv_cache_config, max_blocks_per_request
 from .kv_cache_manager import KVCacheManager, cdiv
 from .kv_offload.connector import OffloadingConnector
 from .kv_offload.cpu_manager import CPUOffloadingManager
-from .model import ModelConfig, default_model_path, load_model
+from .model import default_model_path, load_model
+from .model_config import ModelConfig
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
-from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .output_processor import OutputProcessor
+from .outputs import RequestMetrics, RequestOutput
 from .parallel_sampling import ParentRequest, parent_id_of
 from .request import Request, RequestStatus
 from .sampler import make_generator, sample, token_logprobs
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from .scheduler import Scheduler, SchedulerOutput
 
 logger = logging.getLogger("mini_vllm")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Engine-wide counters (vLLM: ``vllm:prefix_cache_*``, ``vllm:num_preemptions``, ``vllm:kv_cache_usage_perc``).
-
-    Owns only ``num_steps``; every other number is the scheduler's
-    (``scheduler_stats``, from ``Scheduler.make_stats``), read through the flat
-    names below that the chapters, the command line, the router and
-    ``/metrics`` use. The prefix-cache counters are
-    ``KVCacheManager.prefix_cache_stats``, as vLLM 0.33 counts them: one
-    lookup per admitted request, re-admissions after preemption apart
-    (``prefix_cache_preempted_*``), nothing with caching off. ``hit_rate``
-    is ``prefix_cache_hits / prefix_cache_queries``.
-    """
-
-    num_steps: int
-    scheduler_stats: SchedulerStats
-
-    @property
-    def prefix_cache_queries(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.hits
-
-    @property
-    def hit_rate(self) -> float:
-        return self.scheduler_stats.prefix_cache_stats.hit_rate
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.scheduler_stats.num_preemptions
-
-    @property
-    def num_evictions(self) -> int:
-        return self.scheduler_stats.num_evictions
-
-    @property
-    def num_blocks(self) -> int:
-        return self.scheduler_stats.num_blocks
-
-    @property
-    def num_blocks_in_use(self) -> int:
-        return self.scheduler_stats.num_blocks - self.scheduler_stats.num_free_blocks
-
-    @property
-    def num_running(self) -> int:
-        return self.scheduler_stats.num_running_reqs
-
-    @property
-    def num_waiting(self) -> int:
-        return self.scheduler_stats.num_waiting_reqs
-
-    @property
-    def prefix_cache_requests(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.requests
-
-    @property
-    def prefix_cache_preempted_requests(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_requests
-
-    @property
-    def prefix_cache_preempted_queries(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_queries
-
-    @property
-    def prefix_cache_preempted_hits(self) -> int:
-        return self.scheduler_stats.prefix_cache_stats.preempted_hits
-
-    @classmethod
-    def metric_names(cls) -> tuple[str, ...]:
-        """Every name a reader can take from the stats: ``num_steps``, then the properties above, in order."""
-        return ("num_steps", *(name for name, value in vars(cls).items() if isinstance(value, property)))
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.metric_names())
-        return f"EngineStats({values})"
 
 
 # The device types the engine runs on (its kernels, memory budget and dtypes know these two).
@@ -160,54 +83,6 @@ def resolve_device(device: str) -> torch.device:
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(f"device={device!r}, but only {torch.cuda.device_count()} CUDA device(s) exist")
     return resolved
-
-
-def first_stop_string(text: str, stop_strings: list[str]) -> tuple[int, str] | None:
-    """The stop string that starts first in ``text`` and where: ``(position, stop string)``, or None."""
-    found = [(text.find(stop), stop) for stop in stop_strings]
-    found = [(position, stop) for position, stop in found if position >= 0]
-    return min(found, key=lambda hit: hit[0]) if found else None
-
-
-def find_stop_string(text: str, stop_strings: list[str]) -> int | None:
-    """Where the first stop string starts in ``text``, or None."""
-    hit = first_stop_string(text, stop_strings)
-    return None if hit is None else hit[0]
-
-
-def stop_string_window(stop_strings: list[str]) -> int:
-    """How many of the newest output tokens can hold a stop string the newest token completed.
-
-    A stop string of ``L`` characters spans at most ``4 * L`` byte-level
-    tokens (a character is at most 4 bytes); a few more cover special tokens
-    that decode to nothing. Decoding only this window each step keeps the
-    check O(1) per token, where decoding the whole output was O(length).
-    """
-    return 4 * max(len(stop) for stop in stop_strings) + 8
-
-
-# An unfinished UTF-8 character has at most 3 bytes, so at most 3 byte-level tokens; a few more
-# cover special tokens, which decode to nothing.
-INCOMPLETE_CHARACTER_WINDOW = 8
-
-
-def decode_output_text(tokenizer: Any, token_ids: Sequence[int]) -> str:
-    """The text of output tokens, leaving out a character that the last tokens only began (as vLLM shows it).
-
-    A byte-level token can hold the first bytes of a multi-byte character, which decode to
-    "\ufffd" until the tokens with its other bytes come. vLLM's incremental detokenizer
-    (tokenizers' ``DecodeStream``) holds back the tokens whose text ends in "\ufffd" until a later
-    token completes it, so a generation that stops in the middle of a character never shows
-    them. Here those trailing tokens are left out (looking at the last few tokens only: the check
-    costs the same at any length). An invalid byte followed by more text stays "\ufffd", as in vLLM.
-    """
-    end = len(token_ids)
-    while end:
-        tail = tokenizer.decode(token_ids[max(0, end - INCOMPLETE_CHARACTER_WINDOW) : end], skip_special_tokens=True)
-        if not tail.endswith("\ufffd"):
-            break
-        end -= 1
-    return tokenizer.decode(token_ids[:end], skip_special_tokens=True)
 
 
 def ids_of(parent: ParentRequest) -> list[str]:
@@ -250,7 +125,7 @@ class LLMEngine:
             )
         self.max_model_len = config.max_model_len or limit
         self.tokenizer = load_tokenizer(self.model_path)
-        self.eos_token_ids = self._eos_token_ids()
+        self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
 
         self.block_hasher = parts.block_hasher(config.hash_algo)  # every Request hashes its blocks with it
         if parts.store_kv is not None or parts.paged_decode is not None:
@@ -552,6 +427,7 @@ class LLMEngine:
                 seed = self.config.seed * 1_000_003 + next(self._request_counter)
             request.generator = make_generator(seed)
             request.metrics = RequestMetrics(arrival_time=request.arrival_time, arrival_step=self.num_steps)
+            self.output_processor.add_request(request)
             self.requests[request_id] = request
             self.scheduler.add_request(request)
             if self.events.active:
@@ -634,7 +510,7 @@ class LLMEngine:
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
                     metrics.first_token_step = self.num_steps
-                status = self._check_stop(request)
+                status = self.output_processor.check_stop(request)
             except Exception:
                 logger.exception(
                     "request %r failed after its forward pass; it finishes with an error", request.request_id
@@ -692,25 +568,6 @@ class LLMEngine:
             raise error
         return finished
 
-    def _check_stop(self, request: Request) -> RequestStatus | None:
-        params = request.sampling_params
-        last = request.output_token_ids[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop_token_ids and last in params.stop_token_ids:  # also with ignore_eos, as in vLLM
-            return RequestStatus.FINISHED_STOPPED
-        if params.stop_strings:
-            # A new stop string ends in the newest token: decode only the last few tokens.
-            window = request.output_token_ids[-stop_string_window(params.stop_strings) :]
-            text = self.tokenizer.decode(window, skip_special_tokens=True)
-            if find_stop_string(text, params.stop_strings) is not None:
-                return RequestStatus.FINISHED_STOPPED
-        if request.num_tokens >= self.max_model_len or (
-            params.max_tokens is not None and request.num_output_tokens >= params.max_tokens
-        ):
-            return RequestStatus.FINISHED_LENGTH_CAPPED
-        return None
-
     def _finish(self, request: Request, status: RequestStatus) -> RequestOutput:
         """Free the request's blocks, build its output, and forget it: the one place a request leaves the engine."""
         self.scheduler.finish_request(request, status)
@@ -719,55 +576,13 @@ class LLMEngine:
         metrics.num_preemptions = request.num_preemptions
         if self.events.active:
             self.events.emit(RequestFinished(request.request_id, status.finish_reason or ""))
-        output = self._make_output(request)
+        output = self.output_processor.make_request_output(request)
         del self.requests[request.request_id]
         parent_id = parent_id_of(request.request_id)
         siblings = self.parent_requests.get(parent_id, ())
         if request.request_id in siblings and not any(child_id in self.requests for child_id in siblings):
             del self.parent_requests[parent_id]
         return output
-
-    def _make_output(self, request: Request) -> RequestOutput:
-        token_ids = list(request.output_token_ids)
-        params = request.sampling_params
-        last = token_ids[-1] if token_ids else None
-        ends_with_eos = last is not None and not params.ignore_eos and last in self.eos_token_ids
-        stopped = request.status is RequestStatus.FINISHED_STOPPED
-        by_stop_token = stopped and not ends_with_eos and last in (params.stop_token_ids or ())
-        # What ended it, as vLLM reports: a stop token's id or a stop string (None for EOS, length, ...).
-        stop_reason = last if by_stop_token else None
-        # The token that stopped it is not text, as in vLLM.
-        token_ids_for_text = token_ids[:-1] if ends_with_eos or by_stop_token else token_ids
-        if request.status is RequestStatus.FINISHED_ERROR:
-            text = ""  # decoding may be what failed: the tokens so far are in token_ids
-        else:
-            text = decode_output_text(self.tokenizer, token_ids_for_text)
-        hit = first_stop_string(text, request.sampling_params.stop_strings)
-        if hit is not None:
-            cut, stop = hit
-            text = text[:cut]
-            if request.status is RequestStatus.FINISHED_STOPPED:
-                stop_reason = stop
-        completion = CompletionOutput(0, text, token_ids, request.get_finished_reason(), stop_reason)
-        if request.logprobs is not None:  # as vLLM's: each entry's decoded_token, and their sum
-            completion.logprobs = [
-                {
-                    token: dataclasses.replace(entry, decoded_token=self.tokenizer.decode([token]))
-                    for token, entry in position.items()
-                }
-                for position in request.logprobs
-            ]
-            completion.cumulative_logprob = sum(
-                position[token].logprob for token, position in zip(token_ids, request.logprobs)
-            )
-        return RequestOutput(
-            request_id=request.request_id,
-            prompt=request.prompt,
-            prompt_token_ids=request.prompt_token_ids,
-            outputs=[completion],
-            num_cached_tokens=max(request.num_cached_tokens, 0),
-            metrics=request.metrics,
-        )
 
     # -- inspection -------------------------------------------------------------
     def get_stats(self) -> EngineStats:

@@ -24,7 +24,8 @@ import torch
 
 from .attention import AttentionBackend, AttentionMetadata
 from .kv_cache_interface import KVCacheConfig, SlidingWindowSpec, make_kv_cache_config
-from .model import CausalLM, ModelConfig
+from .model import CausalLM
+from .model_config import ModelConfig
 from .scheduler import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -93,12 +94,10 @@ class ModelRunner:
     ) -> None:
         self.model = model
         self.compute_slot_mapping = compute_slot_mapping if slot_mapping is None else slot_mapping
-        # On a CPU in float32: the projections run from oneDNN-packed weight copies
-        # (model.Linear; ~1.5-2.5x faster matrix multiplies, a second copy of the weights).
-        if device.type == "cpu" and dtype == torch.float32:
-            model.pack_linear_weights_for_cpu()
-            if self.attn_backend.fused_cpu_ops:  # the ``cpu`` backend: norms, RoPE and SwiGLU's gate in C too
-                model.use_fused_cpu_ops()
+        if self.attn_backend.cpu_fast_path:  # the ``cpu`` backend: the model's layers in C and oneDNN too
+            from .cpu_fast_path import install_cpu_fast_path  # (imports the C kernels: only when asked)
+
+            install_cpu_fast_path(model)
         self.config = model.config
         self.block_size = block_size
         self.num_blocks = num_blocks

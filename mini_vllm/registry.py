@@ -3,7 +3,7 @@
 An attention backend or a model family is added by decorating one function
 (``@register_attention_backend("torch")`` in ``mini_vllm/attention/__init__.py``,
 ``@register_model_family("Qwen3ForCausalLM", model_type="qwen3")`` in
-``mini_vllm/model.py``); whoever needs the valid names (``EngineConfig``'s
+``mini_vllm/model_config.py``); whoever needs the valid names (``EngineConfig``'s
 checks, ``get_attn_backend``, ``ModelConfig.from_dict``) reads them from the
 registry, so there is no second list to keep in step. The style is
 mini-sglang's (``Registry`` in ``minisgl/utils``).

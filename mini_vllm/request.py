@@ -16,8 +16,9 @@ Who changes which field (every other module only reads them):
   ``num_cached_tokens``, ``num_preemptions`` (code that admits prompts
   without a scheduler, as the chapters and the router do, calls
   ``schedule_whole_prompt`` there, or sets them as the scheduler would);
-* the engine (``llm_engine.py``): the generated tokens
-  (``append_output_token_ids``), ``metrics`` and ``generator``.
+* the engine (``llm_engine.py``, ``output_processor.py``): the generated
+  tokens (``append_output_token_ids``), ``metrics``, ``generator``,
+  ``detokenizer`` (which owns the output text) and ``stop_reason``.
 
 vLLM equivalent: ``vllm/v1/request.py`` (``Request``, ``RequestStatus``).
 """
@@ -35,6 +36,7 @@ from .hashing import BlockHash, BlockHasher, make_block_hasher
 if TYPE_CHECKING:
     import torch
 
+    from .detokenizer import IncrementalDetokenizer
     from .outputs import Logprob, RequestMetrics
     from .sampling_params import SamplingParams
 
@@ -114,6 +116,9 @@ class Request:
         # The engine's, set when it queues the request (None for a request built without one).
         self.metrics: RequestMetrics | None = None
         self.generator: torch.Generator | None = None
+        self.detokenizer: IncrementalDetokenizer | None = None
+        # What stopped it, as vLLM reports: a stop token's id or a stop string (None for EOS, length, ...).
+        self.stop_reason: int | str | None = None
         # With SamplingParams(logprobs=k): each generated token's {token id: Logprob} (the engine appends them).
         wants_logprobs = sampling_params is not None and sampling_params.logprobs is not None
         self.logprobs: list[dict[int, Logprob]] | None = [] if wants_logprobs else None

@@ -381,14 +381,19 @@ class Scheduler:
 
     def preempt(self, request: Request) -> None:
         """Free a running request's blocks and put it back at the front of the waiting queue."""
+        self._requeue(request)
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        if self.events.active:
+            self.events.emit(RequestPreempted(request.request_id))
+
+    def _requeue(self, request: Request) -> None:
+        """Free all of ``request``'s blocks and put it at the front of the waiting queue, to be recomputed
+        from scratch (its generated tokens are kept): what a preemption and a failed step's undo share."""
         self._free_blocks(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(request)
-        if self.events.active:
-            self.events.emit(RequestPreempted(request.request_id))
 
     # -- when a step fails -----------------------------------------------------------
     def undo_failed_step(self, output: SchedulerOutput, requeue: bool) -> None:
@@ -418,12 +423,9 @@ class Scheduler:
             request = scheduled.request
             if request in self.running:
                 self.running.remove(request)
-            self._free_blocks(request)
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
             if scheduled.first_admission:
                 request.num_cached_tokens = -1  # its hit may have included blocks just uncached
-            self.waiting.appendleft(request)
+            self._requeue(request)
 
     # -- after the model ran --------------------------------------------------------
     def finish_request(self, request: Request, status: RequestStatus) -> None:

@@ -6,6 +6,8 @@ module, imports them from here, so that neither of the two imports the other.
 
 from __future__ import annotations
 
+import numbers
+
 
 def check_positive_int(name: str, value: int) -> None:
     """TypeError unless ``value`` is an int (bool refused), ValueError unless it is positive; both name ``name``."""
@@ -20,6 +22,16 @@ def check_block_size(block_size: int) -> None:
     """The one check of a block size: the engine's settings, ``Request``, the
     KV-cache manager, the hash functions and the profiler all call it."""
     check_positive_int("block_size", block_size)
+
+
+def check_sliding_window(sliding_window: object) -> int | None:
+    """A sliding window as an int, or None (full attention); ValueError unless None or a positive
+    whole number of tokens (a bool refused). The attention backends and the kernels both call it."""
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
+        raise ValueError(f"sliding_window must be None (full attention) or a positive int, got {sliding_window!r}")
+    return int(sliding_window)
 
 
 def one_of(names) -> str:

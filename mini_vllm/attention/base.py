@@ -80,13 +80,14 @@ class AttentionBackend(ABC):
 
     A backend owns no state between calls: the cache tensors belong to the
     model runner, the metadata to the step. Subclasses implement
-    :meth:`store_kv` and :meth:`attention`; :meth:`forward` fixes their order.
+    :meth:`store_kv` and :meth:`attention` (the types are written here, once);
+    :meth:`forward` fixes their order.
     """
 
     name: str = "abstract"
-    # True: the model runs its element-wise operations (RMSNorm, RoPE, SwiGLU's gate) as fused
-    # C kernels too (CausalLM.use_fused_cpu_ops): the ``cpu`` backend, the CPU's fast path.
-    fused_cpu_ops: bool = False
+    # True: the model runner installs the CPU's fast path (mini_vllm/cpu_fast_path.py: C kernels,
+    # oneDNN-packed projections) on the model this backend serves. The ``cpu`` backend's.
+    cpu_fast_path: bool = False
 
     @abstractmethod
     def store_kv(

@@ -30,11 +30,10 @@ compare this backend with it and with ``transformers``.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_sliding_window
 from .base import AttentionBackend, AttentionMetadata
 
 
@@ -54,14 +53,7 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.flatten(0, 1).index_copy_(0, slots, key.to(k_cache.dtype))
         v_cache.flatten(0, 1).index_copy_(0, slots, value.to(v_cache.dtype))
 
-    def attention(
-        self,
-        query: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
+    def attention(self, query, k_cache, v_cache, metadata: AttentionMetadata, scale: float) -> torch.Tensor:
         window = check_sliding_window(metadata.sliding_window)
         if metadata.is_all_decode:
             return decode_attention(
@@ -90,15 +82,6 @@ class TorchAttentionBackend(AttentionBackend):
                 keys, values = keys[0], values[0]
             out[start:end] = prefill_attention(query[start:end], keys, values, scale, sliding_window=window)
         return out
-
-
-def check_sliding_window(sliding_window: object) -> int | None:
-    """``metadata.sliding_window`` as an int, or None; ValueError unless None or a positive int."""
-    if sliding_window is None:
-        return None
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral) or sliding_window <= 0:
-        raise ValueError(f"sliding_window must be None (full attention) or a positive int, got {sliding_window!r}")
-    return int(sliding_window)
 
 
 def gather_kv(

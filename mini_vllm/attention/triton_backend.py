@@ -27,14 +27,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def store_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         kernels.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attention(

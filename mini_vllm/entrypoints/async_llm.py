@@ -36,10 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..detokenizer import IncrementalDetokenizer
 from ..llm import LLM
-from ..llm_engine import decode_output_text
 from ..outputs import RequestOutput
-from ..request import Request
 from ..sampling_params import SamplingParams
 
 logger = logging.getLogger("mini_vllm")
@@ -81,13 +80,17 @@ class StreamDelta:
 
 @dataclass
 class _Stream:
-    """The engine thread's record of one completion it streams to a caller."""
+    """The engine thread's record of one completion it streams to a caller.
+
+    ``detokenizer`` is its request's (``Request.detokenizer``, the owner of its
+    text): each step's new text is ``get_next_output_text(delta=True)``, which
+    holds back what a stop string could still cut.
+    """
 
     index: int
     push: Callable[[StreamDelta], None]
-    hold_back: int  # characters a stop string could still cut (longest stop string - 1)
+    detokenizer: IncrementalDetokenizer
     num_tokens_sent: int = 0
-    text_sent: str = ""
 
 
 @dataclass
@@ -310,11 +313,8 @@ class AsyncLLM:
         """Queue the prompts' children (``ParentRequest``, ``parallel_sampling.py``); each streams on its own."""
         parents = self.engine.add_parent_requests(prompts, params, request_ids=request_ids)
         for parent, push in zip(parents, pushes):
-            # The engine's checked copy of params: the stop strings its requests actually stop on.
-            stop_strings = parent.sampling_params.stop_strings
-            hold_back = max((len(stop) for stop in stop_strings), default=1) - 1
             for index, child_id in enumerate(parent.child_request_ids):
-                self._streams[child_id] = _Stream(index, push, hold_back)
+                self._streams[child_id] = _Stream(index, push, self.engine.requests[child_id].detokenizer)
         self._refresh_stats()
         return [parent.child_request_ids for parent in parents]
 
@@ -360,11 +360,8 @@ class AsyncLLM:
             completion = output.outputs[0]
             new_tokens = completion.token_ids[stream.num_tokens_sent :]
             logprobs = None if completion.logprobs is None else completion.logprobs[stream.num_tokens_sent :]
-            if completion.text.startswith(stream.text_sent):
-                text = completion.text[len(stream.text_sent) :]
-            else:  # cannot happen with held-back text; say so rather than send a wrong tail
-                logger.warning("request %r: streamed text is not a prefix of the final text", output.request_id)
-                text = ""
+            # The rest of the final text (none after an error: the output's text is empty then).
+            text = stream.detokenizer.get_next_output_text(finished=True, delta=True) if completion.text else ""
             self._count_prefill(stream, len(output.prompt_token_ids))
             self.stats.generation_tokens += len(new_tokens)
             self._count_finished(completion.finish_reason or "abort")
@@ -391,7 +388,7 @@ class AsyncLLM:
             self._count_prefill(stream, request.num_prompt_tokens)
             stream.num_tokens_sent = request.num_output_tokens
             self.stats.generation_tokens += len(new_tokens)
-            text = self._new_text(request, stream)
+            text = stream.detokenizer.get_next_output_text(finished=False, delta=True)
             stream.push(
                 StreamDelta(
                     request_id,
@@ -403,16 +400,6 @@ class AsyncLLM:
                     logprobs=logprobs,
                 )
             )
-
-    def _new_text(self, request: Request, stream: _Stream) -> str:
-        """Text that is safe to send now: no stop string can still cut it, no half-decoded character."""
-        text = decode_output_text(self.tokenizer, request.output_token_ids)  # as the final text will be
-        safe = text[: len(text) - stream.hold_back] if stream.hold_back else text
-        if len(safe) <= len(stream.text_sent) or not safe.startswith(stream.text_sent):
-            return ""
-        new = safe[len(stream.text_sent) :]
-        stream.text_sent = safe
-        return new
 
     def _count_prefill(self, stream: _Stream, num_prompt_tokens: int) -> None:
         """``vllm:prompt_tokens``: a request's prompt counts once its prefill is done (its first token

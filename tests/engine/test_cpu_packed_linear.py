@@ -1,19 +1,19 @@
-"""model.Linear's oneDNN-packed weight copy (the CPU fast path) computes what nn.Linear does,
-and is never used once the weight it was made from has changed."""
+"""CpuLinear's oneDNN-packed weight copy (the CPU fast path, mini_vllm/cpu_fast_path.py) computes
+what nn.Linear does, and is never used once the weight it was made from has changed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mini_vllm.model import Linear
+from mini_vllm.cpu_fast_path import PACKED_MIN_ROWS, CpuLinear
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this PyTorch has no oneDNN")
 
 
-def make_linear(bias: bool = True) -> Linear:
+def make_linear(bias: bool = True) -> CpuLinear:
     torch.manual_seed(0)
-    layer = Linear(48, 24, bias=bias)
+    layer = CpuLinear(48, 24, bias=bias)
     layer.requires_grad_(False)
     return layer
 
@@ -46,11 +46,9 @@ def test_not_packed_off_float32():
     assert not layer.pack_for_cpu() and layer.packed_weight is None
 
 
-def test_few_rows_take_the_plain_multiply_and_more_the_packed_copy():
-    """Below ``PACKED_MIN_ROWS`` rows (a decode step of a few sequences) MKL's plain multiply runs;
+def test_few_rows_take_the_c_loop_and_more_the_packed_copy():
+    """Below ``PACKED_MIN_ROWS`` rows (a decode step of a few sequences) the C loop runs on the weight;
     from there on the packed copy. Proved by packing a zero weight: only the packed path gives zeros."""
-    from mini_vllm.model import PACKED_MIN_ROWS
-
     layer = make_linear(bias=False)
     assert layer.pack_for_cpu()
     layer.packed_weight = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(layer.weight), None)

@@ -1,4 +1,4 @@
-"""EngineStats: the engine's step count over the scheduler's counters (mini_vllm/llm_engine.py).
+"""EngineStats: the engine's step count over the scheduler's counters (mini_vllm/engine_stats.py).
 
 Every flat name the chapters, the command line, the router and ``/metrics`` read is derived
 from the one ``SchedulerStats`` it holds; nothing is copied, so nothing can disagree.

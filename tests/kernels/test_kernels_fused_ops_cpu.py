@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mini_vllm.kernels import fused_ops_cpu, paged_attention_cpu
+from mini_vllm import cpu_fast_path as fast
 from mini_vllm import model as M
 from mini_vllm.attention import TorchAttentionBackend, get_attn_backend
+from mini_vllm.kernels import fused_ops_cpu, paged_attention_cpu
 from mini_vllm.model import apply_rotary_pos_emb, default_model_path, load_model, rms_norm, silu_and_mul
 
 TOLERANCE = 1e-5  # float32, as for the attention kernels
@@ -208,8 +209,8 @@ def test_without_a_compiler_the_cpu_backend_says_why(monkeypatch, tmp_path):
 
         assert fastest_attention_backend("cpu") == "auto"  # make bench asks the factory, which refuses
         model = load_model(default_model_path(), attn_backend=TorchAttentionBackend())
-        assert model.use_fused_cpu_ops() is False  # nothing changes: the readable path runs
-        assert all(getattr(m, "kernel", None) is None for m in model.modules())
+        assert fast.install_cpu_fast_path(model) is False  # nothing changes: the readable path runs
+        assert not any(type(m) in fast.CPU_LAYERS.values() for m in model.modules())
     finally:
         monkeypatch.undo()
         clear_build_caches()
@@ -228,24 +229,23 @@ def test_the_bundled_model_with_fused_ops_gives_the_readable_paths_hidden_states
     with torch.no_grad():
         expected = model(input_ids, positions, cache.kv_caches, metadata)
         expected_logits = model.compute_logits(expected[rows])
-        assert model.use_fused_cpu_ops() is True
+        assert fast.install_cpu_fast_path(model) is True
         got = model(input_ids, positions, cache.kv_caches, metadata)
         got_logits = model.compute_logits(got[rows])
     torch.testing.assert_close(got_logits, expected_logits, rtol=1e-4, atol=1e-4)
-    kernels = {type(m).__name__: m.kernel for m in model.modules() if isinstance(m, (M.RMSNorm, M.MLP, M.Linear))}
-    assert kernels == {
-        "RMSNorm": fused_ops_cpu.rms_norm,
-        "MLP": fused_ops_cpu.silu_and_mul,
-        "Linear": fused_ops_cpu.linear,
+    # Every plain layer became its CPU version, keeping its weights (the output projection stays tied).
+    layer_classes = {
+        type(m) for m in model.modules() if isinstance(m, (M.RMSNorm, M.MLP, M.Attention, torch.nn.Linear))
     }
-    assert model.model.layers[0].self_attn.rotary_kernel is fused_ops_cpu.rotary_embedding_
+    assert layer_classes == set(fast.CPU_LAYERS.values())
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.lm_head.packed_weight is not None
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_fused_ops_are_for_float32_on_the_cpu():
     model = load_model(default_model_path(), dtype=torch.bfloat16, attn_backend=TorchAttentionBackend())
-    assert model.use_fused_cpu_ops() is False
-    assert all(getattr(m, "kernel", None) is None for m in model.modules())
+    assert fast.install_cpu_fast_path(model) is False
+    assert not any(type(m) in fast.CPU_LAYERS.values() for m in model.modules())
 
 
 @pytest.mark.parametrize("backend, fused", [("cpu", True), ("torch", False)])
@@ -253,8 +253,9 @@ def test_only_the_cpu_backend_turns_them_on(backend, fused):
     from mini_vllm import LLM
 
     llm = LLM(dtype="float32", num_blocks=16, attention_backend=backend)
-    norm = llm.llm_engine.model_runner.model.model.norm
-    assert (norm.kernel is fused_ops_cpu.rms_norm) is fused
+    model = llm.llm_engine.model_runner.model
+    assert isinstance(model.model.norm, fast.CpuRMSNorm) is fused
+    assert isinstance(model.lm_head, fast.CpuLinear) is fused  # the torch backend: plain layers
 
 
 @pytest.mark.parametrize("rows, in_features, out_features", [(1, 576, 960), (3, 1536, 576), (2, 7, 5), (9, 64, 33)])
@@ -282,12 +283,12 @@ def test_linear_refuses_mismatched_shapes():
 @pytest.mark.parametrize("rows", [1, 3, 4, 6])
 def test_a_projection_takes_the_c_loop_below_packed_min_rows_only(rows, monkeypatch):
     """Below PACKED_MIN_ROWS rows the C loop; from there on the packed oneDNN copy (or the plain multiply)."""
-    layer = M.Linear(16, 8, bias=True)
+    layer = fast.CpuLinear(16, 8, bias=True)
     layer.pack_for_cpu()
-    calls = []
-    monkeypatch.setattr(layer, "kernel", lambda *args: calls.append(args) or fused_ops_cpu.linear(*args), raising=False)
+    calls, c_loop = [], fused_ops_cpu.linear
+    monkeypatch.setattr(fused_ops_cpu, "linear", lambda *args: calls.append(args) or c_loop(*args))
     x = randn(rows, 16, seed=16)
     with torch.no_grad():  # the C loop is for inference
         got = layer(x)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-4, atol=1e-4)
-    assert len(calls) == (1 if rows < M.PACKED_MIN_ROWS else 0)
+    assert len(calls) == (1 if rows < fast.PACKED_MIN_ROWS else 0)
