@@ -29,7 +29,7 @@ vLLM equivalent: ``vllm/v1/engine/parallel_sampling.py`` (``ParentRequest``:
 which aggregates the children's final outputs). vLLM names child ``k``
 ``"{k}_{id}"`` and reports the merged output's ``num_cached_tokens`` from the
 child that finished last; here a child is ``"{id}-{k}"`` and the merged output
-reports the first child's (``compare_vllm.py`` documents the difference).
+reports the first child's (``mini_vllm/tools/compare_vllm/`` documents the difference).
 """
 
 from __future__ import annotations
