@@ -107,6 +107,11 @@ class KVEventsConfig:
             raise ValueError(f"kv-events-config: not valid JSON ({err}): {text!r}") from None
         if not isinstance(values, dict):
             raise ValueError(f"kv-events-config: expected a JSON object, got {text!r}")
+        return cls.from_dict(values)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> KVEventsConfig:
+        """The fields by name; unknown ones are a ValueError naming them."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -54,6 +54,7 @@ from ...llm import LLM, check_conversation
 from ...sampling_params import MAX_LOGPROBS, SamplingParams
 from ...validation import check_text
 from ..async_llm import SHUTDOWN, AsyncLLM, EngineShutDown, RequestStream, StreamDelta
+from .scale_out import register_scale_out_routes
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -156,6 +157,8 @@ class ServerSettings:
     # A Jinja template sent with a request runs on the renderer thread (a slow one holds up every prompt):
     # refused unless the operator trusts its clients, as vLLM's --trust-request-chat-template.
     trust_request_chat_template: bool = False
+    # vllm serve --enable-scale-out: the render endpoints a router tokenizes requests with (scale_out.py).
+    enable_scale_out: bool = False
 
     @property
     def served_model_name(self) -> str:
@@ -629,6 +632,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         result = await _until_disconnected(request, response.collect(streams))
         return result if result is not None else Response(status_code=499)
 
+    register_scale_out_routes(app, serving, settings.enable_scale_out, json_only)
+
     registry = CollectorRegistry()
     registry.register(_EngineCollector(engine, name))
     app.state.engine = engine
@@ -860,10 +865,15 @@ class BackgroundServer:
         served_model_name: str | list[str] = "mini-vllm",
         enable_prompt_tokens_details: bool = True,
         trust_request_chat_template: bool = False,
+        enable_scale_out: bool = False,
+        kv_events_config: str | dict | None = None,
     ) -> None:
+        """``enable_scale_out`` and ``kv_events_config`` (a JSON text or a dict of vLLM's ``KVEventsConfig``
+        fields) are ``serve --enable-scale-out`` and ``--kv-events-config``: what a router in front needs."""
         import uvicorn
 
         engine = llm.llm_engine
+        self.kv_events = start_kv_events(engine, kv_events_config)
         settings = ServerSettings(
             served_model_names=[served_model_name] if isinstance(served_model_name, str) else list(served_model_name),
             model_path=engine.model_path,
@@ -871,6 +881,7 @@ class BackgroundServer:
             enable_prompt_tokens_details=enable_prompt_tokens_details,
             default_sampling=default_sampling_from(engine.model_path),
             trust_request_chat_template=trust_request_chat_template,
+            enable_scale_out=enable_scale_out,
         )
         self.engine = AsyncLLM(llm)
         self.app = build_app(self.engine, settings)
@@ -897,6 +908,8 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self.engine.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def __enter__(self) -> BackgroundServer:
         return self
@@ -961,6 +974,18 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "refused by default: it runs on the server's one renderer thread",
     )
     parser.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish the KV-cache events over ZMQ as vLLM does, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\' (vLLM\'s KVEventsConfig fields)',
+    )
+    parser.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve /v1/chat/completions/render and /v1/completions/render (a router tokenizes with them)",
+    )
+    parser.add_argument(
         "--learner-engine",
         action="store_true",
         help="serve your own engine: the parts you passed in the exercises (mini_vllm.course.learner_engine)",
@@ -1005,6 +1030,10 @@ def main(argv: list[str] | None = None) -> int:
             llm = LLM(model, **settings)
     except (ValueError, TypeError) as error:
         parser.error(str(error))
+    try:
+        kv_events = start_kv_events(llm.llm_engine, args.kv_events_config)
+    except (ValueError, ImportError, OSError) as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine = llm.llm_engine
     server_settings = ServerSettings(
@@ -1014,6 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         default_sampling=default_sampling_from(engine.model_path),
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_scale_out=args.enable_scale_out,
     )
     engine = AsyncLLM(llm)
     app = build_app(engine, server_settings)
@@ -1041,7 +1071,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not engine.stopped:
         exit_now(f"the engine is still in a step after {GRACEFUL_SHUTDOWN_S} s: exiting without waiting for it")
+    if kv_events is not None:
+        kv_events.close()
     return 0
+
+
+def start_kv_events(engine, config: str | dict | None):
+    """Publish ``engine``'s KV events as ``--kv-events-config`` says; None when it says nothing is published.
+
+    Imported only then: pyzmq and msgspec are needed for this alone (their absence is an
+    ImportError naming the package).
+    """
+    if config is None:
+        return None
+    from ...distributed.kv_events import KVEventsConfig, publish_kv_events
+
+    config = KVEventsConfig.from_json(config) if isinstance(config, str) else KVEventsConfig.from_dict(config)
+    return publish_kv_events(engine, config) if config.publishes else None
 
 
 def exit_now(reason: str) -> None:
