@@ -543,10 +543,9 @@ def test_a_pool_smaller_than_max_model_len_serves_what_it_holds():
 def test_several_served_model_names_are_all_accepted_and_the_first_is_reported():
     """vLLM's --served-model-name takes several names: any of them may be sent; responses, /v1/models'
     first entry and /metrics' model_name report the first."""
-    from mini_vllm.entrypoints.openai.api_server import add_server_args
+    from mini_vllm.entrypoints.openai.cli_args import make_arg_parser
 
-    parser = argparse.ArgumentParser()
-    add_server_args(parser)
+    parser = make_arg_parser(argparse.ArgumentParser())
     assert parser.parse_args(["m", "--served-model-name", "a", "b"]).served_model_name == ["a", "b"]
     llm = LLM(device="cpu", num_blocks=32)
     with BackgroundServer(llm, served_model_name=["first", "second"]) as server:

@@ -1,1 +1,2 @@
-"""The OpenAI-compatible server: ``api_server`` (routes, running it) and ``protocol`` (request and response bodies)."""
+"""The OpenAI-compatible server: ``api_server`` (routes, running it), ``protocol`` (request and response
+bodies), ``serving_*`` (each endpoint's work), ``renderer``, ``metrics`` and ``cli_args`` (the flags)."""

@@ -14,17 +14,19 @@ implements and this server does not (``NOT_IMPLEMENTED``: penalties,
 the field when they ask for anything but their neutral value, never silently
 dropped; other unknown fields are ignored, as vLLM does (it logs them).
 
+A request turns itself into ``SamplingParams`` (``to_sampling_params``, as vLLM's
+requests do), and a bad value is an ``APIError``: a 4xx whose body
+(``error_body``) names the field.
+
 vLLM equivalent: ``vllm/entrypoints/openai/protocol.py`` (and, in 0.33,
 ``chat_completion/protocol.py``, ``completion/protocol.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import uuid
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -40,6 +42,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from ...sampling_params import MAX_LOGPROBS, SamplingParams
 
 # A JSON number: an int is taken as the float it equals; a string or a bool is "not a valid number".
 Number = StrictFloat
@@ -64,6 +68,23 @@ def null_means(default: Any) -> BeforeValidator:
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 VLLM_MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
+
+
+class APIError(Exception):
+    """An error answered to the client alone: status code, OpenAI error type, message, offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, error_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.error_type = error_type or {400: "BadRequestError", 404: "NotFoundError"}.get(
+            status, "BadRequestError" if status < 500 else "InternalServerError"
+        )
+
+    def body(self) -> dict[str, Any]:
+        """What the client gets: ``{"error": {"message", "type", "param", "code"}}``."""
+        return error_body(self.message, self.error_type, self.status, self.param)
 
 
 # vLLM request fields that change the answer and that this server does not implement, each with the
@@ -107,11 +128,22 @@ def _is_off(value: Any, off_values: tuple[Any, ...]) -> bool:
 
 
 class _Request(BaseModel):
+    """What a chat and a completion request share, and their conversion to ``SamplingParams``.
+
+    Each endpoint's request says which field holds its prompt and its logprobs, and gives
+    ``num_logprobs()``: ``SamplingParams.logprobs`` (top candidates per token, None for none).
+    """
+
     # Unknown fields are kept (in model_extra) so that NOT_IMPLEMENTED ones can be refused by name.
     model_config = ConfigDict(extra="allow")
 
     # Fields whose neutral value is this endpoint's own (vLLM's defaults differ between chat and completions).
     ENDPOINT_NOT_IMPLEMENTED: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    # The field holding the prompt and the one asking for logprobs: the 400s about them name it.
+    PROMPT_FIELD: ClassVar[str]
+    LOGPROBS_FIELD: ClassVar[str]
+    # max_tokens when the request gives none; None: the rest of the context (vLLM's chat default).
+    DEFAULT_MAX_TOKENS: ClassVar[int | None] = None
 
     def not_implemented_field(self) -> str | None:
         """The first field that asks for something this server does not implement (see NOT_IMPLEMENTED)."""
@@ -136,6 +168,79 @@ class _Request(BaseModel):
     ignore_eos: StrictBool = False
     stop_token_ids: list[Annotated[Integer, Field(ge=0)]] | None = None
     cache_salt: StrictStr | None = None
+
+    def requested_max_tokens(self) -> tuple[str, int | None]:
+        """The field that sets the output length, and its value."""
+        return "max_tokens", self.max_tokens
+
+    def to_sampling_params(
+        self, num_prompt_tokens: int, max_model_len: int, default_sampling: dict[str, Any] | None = None
+    ) -> SamplingParams:
+        """``SamplingParams`` for a prompt of ``num_prompt_tokens``, ``default_sampling`` (the model's
+        generation config) filling what the request leaves out; a 400 naming the field otherwise."""
+        max_tokens = self._max_tokens(num_prompt_tokens, max_model_len)
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options can only be given when stream is true", param="stream_options")
+        settings = dict(default_sampling or {})
+        for key in ("temperature", "top_p", "top_k", "seed"):
+            if getattr(self, key) is not None:
+                settings[key] = getattr(self, key)
+        settings["logprobs"] = self._checked_num_logprobs()
+        settings["stop_token_ids"] = self.stop_token_ids
+        try:
+            return SamplingParams(
+                n=self.n, max_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos, **settings
+            )
+        except (ValueError, TypeError) as error:
+            raise bad_request(error) from None
+
+    def _max_tokens(self, num_prompt_tokens: int, max_model_len: int) -> int:
+        """As vLLM's ``get_max_tokens``: what was asked for (or the default), capped at the rest of the
+        context (a prompt of 1000 tokens with max_tokens=100 and max_model_len=1024 gets 24)."""
+        name, max_tokens = self.requested_max_tokens()
+        if max_tokens is not None and max_tokens < 1:
+            raise APIError(400, f"{name} must be an integer >= 1, got {max_tokens}", param=name)
+        if max_tokens is not None and max_tokens > max_model_len:
+            raise APIError(  # vLLM's TokenizeParams check, in its words
+                400,
+                f"{name}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+                "Please request fewer output tokens.",
+                param=name,
+            )
+        if num_prompt_tokens >= max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+                f"{num_prompt_tokens} input tokens, which leaves no room for an output token. "
+                "Please reduce the length of the input prompt.",
+                param=self.PROMPT_FIELD,
+            )
+        room = max_model_len - num_prompt_tokens
+        if max_tokens is None:
+            max_tokens = self.DEFAULT_MAX_TOKENS
+        return room if max_tokens is None else min(max_tokens, room)
+
+    def _checked_num_logprobs(self) -> int | None:
+        """``num_logprobs()``, a 400 outside 0..MAX_LOGPROBS."""
+        name = self.LOGPROBS_FIELD
+        num = self.num_logprobs()
+        if num is not None and num < 0:
+            raise APIError(400, f"`{name}` must be a non-negative integer, got {num}", param=name)
+        if num is not None and num > MAX_LOGPROBS:  # vLLM's words
+            raise APIError(
+                400,
+                f"Requested sample logprobs of {num}, which is greater than max allowed: {MAX_LOGPROBS}",
+                param=name,
+            )
+        return num
+
+
+def bad_request(error: Exception) -> APIError:
+    """A ValueError/TypeError from the engine's validation as a 400; ``param`` is the field it names first."""
+    message = str(error)
+    first_word = message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
+    known = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    return APIError(400, message, param=first_word if first_word in known else None)
 
 
 class StreamOptions(BaseModel):
@@ -185,6 +290,8 @@ class _ChatTemplateFields(BaseModel):
 
 class ChatCompletionRequest(_Request, _ChatTemplateFields):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (False, None)}  # the template writes the special tokens
+    PROMPT_FIELD = "messages"
+    LOGPROBS_FIELD = "top_logprobs"
 
     messages: list[ChatMessage] = Field(min_length=1)
     n: Annotated[Integer, null_means(1)] = 1  # Optional in vLLM's chat request (not in its completion request)
@@ -192,22 +299,31 @@ class ChatCompletionRequest(_Request, _ChatTemplateFields):
     logprobs: Annotated[StrictBool, null_means(False)] = False
     top_logprobs: Integer | None = None
 
+    def requested_max_tokens(self) -> tuple[str, int | None]:
+        """``max_completion_tokens`` wins over ``max_tokens`` (OpenAI's newer name for it)."""
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
     def num_logprobs(self) -> int | None:
-        """``SamplingParams.logprobs`` for this request: ``top_logprobs`` (0 without) when ``logprobs`` is true."""
+        """``top_logprobs`` (0 without) when ``logprobs`` is true."""
         if self.top_logprobs and not self.logprobs:  # 0 asks for nothing, as in vLLM
-            raise ValueError("top_logprobs: when using `top_logprobs`, `logprobs` must be set to true.")
+            raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Request):
     ENDPOINT_NOT_IMPLEMENTED = {"add_special_tokens": (True, None)}
+    PROMPT_FIELD = "prompt"
+    LOGPROBS_FIELD = "logprobs"
+    DEFAULT_MAX_TOKENS = 16  # vLLM's CompletionRequest default, as OpenAI's
 
     # A string, a list of strings, token ids, or a list of token-id lists (one choice set per prompt).
     prompt: StrictStr | list[StrictStr] | list[Integer] | list[list[Integer]]
     logprobs: Integer | None = None
 
     def num_logprobs(self) -> int | None:
-        """``SamplingParams.logprobs`` for this request."""
+        """``logprobs``: top candidates per token."""
         return self.logprobs
 
 
@@ -271,47 +387,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int, with_d
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens} if with_details else None,
     }
-
-
-def _decoded(entry: Any, token_id: int, decode: Callable[[int], str]) -> str:
-    """A logprob entry's token as text: the engine's ``decoded_token``, else decoded here (vLLM's ``_get_decoded_token``)."""
-    return entry.decoded_token if entry.decoded_token is not None else decode(token_id)
-
-
-def _logprob(entry: Any) -> float:
-    return max(entry.logprob, -9999.0)  # -inf is no JSON number: OpenAI's floor, as vLLM writes it
-
-
-def completion_logprobs(
-    token_ids: list[int], entries: list[dict], num_top: int, decode: Callable[[int], str], text_offset: int = 0
-) -> dict[str, Any]:
-    """A completion choice's ``logprobs``, as vLLM's ``_create_completion_logprobs``: per token its text,
-    log-probability, offset in the text, and the first ``num_top + 1`` candidates (the token first)."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for token_id, position in zip(token_ids, entries):
-        token = _decoded(position[token_id], token_id, decode)
-        tokens.append(token)
-        token_logprobs.append(_logprob(position[token_id]))
-        candidates = itertools.islice(position.items(), num_top + 1)
-        top_logprobs.append({_decoded(entry, other, decode): _logprob(entry) for other, entry in candidates})
-        offsets.append(text_offset)
-        text_offset += len(token)
-    return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top_logprobs}
-
-
-def chat_logprobs(token_ids: list[int], entries: list[dict], num_top: int, decode: Callable[[int], str]) -> dict:
-    """A chat choice's ``logprobs``, as vLLM's ``_create_chat_logprobs``: per token its text, log-probability
-    and UTF-8 bytes, and the first ``num_top`` candidates in the engine's order (the token first)."""
-
-    def item(token_id: int, entry: Any) -> dict[str, Any]:
-        token = _decoded(entry, token_id, decode)
-        return {"token": token, "logprob": _logprob(entry), "bytes": list(token.encode("utf-8", errors="replace"))}
-
-    content = []
-    for token_id, position in zip(token_ids, entries):
-        top = [item(other, entry) for other, entry in itertools.islice(position.items(), num_top)]
-        content.append({**item(token_id, position[token_id]), "top_logprobs": top})
-    return {"content": content}
 
 
 def error_body(message: str, error_type: str, code: int, param: str | None = None) -> dict[str, Any]:

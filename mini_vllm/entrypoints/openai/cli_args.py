@@ -1,0 +1,116 @@
+"""``python -m mini_vllm serve``'s flags, with ``vllm serve``'s names where mini-vLLM has the setting.
+
+A flag is one ``parser.add_argument`` in ``make_arg_parser``; a flag that sets the
+engine is also one line of ``ENGINE_FLAGS`` (flag -> ``EngineConfig`` field).
+
+vLLM equivalent: ``vllm/entrypoints/openai/cli_args.py`` (``make_arg_parser``,
+``validate_parsed_serve_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def port_number(text: str) -> int:
+    """``--port``: a TCP port, 0 to 65535 (0: any free one); anything else is an argparse error (exit 2)
+    before the model loads, not uvicorn's OverflowError after."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 65535, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 65535, got {port}")
+    return port
+
+
+def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the server's flags added."""
+    parser.add_argument("model_tag", nargs="?", default=None, help="a local Hugging Face folder (default: bundled)")
+    parser.add_argument("--model", default=None, help="same as the positional MODEL")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port, 0-65535 (default: %(default)s)")
+    parser.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model names clients may send; responses report the first (default: MODEL)",
+    )
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per KV-cache block")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16")
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="blocks in the KV-cache pool (EngineConfig.num_blocks)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="requests per step at most")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
+    parser.add_argument("--attention-backend", default=None, help="torch, triton or cpu (default: auto)")
+    parser.add_argument("--seed", type=int, default=None, help="the engine's seed for requests without one")
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefix caching (default: on)",
+    )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="use a chat template sent with a request (chat_template, chat_template_kwargs.chat_template); "
+        "refused by default: it runs on the server's one renderer thread",
+    )
+    parser.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish the KV-cache events over ZMQ as vLLM does (vLLM's KVEventsConfig fields), e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\'',
+    )
+    parser.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve /v1/chat/completions/render and /v1/completions/render (a router tokenizes with them)",
+    )
+    parser.add_argument(
+        "--learner-engine",
+        action="store_true",
+        help="serve your own engine: the parts you passed in the exercises (mini_vllm.course.learner_engine)",
+    )
+    parser.add_argument("--log-level", default="info", help="uvicorn's log level (default: %(default)s)")
+    return parser
+
+
+ENGINE_FLAGS = {
+    "block_size": "block_size",
+    "max_model_len": "max_model_len",
+    "dtype": "dtype",
+    "device": "device",
+    "num_gpu_blocks_override": "num_blocks",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "attention_backend": "attention_backend",
+    "seed": "seed",
+}
+"""Server flag (argparse dest) -> ``EngineConfig`` field."""
+
+
+def validate_parsed_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An argparse error (exit 2) for flags that contradict each other, before the model loads."""
+    if args.model_tag and args.model and args.model_tag != args.model:
+        parser.error(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``EngineConfig`` fields the flags set (those left out keep the engine's defaults)."""
+    settings = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
+    settings["enable_prefix_caching"] = args.enable_prefix_caching
+    return settings
