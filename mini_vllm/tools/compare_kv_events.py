@@ -80,10 +80,13 @@ def compare_streams(
     workloads: list[dict],
     kv_events_config: dict | None = None,
     timeout_s: int = 900,
+    release_source: str | None = None,
 ) -> dict:
     """Both streams, decoded by vLLM: ``{"mini": [batch, ...], "vllm": [batch, ...], "vllm_version"}``.
 
     A batch is ``{"topic", "seq", "data_parallel_rank", "events": [{"type", ...fields}]}``.
+    With ``release_source`` (a release's Python files, ``.vllm-<version>/src``) both streams are
+    decoded again by that release's classes: ``"release": {"version", "mini", "vllm"}``.
     ``kv_events_config`` defaults to vLLM's defaults on a free port; both engines get the
     same one but for the port. Both must run with the same ``PYTHONHASHSEED`` (set it in
     this process's environment: vLLM's subprocess inherits it).
@@ -113,7 +116,18 @@ def compare_streams(
     mini = [
         {"topic": topic, "seq": seq, **batch} for (topic, seq, _), batch in zip(messages, result["decoded_kv_events"])
     ]
-    return {"mini": mini, "vllm": result["engines"][0]["kv_events"], "vllm_version": result["vllm_version"]}
+    theirs = result["engines"][0]["kv_events"]
+    streams = {"mini": mini, "vllm": theirs, "vllm_version": result["vllm_version"]}
+    if release_source is not None:
+        payloads = [payload.hex() for _, _, payload in messages] + [batch["payload"] for batch in theirs]
+        decoded = run_vllm_job({"decode_kv_events": payloads}, timeout_s, pythonpath=release_source)
+        batches = decoded["decoded_kv_events"]
+        streams["release"] = {
+            "version": decoded["vllm_version"],
+            "mini": batches[: len(messages)],
+            "vllm": batches[len(messages) :],
+        }
+    return streams
 
 
 def flat_events(batches: Sequence[dict]) -> list[dict]:

@@ -116,7 +116,7 @@ class Fleet:
     ) -> None:
         if num_mini < 0 or num_vllm < 0 or num_mini + num_vllm < 1:
             raise ValueError(f"a fleet needs at least one replica, got {num_mini} mini-vLLM and {num_vllm} vLLM")
-        self.spec = spec or ServerSpec(str(default_model_path()), block_size=16, num_blocks=256, max_model_len=1024)
+        self.spec = spec or ServerSpec(str(default_model_path()), block_size=32, num_blocks=256, max_model_len=1024)
         self.hash_seed = hash_seed
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="mini-vllm-fleet-"))
         self.startup_timeout_s = startup_timeout_s
@@ -315,6 +315,22 @@ def stream_one(client: Any, url: str, messages: list[dict], max_tokens: int) -> 
     return result
 
 
+def warm_then_route(fleet: Fleet, index: int, conversations: list[list[dict]]) -> tuple[list[dict], list[int]]:
+    """Send the first conversation straight to replica ``index`` (past the router), the others through the
+    router; returns the routed requests' results and how many each replica served of them."""
+    import httpx
+
+    with httpx.Client(timeout=300, trust_env=False) as client:
+        warm = stream_one(client, fleet.replicas[index].url, conversations[0], max_tokens=1)
+        if warm["status"] != 200:
+            raise RuntimeError(f"replica {index} did not answer: {warm}")
+        time.sleep(0.3)  # its BlockStored events reach the router
+        before = fleet.counters()
+        results = [stream_one(client, fleet.url, messages, max_tokens=1) for messages in conversations[1:]]
+    served = [int(a["requests"] - b["requests"]) for a, b in zip(fleet.counters(), before)]
+    return results, served
+
+
 @dataclass
 class FleetRun:
     """What one workload did through the router."""
@@ -389,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("num_replicas", type=int, help="mini-vLLM replicas")
     parser.add_argument("--vllm-replicas", type=int, default=0, help="real vLLM replicas beside them (make vllm)")
     parser.add_argument("--policy", default="kv_aware", choices=ROUTER_POLICIES, help="(default: %(default)s)")
-    parser.add_argument("--block-size", type=int, default=16, help="(default: %(default)s)")
+    parser.add_argument(
+        "--block-size", type=int, default=32, help="(default: %(default)s; vLLM on a CPU needs a multiple of 32)"
+    )
     parser.add_argument("--model", default=None, help="a model folder (default: the bundled model)")
     parser.add_argument(
         "--compare-policies",

@@ -23,6 +23,7 @@ from mini_vllm.tools.fleet import (
     run_chat_workload,
     stream_one,
     tenant_conversations,
+    warm_then_route,
 )
 from prerequisites import missing
 
@@ -48,18 +49,14 @@ def served(fleet, before) -> list[int]:
     return [int(a["requests"] - b["requests"]) for a, b in zip(fleet.counters(), before)]
 
 
-def test_a_tenant_cached_on_one_replica_is_routed_there_every_time(fleet, client):
+def test_a_tenant_cached_on_one_replica_is_routed_there_every_time(fleet):
     fleet.reset_prefix_caches()
     conversations = tenant_conversations(num_tenants=2, requests_per_tenant=5)
-    for index, replica in enumerate(fleet.replicas):  # tenant i warmed directly on replica i, past the router
-        tenant = [messages for t, messages in conversations if t == index]
-        assert stream_one(client, replica.url, tenant[0], max_tokens=1)["status"] == 200
-        time.sleep(0.3)  # its BlockStored events reach the router
-        before = fleet.counters()
-        results = [stream_one(client, fleet.url, messages, max_tokens=1) for messages in tenant[1:]]
+    for index in range(2):  # tenant i warmed on replica i, past the router; then 4 requests through it
+        results, served = warm_then_route(fleet, index, [messages for t, messages in conversations if t == index])
         assert [r["status"] for r in results] == [200] * 4
         assert all(r["cached_tokens"] >= 64 for r in results), results  # the tenant's system prompt, from cache
-        assert served(fleet, before) == [4 if i == index else 0 for i in range(2)]
+        assert served == [4 if i == index else 0 for i in range(2)]
 
 
 def test_a_replica_that_resets_its_cache_is_credited_with_nothing_any_more(fleet, client):

@@ -28,7 +28,8 @@ and then runs every layer with full attention; default: vLLM's own choice,
 ``--kv-events-config`` as a dict: the engine publishes its KV events, this
 process subscribes to them before the workloads run, and the engine's result
 has ``"kv_events"``: every batch received, decoded with vLLM's own
-``KVEventBatch``, as plain lists and dicts, ``ts`` left out).
+``KVEventBatch``, as plain lists and dicts, ``ts`` left out, with its
+``"payload"`` as sent, in hex).
 The job's optional ``"decode_kv_events"`` (payloads as hex, e.g. mini-vLLM's)
 comes back decoded the same way, as ``"decoded_kv_events"``.
 A call's ``"sampling"`` goes to ``SamplingParams`` as it is; with ``"logprobs"`` /
@@ -351,8 +352,8 @@ def _drain(socket, quiet_s: float = 1.0) -> list[dict]:
     socket.close(linger=0)
     decoded = decode_kv_event_payloads([payload for _, _, payload in frames])
     return [
-        {"topic": topic.decode(), "seq": int.from_bytes(seq, "big"), **batch}
-        for (topic, seq, _), batch in zip(frames, decoded)
+        {"topic": topic.decode(), "seq": int.from_bytes(seq, "big"), "payload": payload.hex(), **batch}
+        for (topic, seq, payload), batch in zip(frames, decoded)
     ]
 
 
