@@ -215,7 +215,7 @@ grade: $(VENV)/.course
 # Strict nbval: every committed output must be what the code produces now
 # (tests/nbval_sanitize.cfg masks addresses and timings only). The parts the
 # solutions keep (MINI_VLLM_PARTS) go to a fresh folder, never to my-course/.
-test-notebooks: $(VENV)/.test real-model
+test-notebooks: $(VENV)/.test real-model router
 	@if [ -n "$(NOTEBOOKS)$(SOLUTIONS)" ]; then \
 	  parts=$$(mktemp -d) && trap 'rm -rf "$$parts"' EXIT && \
 	  MINI_VLLM_PARTS=$$parts $(TEST_ENV) $(PY) -m pytest --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \

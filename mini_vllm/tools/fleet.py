@@ -70,7 +70,7 @@ def router_missing_reason() -> str:
 # -- replicas ------------------------------------------------------------------------------
 @dataclass
 class Replica:
-    """One server of the fleet: its HTTP port and its two ZMQ ports stay its own across restarts."""
+    """One server of the fleet: its HTTP port and its two ZMQ ports (events, replays)."""
 
     kind: str  # "mini" or "vllm"
     port: int
@@ -211,13 +211,6 @@ class Fleet:
         process = self.replicas[index].server.process
         process.kill()
         process.wait()
-
-    def restart(self, index: int) -> None:
-        """Start replica ``index`` again on its ports, with an empty cache (its events begin again at 0)."""
-        replica = self.replicas[index]
-        replica.server.stop()
-        self._start_replica(index)
-        replica.server.wait_ready(self.startup_timeout_s)
 
     def reset_prefix_caches(self) -> None:
         """Every replica forgets its cache; each sends ``AllBlocksCleared``, so the router forgets it too."""

@@ -222,3 +222,14 @@ def test_the_comparison_with_vllms_stream_flags_a_difference():
     assert first_difference([event], [event]) is None
     assert "event 0" in first_difference([event], [{**event, "block_hashes": [2]}])
     assert "1 events, vLLM 2" in first_difference([event], [event, event])
+
+
+@pytest.mark.parametrize("module, package", [("msgspec", "msgspec"), ("zmq", "pyzmq")])
+def test_without_its_dependencies_the_error_names_the_package_to_install(module, package):
+    import subprocess
+    import sys
+
+    code = f"import sys; sys.modules[{module!r}] = None; import mini_vllm.distributed.kv_events"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert completed.returncode != 0
+    assert f"ImportError: KV events on the wire need the {package!r} package" in completed.stderr
