@@ -29,9 +29,10 @@ endpoint's serving object) and runs the server; the work is in its neighbours:
 ``protocol.py`` (request and response bodies, request -> ``SamplingParams``),
 ``serving_engine.py`` (the flow chat and completions share, whole and streamed
 responses), ``serving_chat.py``, ``serving_completion.py``,
-``serving_tokenization.py``, ``renderer.py`` (chat templates and tokenizing, off
-the engine thread), ``metrics.py`` (``/metrics``) and ``cli_args.py`` (the flags).
-A new route is one function below; a new flag, one line in ``cli_args.py``.
+``serving_tokenization.py``, ``serving_models.py`` (``ServerSettings``,
+``/v1/models``), ``renderer.py`` (chat templates and tokenizing, off the engine
+thread), ``metrics.py`` (``/metrics``) and ``cli_args.py`` (the flags). A new
+route is one function below; a new flag, one ``add_argument`` in ``cli_args.py``.
 
 vLLM equivalent: ``vllm/entrypoints/openai/api_server.py`` (``build_app``,
 ``init_app_state``, ``run_server``); flags keep ``vllm serve``'s names where they exist.
@@ -57,13 +58,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...llm import LLM
 from ..async_llm import AsyncLLM, EngineShutDown
-from .cli_args import engine_settings, make_arg_parser, validate_parsed_serve_args
+from .cli_args import engine_settings, make_arg_parser, server_settings, validate_parsed_serve_args
 from .metrics import EngineMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .renderer import Renderer
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
-from .serving_engine import ServerSettings, show_available_models
+from .serving_models import ServerSettings, show_available_models
 from .serving_render import OpenAIServingRender
 from .serving_tokenization import OpenAIServingTokenization
 
@@ -355,13 +356,8 @@ def start_kv_events(engine, config: str | dict | None):
 
 def run_server(llm: LLM, args: argparse.Namespace) -> int:
     """Serve ``llm`` on ``--host``/``--port`` until Ctrl-C or SIGTERM: 0, or 1 if the port cannot be had."""
-    settings = ServerSettings.for_engine(
-        llm.llm_engine,
-        args.served_model_name or [args.model or "mini-vllm"],
-        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-        trust_request_chat_template=args.trust_request_chat_template,
-        enable_scale_out=args.enable_scale_out,
-    )
+    served_model_names = args.served_model_name or [args.model or "mini-vllm"]
+    settings = ServerSettings.for_engine(llm.llm_engine, served_model_names, **server_settings(args))
     engine = AsyncLLM(llm)
     app = build_app(engine, settings)
     config = uvicorn.Config(

@@ -1,7 +1,8 @@
 """``python -m mini_vllm serve``'s flags, with ``vllm serve``'s names where mini-vLLM has the setting.
 
 A flag is one ``parser.add_argument`` in ``make_arg_parser``; a flag that sets the
-engine is also one line of ``ENGINE_FLAGS`` (flag -> ``EngineConfig`` field).
+engine is also one line of ``ENGINE_FLAGS`` (flag -> ``EngineConfig`` field), one that
+sets the server a name in ``SERVER_FLAGS`` (a ``ServerSettings`` field).
 
 vLLM equivalent: ``vllm/entrypoints/openai/cli_args.py`` (``make_arg_parser``,
 ``validate_parsed_serve_args``).
@@ -102,6 +103,9 @@ ENGINE_FLAGS = {
 }
 """Server flag (argparse dest) -> ``EngineConfig`` field."""
 
+SERVER_FLAGS = ("enable_prompt_tokens_details", "trust_request_chat_template", "enable_scale_out")
+"""The flags that are ``ServerSettings`` fields of the same name."""
+
 
 def validate_parsed_serve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """An argparse error (exit 2) for flags that contradict each other, before the model loads."""
@@ -114,3 +118,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
     settings["enable_prefix_caching"] = args.enable_prefix_caching
     return settings
+
+
+def server_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ServerSettings`` fields the flags set."""
+    return {field: getattr(args, field) for field in SERVER_FLAGS}

@@ -26,8 +26,8 @@ class CompletionResponseBuilder(ResponseBuilder):
     OBJECT = "text_completion"
     CHUNK_OBJECT = "text_completion"
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.text_offsets: dict[int, int] = {}  # streamed: each choice's text so far, in token texts
 
     def content(self, text: str, chunk: bool = False, first: bool = False) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from ...validation import check_text
 from ..async_llm import AsyncLLM
 from .protocol import APIError, DetokenizeRequest, TokenizeRequest
 from .renderer import Renderer
-from .serving_engine import ServerSettings, check_implemented
+from .serving_engine import check_implemented
+from .serving_models import ServerSettings
 
 
 class OpenAIServingTokenization:
