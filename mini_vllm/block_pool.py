@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 # The KV-cache events live with the engine's other events; the pool records them.
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from .hashing import BlockHash
+from .hashing import BlockHash, event_extra_keys
 from .validation import check_positive_int
 
 NULL_BLOCK_ID = -1  # the null block's id: a placeholder in sliding-window tables, never in the pool
@@ -483,6 +483,7 @@ class BlockPool:
                         block_size=block_size,
                         block_ids=tuple(block.block_id for block in blocks[first:end]),
                         group_idx=kv_cache_group_id,
+                        extra_keys=tuple(event_extra_keys(i, request.cache_salt) for i in range(first, end)),
                     )
                 )
         return cached

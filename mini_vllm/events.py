@@ -86,9 +86,14 @@ class BlockStored:
     blocks these are (always 0 but in a hybrid model, chapter 08b). A
     sliding-window group caches only some blocks of a request: it sends one
     event per run of consecutive blocks (vLLM sends one per call, its hashes
-    skipping the blocks it left out). vLLM 0.33 also sends ``lora_id``,
-    ``lora_name``, ``medium``, ``extra_keys`` and a few more; they have no use
-    here (mini-vLLM serves no LoRA adapters).
+    skipping the blocks it left out). ``extra_keys[i]``: what besides the
+    tokens entered ``block_hashes[i]``, as vLLM publishes it (the keys of
+    ``hashing.block_extra_keys`` without their tags: a salted request's first
+    block has ``(salt,)``, other blocks None), so that a router can hash a
+    salted prompt as the replica did. vLLM 0.33 also sends ``lora_id``,
+    ``lora_name``, ``medium`` and a few more; they have no use here
+    (mini-vLLM serves no LoRA adapters; ``mini_vllm/distributed/kv_events.py``
+    fills them in as vLLM does when it puts these events on the wire).
     """
 
     block_hashes: tuple[bytes, ...]
@@ -97,6 +102,7 @@ class BlockStored:
     block_size: int
     block_ids: tuple[int, ...] = ()
     group_idx: int = 0
+    extra_keys: tuple[tuple | None, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,17 @@ def block_extra_keys(
     return tuple(keys) if keys else None
 
 
+def event_extra_keys(block_index: int, cache_salt: str | None = None) -> tuple | None:
+    """Block ``block_index``'s extra keys as vLLM's KV events publish them: without their tags.
+
+    vLLM's ``to_event_extra_keys``: a router reading the events gets the salt
+    (or LoRA name) itself, e.g. ``("tenant-a",)`` for a salted request's first
+    block, None for a block with no extra key.
+    """
+    keys = block_extra_keys(block_index, cache_salt)
+    return None if keys is None else tuple(key[1] for key in keys)
+
+
 def hash_new_full_blocks(
     token_ids: Sequence[int],
     block_size: int,

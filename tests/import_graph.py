@@ -57,6 +57,7 @@ LAYERS = (
     "mini_vllm/companions/",  # chapter companions: profiler, router, radix cache
     "mini_vllm/entrypoints/",  # the OpenAI server, its async engine, the command line
     "mini_vllm/tools/",  # benchmarks, the vLLM comparisons, the real-model converter, paths
+    "mini_vllm/distributed/",  # what a replica tells the processes around it: its KV events on ZMQ
 )
 # Data folders inside the package (the bundled models).
 PACKAGE_DATA = ("mini_vllm/default_model/", "mini_vllm/hybrid_model/")

@@ -28,6 +28,7 @@ PREREQUISITES = {
     "chromium": f"{CHROMIUM}: scripts/ensure_chromium.sh (apt-get install chromium)",
     "playwright": "playwright for Python: pip install playwright (no `playwright install` needed)",
     "vllm": "real vLLM in .venv-vllm/: make vllm",
+    "vllm-router": "vllm-router in .venv-router/: make router",
     "real-model": "SmolLM2-135M-Instruct in models/: make real-model",
     "npm": "npm and the npm registry, for make site's widget and MathJax scripts: apt-get install npm",
 }

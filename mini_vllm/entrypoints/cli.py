@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("compare-vllm", help="mini-vLLM vs real vLLM on the same workloads (after make vllm)")
     sub.add_parser("compare-servers", help="mini-vLLM's OpenAI server vs vLLM's, through the openai client")
     sub.add_parser("serve", help="an OpenAI-compatible HTTP server: python -m mini_vllm serve --help")
+    sub.add_parser("fleet", help="N servers behind vllm-router (make router first): python -m mini_vllm fleet --help")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # the benchmark has its own options
@@ -177,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..tools.compare_servers import main as compare_servers_main
 
         return compare_servers_main(argv[1:])
+    if argv[:1] == ["fleet"]:  # servers behind the real vllm-router (mini_vllm/tools/fleet.py)
+        from ..tools.fleet import main as fleet_main
+
+        return fleet_main(argv[1:])
     if argv[:1] == ["serve"]:  # the server has vllm serve's options
         from .openai.api_server import main as serve_main
 

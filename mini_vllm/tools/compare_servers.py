@@ -105,8 +105,12 @@ class ServerSpec:
     attention_backend: str = "auto"  # mini-vLLM's
 
 
-def start_mini_server(spec: ServerSpec, log_dir: Path, extra_args: list[str] = ()) -> ServerProcess:
-    port = free_port()
+def start_mini_server(
+    spec: ServerSpec, log_dir: Path, extra_args: list[str] = (), port: int | None = None, env: dict | None = None
+) -> ServerProcess:
+    """``python -m mini_vllm serve`` with ``spec``'s settings on ``port`` (None: a free one), ``extra_args``
+    after them; ``env``: more environment variables (a fleet's ``PYTHONHASHSEED``)."""
+    port = port or free_port()
     command = [
         sys.executable, "-m", "mini_vllm", "serve", spec.model,
         "--port", str(port),
@@ -120,15 +124,18 @@ def start_mini_server(spec: ServerSpec, log_dir: Path, extra_args: list[str] = (
         "--log-level", "warning",
         *extra_args,
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), TOKENIZERS_PARALLELISM="false")
-    return ServerProcess("mini-vLLM", command, env, port, log_dir / "mini_vllm_server.log")
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), TOKENIZERS_PARALLELISM="false", **(env or {}))
+    return ServerProcess("mini-vLLM", command, env, port, log_dir / f"mini_vllm_server_{port}.log")
 
 
-def start_vllm_server(spec: ServerSpec, log_dir: Path) -> ServerProcess:
+def start_vllm_server(
+    spec: ServerSpec, log_dir: Path, extra_args: list[str] = (), port: int | None = None, env: dict | None = None
+) -> ServerProcess:
+    """vLLM's server from ``.venv-vllm``, as ``start_mini_server`` starts mini-vLLM's."""
     python = vllm_python()
     if python is None:
         raise RuntimeError(vllm_missing_reason())
-    port = free_port()
+    port = port or free_port()
     command = [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", spec.model,
@@ -142,6 +149,7 @@ def start_vllm_server(spec: ServerSpec, log_dir: Path) -> ServerProcess:
         "--enforce-eager",
         "--enable-prompt-tokens-details",
         "--enable-prefix-caching",
+        *extra_args,
     ]  # fmt: skip
     env = dict(
         os.environ,
@@ -151,8 +159,9 @@ def start_vllm_server(spec: ServerSpec, log_dir: Path) -> ServerProcess:
         TOKENIZERS_PARALLELISM="false",
         VLLM_LOGGING_LEVEL="WARNING",
         VLLM_SERVER_DEV_MODE="1",  # /reset_prefix_cache exists only in dev mode
+        **(env or {}),
     )
-    return ServerProcess("vLLM", command, env, port, log_dir / "vllm_server.log")
+    return ServerProcess("vLLM", command, env, port, log_dir / f"vllm_server_{port}.log")
 
 
 # -- the workload ------------------------------------------------------------------------

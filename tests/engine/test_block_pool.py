@@ -245,6 +245,7 @@ def test_events_are_recorded_only_when_enabled():
             token_ids=(0, 1, 2, 3),
             block_size=4,
             block_ids=(0,),
+            extra_keys=(None,),  # no salt
         ),
         BlockRemoved(block_hashes=(request.block_hashes[0],), block_ids=(0,)),
     ]

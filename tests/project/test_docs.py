@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "ARCHITECTURE.md"
 # Folders that a make target creates and git ignores: named in the guide, absent from a clean clone.
-MADE_BY_MAKE = ("models/", ".venv-vllm/", ".venv-latest/", "my-course/")
+MADE_BY_MAKE = ("models/", ".venv-vllm/", ".venv-latest/", ".venv-router/", "my-course/")
 
 
 def named_paths(markdown: str) -> list[str]:

@@ -82,6 +82,6 @@ def test_ci_false_is_not_ci(tmp_path):
 
 
 def test_only_known_prerequisites_are_tagged():
-    assert set(PREREQUISITES) == {"chromium", "playwright", "vllm", "real-model", "npm"}
+    assert set(PREREQUISITES) == {"chromium", "playwright", "vllm", "vllm-router", "real-model", "npm"}
     with pytest.raises(ValueError, match="unknown prerequisite"):
         reason_for("cuda", "no GPU")

@@ -11,7 +11,11 @@ Endpoints, as vLLM's server has them: ``GET /v1/models``, ``POST /v1/completions
 ``POST /v1/chat/completions`` (both with SSE streaming and
 ``stream_options.include_usage``), ``POST /tokenize`` and ``POST /detokenize``,
 ``GET /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``
-(Prometheus text with vLLM's metric names) and ``POST /reset_prefix_cache``.
+(Prometheus text with vLLM's metric names) and ``POST /reset_prefix_cache``; with
+``--enable-scale-out``, ``POST /v1/chat/completions/render`` and
+``POST /v1/completions/render`` (a router's tokenization, ``serving_render.py``).
+``--kv-events-config`` publishes the engine's KV events over ZMQ as vLLM does
+(``mini_vllm/distributed/kv_events.py``), for a KV-aware router in front.
 
 The HTTP layer is FastAPI + uvicorn, as in vLLM. Every request goes to one
 ``AsyncLLM`` (``mini_vllm/entrypoints/async_llm.py``), whose single engine
@@ -61,6 +65,7 @@ from .renderer import Renderer
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
 from .serving_models import ServerSettings, show_available_models
+from .serving_render import OpenAIServingRender
 from .serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger("mini_vllm")
@@ -145,6 +150,16 @@ async def completions(body: CompletionRequest, request: Request):
     return await request.app.state.openai_serving_completion.create(body, request)
 
 
+@router.post("/v1/chat/completions/render", dependencies=JSON_BODY)
+async def render_chat_completion(body: ChatCompletionRequest, request: Request) -> dict:
+    return await request.app.state.openai_serving_render.render_chat(body)
+
+
+@router.post("/v1/completions/render", dependencies=JSON_BODY)
+async def render_completion(body: CompletionRequest, request: Request) -> list[dict]:
+    return await request.app.state.openai_serving_render.render_completion(body)
+
+
 def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The FastAPI application: the routes, the error handlers, and the endpoints' serving objects."""
     app = FastAPI(title="mini-vLLM OpenAI-compatible server", lifespan=lifespan)
@@ -158,6 +173,9 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     state.openai_serving_chat = OpenAIServingChat(engine, settings, renderer)
     state.openai_serving_completion = OpenAIServingCompletion(engine, settings, renderer)
     state.openai_serving_tokenization = OpenAIServingTokenization(engine, settings, renderer)
+    state.openai_serving_render = OpenAIServingRender(
+        state.openai_serving_chat, state.openai_serving_completion, settings.enable_scale_out
+    )
     state.metrics = EngineMetrics(engine, settings.served_model_name)
     return app
 
@@ -244,13 +262,19 @@ class BackgroundServer:
         served_model_name: str | list[str] = "mini-vllm",
         enable_prompt_tokens_details: bool = True,
         trust_request_chat_template: bool = False,
+        enable_scale_out: bool = False,
+        kv_events_config: str | dict | None = None,
     ) -> None:
+        """``enable_scale_out`` and ``kv_events_config`` (JSON text, or a dict of vLLM's ``KVEventsConfig``
+        fields) are ``serve --enable-scale-out`` and ``--kv-events-config``: what a router in front needs."""
         settings = ServerSettings.for_engine(
             llm.llm_engine,
             [served_model_name] if isinstance(served_model_name, str) else list(served_model_name),
             enable_prompt_tokens_details=enable_prompt_tokens_details,
             trust_request_chat_template=trust_request_chat_template,
+            enable_scale_out=enable_scale_out,
         )
+        self.kv_events = start_kv_events(llm.llm_engine, kv_events_config)
         self.engine = AsyncLLM(llm)
         self.app = build_app(self.engine, settings)
         config = uvicorn.Config(
@@ -276,6 +300,8 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         self.engine.shutdown()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def __enter__(self) -> BackgroundServer:
         return self
@@ -302,8 +328,30 @@ def main(argv: list[str] | None = None) -> int:
             llm = LLM(args.model, **engine_settings(args))
     except (ValueError, TypeError) as error:
         parser.error(str(error))
+    try:
+        kv_events = start_kv_events(llm.llm_engine, args.kv_events_config)
+    except (ValueError, ImportError, OSError) as error:
+        parser.error(str(error))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return run_server(llm, args)
+    try:
+        return run_server(llm, args)
+    finally:
+        if kv_events is not None:
+            kv_events.close()
+
+
+def start_kv_events(engine, config: str | dict | None):
+    """Publish ``engine``'s KV events as ``--kv-events-config`` says; None when it says nothing is published.
+
+    Imported only then: pyzmq and msgspec are needed for this alone (without them, an
+    ImportError naming the package).
+    """
+    if config is None:
+        return None
+    from ...distributed.kv_events import KVEventsConfig, publish_kv_events
+
+    config = KVEventsConfig.from_json(config) if isinstance(config, str) else KVEventsConfig.from_dict(config)
+    return publish_kv_events(engine, config) if config.publishes else None
 
 
 def run_server(llm: LLM, args: argparse.Namespace) -> int:

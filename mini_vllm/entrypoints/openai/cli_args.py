@@ -70,6 +70,18 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "refused by default: it runs on the server's one renderer thread",
     )
     parser.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help="publish the KV-cache events over ZMQ as vLLM does (vLLM's KVEventsConfig fields), e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557"}\'',
+    )
+    parser.add_argument(
+        "--enable-scale-out",
+        action="store_true",
+        help="serve /v1/chat/completions/render and /v1/completions/render (a router tokenizes with them)",
+    )
+    parser.add_argument(
         "--learner-engine",
         action="store_true",
         help="serve your own engine: the parts you passed in the exercises (mini_vllm.course.learner_engine)",
@@ -91,7 +103,7 @@ ENGINE_FLAGS = {
 }
 """Server flag (argparse dest) -> ``EngineConfig`` field."""
 
-SERVER_FLAGS = ("enable_prompt_tokens_details", "trust_request_chat_template")
+SERVER_FLAGS = ("enable_prompt_tokens_details", "trust_request_chat_template", "enable_scale_out")
 """The flags that are ``ServerSettings`` fields of the same name."""
 
 

@@ -37,6 +37,8 @@ class ServerSettings:
     # A Jinja template sent with a request runs on the renderer thread (a slow one holds up every prompt):
     # refused unless the operator trusts its clients, as vLLM's --trust-request-chat-template.
     trust_request_chat_template: bool = False
+    # vllm serve --enable-scale-out: the render endpoints a router tokenizes requests with (serving_render.py).
+    enable_scale_out: bool = False
 
     @classmethod
     def for_engine(cls, engine, served_model_names: list[str], **options: bool) -> ServerSettings:

@@ -83,8 +83,12 @@ def run_vllm(
     return run_vllm_job(job, timeout_s)
 
 
-def run_vllm_job(job: dict, timeout_s: int = 900) -> dict:
-    """One job for ``mini_vllm/tools/vllm_side/run_vllm.py`` (its docstring says the format), run in vLLM's virtualenv."""
+def run_vllm_job(job: dict, timeout_s: int = 900, pythonpath: str | None = None) -> dict:
+    """One job for ``mini_vllm/tools/vllm_side/run_vllm.py`` (its docstring says the format), run in vLLM's virtualenv.
+
+    ``pythonpath``: a release's Python files to import vLLM from instead of the installed one's
+    (``.vllm-<version>/src``, from ``benchmarks/get_vllm_source.sh``; for what needs no compiled kernel).
+    """
     python = vllm_python()
     if python is None:
         raise RuntimeError(vllm_missing_reason())
@@ -93,6 +97,8 @@ def run_vllm_job(job: dict, timeout_s: int = 900) -> dict:
         job_path.write_text(json.dumps(job))
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # vLLM's virtualenv must not see this one's packages
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         completed = subprocess.run(
             [python, str(DRIVER), str(job_path), str(result_path)],
             capture_output=True,

@@ -24,7 +24,14 @@ Optional keys of a spec: ``"model_impl"`` (``vllm.LLM(model_impl=...)``, e.g.
 ``layer_types`` -- vLLM's native Qwen3 has no per-layer windows: it refuses a
 config that mixes layer types unless ``max_window_layers == num_hidden_layers``,
 and then runs every layer with full attention; default: vLLM's own choice,
-``"auto"``) and ``"async_scheduling"`` (default false).
+``"auto"``) and ``"async_scheduling"`` (default false), and ``"kv_events_config"`` (vLLM's
+``--kv-events-config`` as a dict: the engine publishes its KV events, this
+process subscribes to them before the workloads run, and the engine's result
+has ``"kv_events"``: every batch received, decoded with vLLM's own
+``KVEventBatch``, as plain lists and dicts, ``ts`` left out, with its
+``"payload"`` as sent, in hex).
+The job's optional ``"decode_kv_events"`` (payloads as hex, e.g. mini-vLLM's)
+comes back decoded the same way, as ``"decoded_kv_events"``.
 A call's ``"sampling"`` goes to ``SamplingParams`` as it is; with ``"logprobs"`` /
 ``"prompt_logprobs"`` in it (0 is enough), each request's result also has
 ``"logprobs"`` (per sample, each generated token's log-probability) /
@@ -272,6 +279,10 @@ def run_engine(spec: dict, configuration: str = "comparable") -> dict:
     if configuration == "comparable":
         options["enforce_eager"] = True
         options["async_scheduling"] = spec.get("async_scheduling", False)
+    if spec.get("kv_events_config") is not None:
+        from vllm.config.kv_events import KVEventsConfig
+
+        options["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
@@ -287,8 +298,10 @@ def run_engine(spec: dict, configuration: str = "comparable") -> dict:
         **options,
     )
     startup_s = time.perf_counter() - start
+    subscriber = _subscribe(spec["kv_events_config"]) if spec.get("kv_events_config") is not None else None
     try:
         workloads = [run_workload(llm, workload) for workload in spec["workloads"]]
+        kv_events = _drain(subscriber) if subscriber is not None else None
         num_gpu_blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
         kv_cache = _kv_cache_groups(llm)
     finally:
@@ -303,7 +316,52 @@ def run_engine(spec: dict, configuration: str = "comparable") -> dict:
         "kv_cache": kv_cache,
         "startup_s": startup_s,
         "workloads": workloads,
+        "kv_events": kv_events,
     }
+
+
+# -- KV events: vLLM's stream, decoded with vLLM's classes ------------------------------
+def _subscribe(config: dict):
+    """A SUB socket on the engine's KV-event endpoint (a wildcard address read as this machine)."""
+    import zmq
+
+    endpoint = config.get("endpoint", "tcp://*:5557").replace("*", "127.0.0.1")
+    socket = zmq.Context.instance().socket(zmq.SUB)
+    socket.connect(endpoint)
+    socket.setsockopt(zmq.SUBSCRIBE, config.get("topic", "").encode())
+    time.sleep(0.5)  # a SUB socket misses what is published before it has joined
+    return socket
+
+
+def decode_kv_event_payloads(payloads: list[bytes]) -> list[dict]:
+    """Each payload through vLLM's own decoder (``KVEventBatch``), as plain data without ``ts``."""
+    import msgspec
+    from vllm.distributed.kv_events import KVEventBatch
+
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    batches = []
+    for payload in payloads:
+        batch = decoder.decode(payload)
+        batches.append(
+            {
+                "data_parallel_rank": batch.data_parallel_rank,
+                "events": [{"type": type(event).__name__, **msgspec.structs.asdict(event)} for event in batch.events],
+            }
+        )
+    return json.loads(json.dumps(batches, default=list))  # tuples (extra keys) as lists
+
+
+def _drain(socket, quiet_s: float = 1.0) -> list[dict]:
+    """Every message until none has come for ``quiet_s``: ``{"seq", "topic", ...the decoded batch}``."""
+    frames = []
+    while socket.poll(int(quiet_s * 1000)):
+        frames.append(socket.recv_multipart())
+    socket.close(linger=0)
+    decoded = decode_kv_event_payloads([payload for _, _, payload in frames])
+    return [
+        {"topic": topic.decode(), "seq": int.from_bytes(seq, "big"), "payload": payload.hex(), **batch}
+        for (topic, seq, payload), batch in zip(frames, decoded)
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -333,6 +391,8 @@ def main(argv: list[str]) -> int:
         "configuration": configuration,
         "engines": [run_engine(spec, configuration) for spec in job.get("engines", [])],
     }
+    if job.get("decode_kv_events") is not None:
+        results["decoded_kv_events"] = decode_kv_event_payloads([bytes.fromhex(p) for p in job["decode_kv_events"]])
     text = json.dumps(results)
     if argv[2] == "-":
         print(text)
