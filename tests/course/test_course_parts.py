@@ -643,3 +643,21 @@ def test_a_server_over_the_learners_engine_names_its_parts(parts_folder):
         assert parts_line(served).startswith("your parts: compute_slot_mapping (03) · reference:")
     finally:
         served.shutdown()
+
+
+def test_a_kept_part_imports_the_kernels_first_only_when_it_uses_triton(parts_folder, tmp_path):
+    """Issue 41: every kept file started with `from mini_vllm import kernels` (which sets TRITON_INTERPRET),
+    even a pure-Python part; only a part that imports Triton needs it, before Triton loads."""
+    _play_notebook(tmp_path)
+    for key in ("free_queue", "slot_mapping", "find_longest_cache_hit"):
+        assert "kernels" not in (parts_folder / f"{key}.py").read_text(), key
+    pytest.importorskip("triton.language")
+    script = tmp_path / "kernel_notebook.py"
+    script.write_text(
+        "import triton.language as tl\n\n\n"
+        "def paged_decode(query, k_cache, v_cache, block_table, seq_len, scale):\n    return tl.cdiv(seq_len, 16)\n"
+    )
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    lines = parts_module.freeze(namespace["paged_decode"], "paged_decode").splitlines()
+    imports = [line for line in lines if line.startswith(("import ", "from "))]
+    assert imports == [parts_module.KERNELS_FIRST, "import triton.language as tl"], imports
