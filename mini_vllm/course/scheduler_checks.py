@@ -55,13 +55,18 @@ class _BoundedManager(KVCacheManager):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.looked_up = set()  # the requests get_computed_blocks was called for, in the last schedule_waiting call
         self.bound_lookups(None)
 
     def bound_lookups(self, limit: int | None, what: str = "") -> None:
-        """From now on at most ``limit`` lookups (None: no bound); ``what`` names the call in the message."""
+        """From now on at most ``limit`` lookups (None: no bound); ``what`` names the call in the message.
+        ``looked_up`` starts again: the requests looked up from now on."""
         self.lookups_left, self.lookups_limit, self.bounded_call = limit, limit, what
+        if limit is not None:
+            self.looked_up: set[str] = set()
 
     def get_computed_blocks(self, request: Request):
+        self.looked_up.add(request.request_id)
         if self.lookups_left is not None:
             if self.lookups_left == 0:
                 raise CheckFailure(
@@ -236,8 +241,14 @@ def _admitted(snapshot: dict[str, Any]) -> list[str]:
     return [rid for rid, *_ in snapshot["scheduled"] if rid in waiting_before]
 
 
-def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str, Any]) -> tuple[str, str]:
-    """(what differs, hint) for the first difference between two snapshots of the same step."""
+def _diagnose(
+    scenario: Scenario, step: int, got: dict[str, Any], want: dict[str, Any], looked_up: set[str] | None = None
+) -> tuple[str, str]:
+    """(what differs, hint) for the first difference between two snapshots of the same step.
+
+    ``looked_up``: the requests the learner's function looked up (``get_computed_blocks``) in this step; a
+    hint about the hit's blocks or tokens says first when there was no lookup to take them from.
+    """
     where = f"scenario '{scenario.name}', step {step}"
     got_admitted, want_admitted = _admitted(got), _admitted(want)
     if got_admitted != want_admitted:
@@ -293,6 +304,13 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 "requests are scheduled before yours is called",
             )
         want_computed, want_new, want_blocks = want_by_id[rid]
+        not_looked_up = looked_up is not None and rid not in looked_up and want_computed > 0
+        if not_looked_up and ((computed, new) != (want_computed, want_new) or blocks != want_blocks):
+            problem = (
+                f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) with the block "
+                f"table {list(want_blocks)}; yours: [{computed}, {computed + new}), {list(blocks)}"
+            )
+            return problem, _no_lookup_hint(rid, got)
         if (computed, new) != (want_computed, want_new):
             problem = (
                 f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) "
@@ -429,6 +447,23 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
     return f"{where}: differs", ""
 
 
+def _no_lookup_hint(rid: str, got: dict[str, Any]) -> str:
+    """The hint for a request admitted without a lookup while the prefix cache held some of its blocks."""
+    again = got["num_preemptions"][rid] > 0
+    return (
+        f"your function did not look '{rid}' up in the prefix cache (no get_computed_blocks(request) for it in this "
+        "step), and the cache held "
+        + (
+            "its first blocks: it was preempted and comes back now. Preemption freed its blocks, but they stay "
+            "cached until they are evicted, so a re-admitted request finds what is left of them. "
+            if again
+            else "its first blocks. "
+        )
+        + "Look up every request you try to admit, each time you try it, and pass what the lookup found to "
+        "allocate_slots and schedule_request"
+    )
+
+
 def _run_scenario(
     schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False, copies: int = 1
 ) -> None:
@@ -447,7 +482,7 @@ def _run_scenario(
             check.case = f"scenario '{scenario.name}', step {step}"
             got = learner.step()
             if got != want:
-                problem, hint = _diagnose(scenario, step, got, want)
+                problem, hint = _diagnose(scenario, step, got, want, learner.scheduler.kv_cache_manager.looked_up)
                 if copy_index > 0:
                     problem = f"two schedulers running side by side, the second one: {problem}"
                     hint = (
