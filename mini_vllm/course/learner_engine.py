@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import random
+import time
 from types import TracebackType
 from typing import Any
 
@@ -513,16 +514,18 @@ def run_against_reference(
     )
     print(
         f"running {len(specs)} workload(s) on your engine (your kept parts; the reference's where you have none) "
-        "and on the reference (about 20 s each on a laptop CPU):"
+        "and on the reference, one at a time (each one's time shows as it goes):"
     )
     mine_llm = learner_engine(model, parts=parts, kernels=True, **engine_args)  # every part, the kernels too
     reference_llm = LLM(model, **engine_args)
     mine_events, reference_events = _record_cache_events(mine_llm), _record_cache_events(reference_llm)
     mine, reference = [], []
     for index, spec in enumerate(specs, start=1):  # one workload at a time on both, so progress shows as it goes
+        start = time.perf_counter()
         mine += compare_vllm.run_mini_workloads(mine_llm, [spec])
         reference += compare_vllm.run_mini_workloads(reference_llm, [spec])
-        print(f"  [{index}/{len(specs)}] {spec['name']}: done on both", flush=True)
+        took = time.perf_counter() - start
+        print(f"  [{index}/{len(specs)}] {spec['name']}: done on both in {took:.1f} s", flush=True)
     result: dict[str, Any] = {
         "parts": course_parts(mine_llm),
         "vllm": None,
