@@ -37,7 +37,9 @@ from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 BLOCK_SIZE = 4
 
 
-BLOCK_REMOVED = "BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), group_idx=block.kv_cache_group_id)"
+BLOCK_REMOVED = (
+    "BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), group_idx=block.kv_cache_group_id)"
+)
 """The event an eviction records, as the hints write it: ``block_hash`` and the group read before they are cleared."""
 
 

@@ -226,7 +226,9 @@ def engines_own(key: str, obj: Any) -> str | None:
     references = reference_objects(key)
     given = _unwrapped(obj)
     for reference in references:
-        if given is reference or (inspect.isclass(given) and inspect.isclass(reference) and issubclass(given, reference)):
+        if given is reference or (
+            inspect.isclass(given) and inspect.isclass(reference) and issubclass(given, reference)
+        ):
             how = "is a subclass of" if given is not reference else "is"
             return f"your {part.name} {how} the engine's own {_described(reference)}"
     names = {getattr(reference, "__name__", None): reference for reference in references}
@@ -320,7 +322,9 @@ def freeze(obj: Any, name: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-KERNELS_FIRST = "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)"
+KERNELS_FIRST = (
+    "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)"
+)
 """The first import of a kept part that imports Triton: on a machine without a GPU, Triton must start interpreted."""
 
 

@@ -49,51 +49,40 @@ from .parts import _CannotFreeze, freeze
 BLOCK_SIZE = 16
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
+
+def _tool(name: str, description: str, **parameters: str) -> dict:
+    """A tool as the app registers it: its name, what it does, and each parameter's description."""
+    return {"name": name, "description": description, "parameters": parameters}
+
+
 # The story app's tools. The app's tool registry hands them over in no fixed
 # order, and each dict with its keys in no fixed order: a set and a merge of
 # configs upstream decide that. The check shuffles both for every request.
 STORY_TOOLS: list[dict] = [
-    {
-        "name": "draw_picture",
-        "description": "Draw a picture of one scene of the story.",
-        "parameters": {"scene": "what the picture shows", "style": "crayon, pencil or paint"},
-    },
-    {
-        "name": "find_rhyme",
-        "description": "Find a word that rhymes with the given word.",
-        "parameters": {"word": "the word to rhyme with"},
-    },
-    {
-        "name": "play_sound",
-        "description": "Play the sound an animal makes while the story is read aloud.",
-        "parameters": {"animal": "the animal that makes the sound"},
-    },
-    {
-        "name": "save_story",
-        "description": "Save the finished story in the family story book.",
-        "parameters": {"title": "a short title", "text": "the whole story"},
-    },
+    _tool(
+        "draw_picture",
+        "Draw a picture of one scene of the story.",
+        scene="what the picture shows",
+        style="crayon, pencil or paint",
+    ),
+    _tool("find_rhyme", "Find a word that rhymes with the given word.", word="the word to rhyme with"),
+    _tool(
+        "play_sound",
+        "Play the sound an animal makes while the story is read aloud.",
+        animal="the animal that makes the sound",
+    ),
+    _tool(
+        "save_story", "Save the finished story in the family story book.", title="a short title", text="the whole story"
+    ),
 ]
 
 
 # Tools other apps built on the same code register: the check's random scenarios
 # mix them in, so a fix that hard-codes the four names above does not pass.
 EXTRA_TOOLS: list[dict] = [
-    {
-        "name": "count_sheep",
-        "description": "Count sheep aloud, slowly, to help a child fall asleep.",
-        "parameters": {"number": "how many sheep to count"},
-    },
-    {
-        "name": "ask_parent",
-        "description": "Ask the parent a question before going on with the story.",
-        "parameters": {"question": "the question to ask"},
-    },
-    {
-        "name": "bookmark_page",
-        "description": "Remember where the story stopped tonight.",
-        "parameters": {"page": "the page number", "note": "a short note"},
-    },
+    _tool("count_sheep", "Count sheep aloud, slowly, to help a child fall asleep.", number="how many sheep to count"),
+    _tool("ask_parent", "Ask the parent a question before going on with the story.", question="the question to ask"),
+    _tool("bookmark_page", "Remember where the story stopped tonight.", page="the page number", note="a short note"),
 ]
 
 
@@ -234,7 +223,9 @@ def built_in_other_processes(build_messages: Callable, requests: list[dict]) -> 
     search_path = os.pathsep.join(path or os.getcwd() for path in sys.path)  # the same packages, this checkout
     with tempfile.TemporaryDirectory() as folder:
         script, given = Path(folder, "build_messages.py"), Path(folder, "requests.pickle")
-        script.write_text("from __future__ import annotations  # names in annotations need not be kept\n" + source + _RUN_ELSEWHERE)
+        script.write_text(
+            "from __future__ import annotations  # names in annotations need not be kept\n" + source + _RUN_ELSEWHERE
+        )
         given.write_bytes(pickle.dumps(requests))
         runs = {
             seed: subprocess.Popen(
@@ -285,7 +276,9 @@ SAME_IN_EVERY_PROCESS_HINT = (
 )
 
 
-def _expect_the_same_in_every_process(check: Checker, build_messages: Callable, requests: list[dict], label: str) -> None:
+def _expect_the_same_in_every_process(
+    check: Checker, build_messages: Callable, requests: list[dict], label: str
+) -> None:
     """The prompts of ``requests`` do not depend on the process that builds them (its ``PYTHONHASHSEED``)."""
     elsewhere = built_in_other_processes(build_messages, requests)
     if not elsewhere:  # its code cannot depend on the process, or it cannot run in another

@@ -221,7 +221,11 @@ def _tool_names_through_a_set(system_prompt, tools, user_request, now):
     """The same with the names, added in sorted order: one order in every request of a process, so the hit rate
     is the reference's, but another order in another process."""
     by_name = {tool["name"]: tool for tool in tools}
-    lines = [system_prompt, "Tools you can call:", *(json.dumps(by_name[n], sort_keys=True) for n in set(sorted(by_name)))]
+    lines = [
+        system_prompt,
+        "Tools you can call:",
+        *(json.dumps(by_name[n], sort_keys=True) for n in set(sorted(by_name))),
+    ]
     return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
 
 

@@ -459,7 +459,7 @@ def test_every_function_a_kept_message_names_is_exported_from_the_course():
 
 def test_a_lookup_that_returns_none_in_its_list_is_named_with_the_entry(parts_folder):
     """Found by a learner pass (08b): a None in the hit's list ended steps later in 'NoneType' has no 'ref_cnt'."""
-    from mini_vllm.course.learner_engine import NotAListOfBlocks
+    from mini_vllm.course.learner_errors import NotAListOfBlocks
     from mini_vllm.kv_cache_manager import find_longest_cache_hit
 
     def hit_with_a_hole(block_pool, block_hashes, max_num_blocks):
