@@ -39,11 +39,13 @@ class Arrival:
 
 @dataclass
 class Scenario:
+    """A pool and a scheduler's limits, and the requests that arrive (the fixed scenarios name what they change)."""
+
     name: str
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    num_blocks: int = 12
+    block_size: int = 4
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 64
     arrivals: list[Arrival] = field(default_factory=list)
     enable_caching: bool = True
 
@@ -532,26 +534,15 @@ def fixed_scenarios() -> list[Scenario]:
     return [
         Scenario(
             "a later request hits the blocks of a running one",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20, 21], 4), Arrival(1, "B", system + [30, 31, 32], 3)],
         ),
         Scenario(
             "two requests with one prefix in the same step",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20], 3), Arrival(0, "B", system + [30, 31], 3)],
         ),
         Scenario(
             "FIFO: a request that does not fit blocks the ones behind it",
             num_blocks=8,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "R", _tokens(100, 18), 3),
                 Arrival(1, "big", _tokens(200, 16), 2),
@@ -561,41 +552,27 @@ def fixed_scenarios() -> list[Scenario]:
         Scenario(
             "max_num_seqs = 2",
             num_blocks=16,
-            block_size=4,
             max_num_seqs=2,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, name, _tokens(10 * i + 100, 5), 2) for i, name in enumerate("XYZ")],
         ),
         Scenario(
             "a 20-token prompt with a budget of 8 tokens (chunked prefill)",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "long", _tokens(1, 20), 2)],
         ),
         Scenario(
             "two 6-token prompts with a budget of 8 tokens",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
         ),
         Scenario(
             "an 8-token prompt spends the whole budget of 8: the request behind it waits",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "P", _tokens(1, 8), 2), Arrival(0, "Q", _tokens(50, 4), 2)],
         ),
         Scenario(
             "preemption and re-admission",
             num_blocks=7,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "A", system + [40], 12),
                 Arrival(1, "B", system + [50, 51, 52, 53], 12),
@@ -603,10 +580,6 @@ def fixed_scenarios() -> list[Scenario]:
         ),
         Scenario(
             "prefix caching disabled",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20], 2), Arrival(1, "B", system + [30], 2)],
             enable_caching=False,
         ),
