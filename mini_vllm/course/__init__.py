@@ -9,20 +9,24 @@ that helps, and prints a pass line.
 An implementation that passes its check is kept as a part of the learner's
 own engine (:mod:`mini_vllm.course.parts`); :func:`learner_engine` builds an
 ``LLM`` from every part kept so far, the reference filling in the rest, and
-:func:`reset_parts` goes back to the reference.
+:func:`reset_parts` goes back to the reference. :func:`parts_line` says in one
+line which parts of an engine are yours (your code) and which the reference's;
+:func:`learner_engine` prints it for every engine it builds.
 """
 
 import importlib
 import pkgutil
 
 from ._harness import CHECKS
+from .comparisons import against_vllm, compare_observables, compare_with_reference, run_against_reference
 from .display import show_interface, show_source, side_by_side
 from .learner_engine import (
-    against_vllm,
-    compare_with_reference,
+    ENGINE_PARTS,
+    LearnerLLM,
+    PartsTable,
     course_parts,
     learner_engine,
-    run_against_reference,
+    parts_line,
     scattered_free_queue,
     show_parts,
     use_parts,
@@ -42,11 +46,16 @@ __all__ = [
     "show_interface",
     "learner_engine",
     "learner_parts",
-    "scattered_free_queue",
     "use_parts",
     "course_parts",
+    "parts_line",
     "show_parts",
+    "PartsTable",
+    "LearnerLLM",
+    "ENGINE_PARTS",
+    "scattered_free_queue",
     "compare_with_reference",
+    "compare_observables",
     "run_against_reference",
     "against_vllm",
     "kept_parts",

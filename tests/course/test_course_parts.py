@@ -26,6 +26,7 @@ from mini_vllm.course import (
     kept_parts,
     learner_engine,
     parts_dir,
+    parts_line,
     reset_parts,
     show_parts,
 )
@@ -382,14 +383,18 @@ def test_a_helper_bound_to_a_second_name_is_kept_under_that_name_too(parts_folde
 def test_an_engine_constant_is_kept_as_its_import_not_as_this_processes_value(parts_folder, tmp_path):
     """NONE_HASH follows PYTHONHASHSEED: a kept hash function must import it, or it stops matching the engine."""
     notebook = """
+import hashlib
+import pickle
+
 from mini_vllm.block_pool import BlockRemoved  # re-exported there: its own module is mini_vllm.events
-from mini_vllm.hashing import NONE_HASH, hash_block_tokens as engine_hash
+from mini_vllm.hashing import NONE_HASH
 from mini_vllm.course import check_hash_block_tokens
 
 
 def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
     assert BlockRemoved is not None
-    return engine_hash(NONE_HASH if parent_block_hash is None else parent_block_hash, token_ids, extra_keys)
+    parent = NONE_HASH if parent_block_hash is None else parent_block_hash
+    return hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest()
 
 
 check_hash_block_tokens(hash_block_tokens)
@@ -454,7 +459,7 @@ def test_every_function_a_kept_message_names_is_exported_from_the_course():
 
 def test_a_lookup_that_returns_none_in_its_list_is_named_with_the_entry(parts_folder):
     """Found by a learner pass (08b): a None in the hit's list ended steps later in 'NoneType' has no 'ref_cnt'."""
-    from mini_vllm.course.learner_engine import NotAListOfBlocks
+    from mini_vllm.course.learner_errors import NotAListOfBlocks
     from mini_vllm.kv_cache_manager import find_longest_cache_hit
 
     def hit_with_a_hole(block_pool, block_hashes, max_num_blocks):
@@ -599,3 +604,132 @@ def test_a_part_kept_when_the_kernels_were_imported_as_kernels_still_loads_and_s
     assert "import kernels" not in updated.replace("mini_vllm import kernels", "")
     parts_module.load_part("paged_decode")  # the second time there is nothing left to say
     assert capsys.readouterr().out == ""
+
+
+def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_reference(parts_folder, tmp_path, capsys):
+    assert parts_line() == (
+        "your parts: none yet · reference: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), hash_block_tokens, "
+        "hash_request_tokens (04), find_longest_cache_hit (05), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+    )
+    _play_notebook(tmp_path)
+    capsys.readouterr()
+    mine = learner_engine(**_engine_args())
+    printed = capsys.readouterr().out.splitlines()
+    line = (
+        "your parts: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05) · "
+        "reference: hash_block_tokens, hash_request_tokens (04), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+    )
+    assert printed == [line]  # the builder says it, in one line
+    assert parts_line(mine) == line == parts_line()  # the same for the LLM, its engine and the kept parts
+    assert parts_line(mine.llm_engine) == line and repr(parts_line(mine)) == line  # a notebook shows it unquoted
+    # A reference engine beside the learner's: their kept parts are named, as not run by it.
+    reference = learner_engine(parts={}, quiet=True, **_engine_args())
+    assert capsys.readouterr().out == ""
+    assert parts_line(reference).endswith(
+        "· kept, not run by this engine: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05)"
+    )
+    assert parts_line(LLM(**_engine_args())).startswith("your parts: none yet · reference: FreeKVCacheBlockQueue (02)")
+    with pytest.raises(TypeError, match="holds no engine"):
+        parts_line(object())
+
+
+def test_a_server_over_the_learners_engine_names_its_parts(parts_folder):
+    from mini_vllm.entrypoints.async_llm import AsyncLLM
+
+    def compute_slot_mapping(block_ids, start, end, block_size):
+        return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+    mine = learner_engine(parts={"slot_mapping": compute_slot_mapping}, quiet=True, **_engine_args())
+    served = AsyncLLM(mine)
+    try:
+        assert parts_line(served).startswith("your parts: compute_slot_mapping (03) · reference:")
+    finally:
+        served.shutdown()
+
+
+def test_a_kept_part_imports_the_kernels_first_only_when_it_uses_triton(parts_folder, tmp_path):
+    """Issue 41: every kept file started with `from mini_vllm import kernels` (which sets TRITON_INTERPRET),
+    even a pure-Python part; only a part that imports Triton needs it, before Triton loads."""
+    _play_notebook(tmp_path)
+    for key in ("free_queue", "slot_mapping", "find_longest_cache_hit"):
+        assert "kernels" not in (parts_folder / f"{key}.py").read_text(), key
+    pytest.importorskip("triton.language")
+    script = tmp_path / "kernel_notebook.py"
+    script.write_text(
+        "import triton.language as tl\n\n\n"
+        "def paged_decode(query, k_cache, v_cache, block_table, seq_len, scale):\n    return tl.cdiv(seq_len, 16)\n"
+    )
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    lines = parts_module.freeze(namespace["paged_decode"], "paged_decode").splitlines()
+    imports = [line for line in lines if line.startswith(("import ", "from "))]
+    assert imports == [parts_module.KERNELS_FIRST, "import triton.language as tl"], imports
+
+
+HANDED_TO_THE_ENGINE = """
+from mini_vllm import kv_cache_manager
+from mini_vllm.block_pool import BlockPool
+from mini_vllm.course import (
+    check_find_longest_cache_hit, check_free_blocks, check_get_new_blocks, check_hash_block_tokens,
+    check_schedule_waiting,
+)
+from mini_vllm.hashing import hash_block_tokens as engines_hash
+from mini_vllm.scheduler import Scheduler
+
+
+def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
+    return engines_hash(parent_block_hash, token_ids, extra_keys)
+
+
+def lookup(block_pool, block_hashes):
+    return kv_cache_manager.longest_cache_hit(block_hashes, block_pool.get_cached_block)
+
+
+def find_longest_cache_hit(block_pool, block_hashes, max_num_blocks):
+    return lookup(block_pool, block_hashes[:max_num_blocks])  # through a helper of the notebook's
+
+
+def get_new_blocks(pool, num_blocks):
+    return pool.get_new_blocks(num_blocks)
+
+
+def schedule_waiting(scheduler, token_budget, output):
+    return Scheduler.schedule_waiting(scheduler, token_budget, output)
+
+
+check_hash_block_tokens(hash_block_tokens)
+check_find_longest_cache_hit(find_longest_cache_hit)
+check_free_blocks(BlockPool.free_blocks)
+check_get_new_blocks(get_new_blocks)
+check_schedule_waiting(schedule_waiting)
+"""
+
+
+def test_an_answer_that_is_or_only_calls_the_engines_own_is_said_to_be_and_not_kept(parts_folder, tmp_path, capsys):
+    """Issue 41: exercise 05's answer that just called the engine's longest_cache_hit passed and was kept as the
+    learner's part. The checks still run (the code is right), but say whose code it is, and keep nothing."""
+    _play_notebook(tmp_path, HANDED_TO_THE_ENGINE)
+    out = capsys.readouterr().out
+    assert kept_parts() == [], out
+    for line in (
+        "✗ not kept: your hash_block_tokens calls the engine's own hash_block_tokens (mini_vllm.hashing)",
+        "✗ not kept: your find_longest_cache_hit calls the engine's own longest_cache_hit",
+        "✗ not kept: your free_blocks is the engine's own BlockPool.free_blocks (mini_vllm.block_pool)",
+        "✗ not kept: your get_new_blocks calls the engine's own BlockPool.get_new_blocks (mini_vllm.block_pool), "
+        "as .get_new_blocks(...)",
+        "✗ not kept: your schedule_waiting calls the engine's own Scheduler.schedule_waiting (mini_vllm.scheduler)",
+    ):
+        assert line in out, out
+    assert "kept as your part" not in out
+
+
+def test_a_helper_named_as_the_engines_function_is_the_learners_own_and_kept(parts_folder, tmp_path, capsys):
+    source = LEARNER_NOTEBOOK.replace("def find_longest_cache_hit(", "def longest_cache_hit(").replace(
+        "check_find_longest_cache_hit(find_longest_cache_hit)",
+        "def find_longest_cache_hit(block_pool, block_hashes, max_num_blocks):\n"
+        "    return longest_cache_hit(block_pool, block_hashes, max_num_blocks)\n\n\n"
+        "check_find_longest_cache_hit(find_longest_cache_hit)",
+    )
+    _play_notebook(tmp_path, source)
+    assert "find_longest_cache_hit" in kept_parts() and "✗ not kept" not in capsys.readouterr().out
