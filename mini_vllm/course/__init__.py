@@ -9,7 +9,9 @@ that helps, and prints a pass line.
 An implementation that passes its check is kept as a part of the learner's
 own engine (:mod:`mini_vllm.course.parts`); :func:`learner_engine` builds an
 ``LLM`` from every part kept so far, the reference filling in the rest, and
-:func:`reset_parts` goes back to the reference.
+:func:`reset_parts` goes back to the reference. :func:`parts_line` says in one
+line which parts of an engine are yours (your code) and which the reference's;
+:func:`learner_engine` prints it for every engine it builds.
 """
 
 import importlib
@@ -22,6 +24,7 @@ from .learner_engine import (
     compare_with_reference,
     course_parts,
     learner_engine,
+    parts_line,
     run_against_reference,
     scattered_free_queue,
     show_parts,
@@ -46,6 +49,7 @@ __all__ = [
     "use_parts",
     "course_parts",
     "show_parts",
+    "parts_line",
     "compare_with_reference",
     "run_against_reference",
     "against_vllm",

@@ -3,7 +3,8 @@
 The queue is a doubly linked list threaded through the blocks themselves
 (``prev_free_block`` / ``next_free_block``). The check first runs short fixed
 scenarios, each aimed at one typical mistake, and after every operation
-verifies the order (head to tail), ``num_free_blocks`` and that the links of
+verifies ``num_free_blocks`` (read first: the pool reads it without listing
+the queue), the order (head to tail) and that the links of
 neighbouring blocks agree with each other. Two queues alive at once must not
 interfere (state on the class, or in a mutable default, is shared), and every
 operation on a queue of 20,000 blocks must read only a handful of links: the
@@ -75,6 +76,7 @@ class _Scenario:
     def verify(self, hint: str) -> None:
         check = self.check
         _expect_given_list_unchanged(check, self.given, self.blocks, self.where())
+        count = self.queue.num_free_blocks  # before the listing: the pool reads the count on its own
         free = self.free_list()
         got = block_ids(free)
         check.expect_equal(
@@ -83,14 +85,13 @@ class _Scenario:
         count_hint = (
             "num_free_blocks must change in every operation: -1 in popleft and remove, +1 in append and appendleft"
         )
-        if self.history == ["init"] and self.queue.num_free_blocks == 2 * len(self.expected) > 0:
+        if self.history == ["init"] and count == 2 * len(self.expected) > 0:
             count_hint = (
                 "num_free_blocks counts every block twice: __init__ sets it to len(blocks) AND adds one per "
                 "block (through append, or by hand); count them once"
             )
-        check.expect_equal(
-            self.queue.num_free_blocks, len(self.expected), f"{self.where()}: num_free_blocks", count_hint
-        )
+        count_hint = _stale_count_hint(count, self.queue.num_free_blocks, len(self.expected)) or count_hint
+        check.expect_equal(count, len(self.expected), f"{self.where()}: num_free_blocks", count_hint)
         # The links must agree in both directions: the next operation follows them.
         links = ("prev_free_block", "next_free_block")
         check.expect(
@@ -267,6 +268,18 @@ class _Scenario:
         )
 
 
+def _stale_count_hint(before_listing: int, after_listing: int, expected: int) -> str:
+    """The hint for a count that is right only once ``get_all_free_blocks()`` has walked the list ("" otherwise)."""
+    if before_listing == expected or after_listing != expected:
+        return ""
+    return (
+        f"num_free_blocks was {before_listing} before get_all_free_blocks() and {after_listing} after it: your "
+        "queue brings the count up to date only when it walks the list. The pool reads num_free_blocks on its "
+        "own, between operations (does a request fit?), and never lists the queue to do so: keep it right at "
+        "all times, -1 in popleft and remove, +1 in append and appendleft"
+    )
+
+
 def _name(block: Any) -> str:
     if block is None:
         return "None"
@@ -357,13 +370,14 @@ def _check_independent_queues(check: Checker, queue_cls: Callable) -> None:
         queue_cls, list(second_blocks), what="a second queue of blocks 10, 11, while the first is alive"
     )
     check.call(second.popleft, what="popleft() on the second queue")
+    counts = (first.num_free_blocks, second.num_free_blocks)  # before the listings, as the pool reads them
     got_first = block_ids(check.call(first.get_all_free_blocks, what="get_all_free_blocks() on the first queue"))
     got_second = block_ids(check.call(second.get_all_free_blocks, what="get_all_free_blocks() on the second queue"))
     check.expect(
-        got_first == [0, 1, 2] and got_second == [11] and first.num_free_blocks == 3 and second.num_free_blocks == 1,
+        got_first == [0, 1, 2] and got_second == [11] and counts == (3, 1),
         "two queues alive at once interfere: the first queue (blocks 0, 1, 2) holds "
-        f"{got_first} with num_free_blocks {first.num_free_blocks}, the second (blocks 10, 11, one popped) "
-        f"holds {got_second} with num_free_blocks {second.num_free_blocks}",
+        f"{got_first} with num_free_blocks {counts[0]}, the second (blocks 10, 11, one popped) "
+        f"holds {got_second} with num_free_blocks {counts[1]}",
         "keep all state on the instance (self.x = ... in __init__): a class attribute (fake_head = ... or "
         "num_free_blocks = 0 in the class body, changed through the class) or a mutable default argument "
         "(def __init__(self, blocks=[])) is shared by every queue, and the engine has one pool per LLM",
@@ -459,11 +473,13 @@ def check_free_queue(queue_cls: Callable) -> None:
                     in_queue.discard(block_id)
                 else:
                     in_queue.add(block_id)
+            mine_count = mine.num_free_blocks  # before the listing, as the pool reads it
             mine_free = check.call(mine.get_all_free_blocks, what=f"random trial {trial}: get_all_free_blocks()")
             check.expect_equal(
-                (block_ids(mine_free), mine.num_free_blocks),
+                (block_ids(mine_free), mine_count),
                 (block_ids(ref.get_all_free_blocks()), ref.num_free_blocks),
                 f"random trial {trial}: after {' -> '.join(history[-6:])}: (queue head to tail, num_free_blocks)",
+                _stale_count_hint(mine_count, mine.num_free_blocks, ref.num_free_blocks),
                 random_case=True,
             )
         _expect_given_list_unchanged(check, mine_given, mine_blocks, f"random trial {trial}: after 30 operations")

@@ -2,7 +2,8 @@
 
     >>> from mini_vllm.course import learner_engine, show_parts
     >>> llm = learner_engine(device="cpu", num_blocks=64)   # every part you have kept so far
-    >>> show_parts(llm)                                     # which parts are yours
+    your parts: FreeKVCacheBlockQueue (02), ... · reference: ...   (printed: parts_line(llm))
+    >>> show_parts(llm)                                     # the same, as a table with each part's role
 
 Every part is one of the engine's extension points (``mini_vllm/engine_parts.py``):
 :func:`use_parts` turns the learner's parts into an ``EngineParts`` and
@@ -12,7 +13,7 @@ the scheduler, the model runner, each request, the attention backend) as it
 builds them, for this ``LLM`` only: nothing here patches the engine.
 
 :func:`course_parts` maps every part of an engine to ``"yours"`` or
-``"reference"`` (the dashboard and :func:`show_parts` read it).
+``"reference"`` (the dashboard, :func:`parts_line` and :func:`show_parts` read it).
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ def learner_engine(
     parts: dict[str, Any] | None = None,
     mine: dict[str, Any] | None = None,
     kernels: bool | None = None,
+    quiet: bool = False,
     **llm_kwargs,
 ) -> LearnerLLM:
     """An ``LLM(model, parts=..., **llm_kwargs)`` running the learner's parts.
@@ -193,6 +195,9 @@ def learner_engine(
     a CPU, where Triton's interpreter makes every step about 20 times slower,
     no, with a line saying so (``kernels=True`` runs them anyway, as the
     comparison at the end of exercise 08 does). Parts in ``mine`` always run.
+
+    Prints :func:`parts_line`: which parts of the engine built are yours and
+    which are the reference's (``quiet=True``: not).
     """
     chosen = dict(learner_parts() if parts is None else parts)
     if parts is None and kernels is not True:
@@ -217,6 +222,8 @@ def learner_engine(
     errors: list[tuple[str, BaseException]] = []
     llm = LearnerLLM(model, parts=use_parts(chosen, hash_algo=hash_algo, errors=errors), **llm_kwargs)
     llm.part_errors = errors
+    if not quiet:
+        print(parts_line(llm))
     return llm
 
 
@@ -332,10 +339,23 @@ def use_parts(parts: dict[str, Any], *, hash_algo: str = "sha256", errors: list 
     return EngineParts(**given)
 
 
-def course_parts(llm: LLM) -> dict[str, str]:
-    """Every part of ``llm``'s engine: ``"yours"`` where its ``EngineParts`` has one, else ``"reference"``."""
-    replaced = set(llm.llm_engine.parts.replaced())
+def course_parts(llm: Any) -> dict[str, str]:
+    """Every part of ``llm``'s engine: ``"yours"`` where its ``EngineParts`` has one, else ``"reference"``.
+
+    ``llm``: an ``LLM``, an ``LLMEngine``, or what holds one (an ``AsyncLLM``, a server's ``.engine``).
+    """
+    replaced = set(_engine_parts_of(llm).replaced())
     return {key: ("yours" if key in replaced else "reference") for key in ENGINE_PARTS}
+
+
+def _engine_parts_of(engine_or_llm: Any) -> EngineParts:
+    """The ``EngineParts`` of an ``LLMEngine``, or of the engine an ``LLM``, an ``AsyncLLM`` or a server holds."""
+    held = engine_or_llm
+    for _ in range(4):  # a server holds an AsyncLLM, which holds an LLM, which holds the LLMEngine
+        if isinstance(getattr(held, "parts", None), EngineParts):
+            return held.parts
+        held = next((getattr(held, name) for name in ("llm_engine", "engine", "llm") if hasattr(held, name)), None)
+    raise TypeError(f"{type(engine_or_llm).__name__} holds no engine: pass an LLM (learner_engine(...)) or an LLMEngine")
 
 
 # -- showing and comparing ---------------------------------------------------------------
@@ -371,6 +391,50 @@ class PartsTable:
             "<table><thead><tr><th>ch</th><th>part</th><th>role</th><th>whose</th></tr></thead>"
             f"<tbody>{body}</tbody></table><p>{mine} of {len(self.rows())} parts are yours</p>"
         )
+
+
+class PartsLine(str):
+    """The one line :func:`parts_line` returns: a ``str`` that a notebook shows as its text, unquoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def parts_line(engine_or_llm: Any = None) -> PartsLine:
+    """One line: which parts of this engine run your code, and which run the reference's.
+
+        >>> print(parts_line(llm))
+        your parts: FreeKVCacheBlockQueue (02), hash_block_tokens, hash_request_tokens (04) · reference: ...
+
+    "Yours" means your code: a part whose check passed in an exercise (kept in
+    the parts folder), or one given to :func:`learner_engine` as ``mine``, that
+    this engine runs (never benchmark results). ``engine_or_llm``: an ``LLM``,
+    an ``LLMEngine`` or what wraps one (an ``AsyncLLM``, a server); without
+    one, the engine :func:`learner_engine` would build now (every kept part).
+    A part kept but not run by this engine (a reference engine beside yours,
+    or the kernels on a CPU) is named as such.
+    """
+    kept = set(kept_parts())
+    if engine_or_llm is None:
+        whose = {key: ("yours" if key in kept else "reference") for key in ENGINE_PARTS}
+    else:
+        whose = course_parts(engine_or_llm)
+    yours = [key for key in ENGINE_PARTS if whose[key] == "yours"]
+    reference = [key for key in ENGINE_PARTS if whose[key] != "yours"]
+    not_run = [key for key in reference if key in kept]
+    line = f"your parts: {_by_chapter(yours) or 'none yet'} · reference: {_by_chapter(reference) or 'none'}"
+    if not_run:
+        line += f" · kept, not run by this engine: {_by_chapter(not_run)}"
+    return PartsLine(line)
+
+
+def _by_chapter(keys: list[str]) -> str:
+    """``FreeKVCacheBlockQueue (02), hash_block_tokens, hash_request_tokens (04)``: each part by its exercise's
+    name, those of one chapter together."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(PARTS_BY_KEY[key].chapter, []).append(PARTS_BY_KEY[key].name)
+    return ", ".join(f"{', '.join(names)} ({chapter})" for chapter, names in groups.items())
 
 
 def show_parts(llm: LLM | None = None) -> PartsTable:
@@ -621,6 +685,7 @@ __all__ = [
     "use_parts",
     "course_parts",
     "show_parts",
+    "parts_line",
     "compare_with_reference",
     "run_against_reference",
     "against_vllm",

@@ -221,11 +221,7 @@ def freeze(obj: Any, name: str) -> str:
     constants (numbers, strings, bytes, tuples of them) as assignments; the
     notebook's own functions and classes as their source, before their users.
     """
-    header = [
-        f'"""Your part: {name}, kept when its check passed. Edit it here, or re-run the exercise."""',
-        "",
-        "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)",
-    ]
+    header = [f'"""Your part: {name}, kept when its check passed. Edit it here, or re-run the exercise."""', ""]
     imports: list[str] = []
     definitions: list[str] = []
     defined = _defined_name(obj, name)
@@ -233,8 +229,14 @@ def freeze(obj: Any, name: str) -> str:
         raise _CannotFreeze(f"a {defined} cannot be kept as a file: write it with def {name}(...)")
     # Checked under another name (check_find_longest_cache_hit(my_lookup)): the part's name too.
     _freeze_into(obj, name, imports, definitions, seen=set())
+    if any(re.match(r"(from|import) triton\b", line) for line in imports):  # a kernel: Triton must not load first
+        header.append(KERNELS_FIRST)
     lines = header + sorted(set(imports)) + [""] + definitions
     return "\n".join(lines).rstrip() + "\n"
+
+
+KERNELS_FIRST = "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)"
+"""The first import of a kept part that imports Triton: on a machine without a GPU, Triton must start interpreted."""
 
 
 def _defined_name(obj: Any, fallback: str) -> str:

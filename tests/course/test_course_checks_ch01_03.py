@@ -484,3 +484,48 @@ def test_ch02_free_queue_blames_the_method_that_is_wrong(wrong, named, not_named
     keeps no links at all or appendleft broke them."""
     message = rejects(check_free_queue, wrong, named, regex=False)
     assert not_named not in message, message
+
+
+class CountsOnlyWhenListed(LearnerQueue):
+    """Issue 41: the count is brought up to date only inside get_all_free_blocks (it passed: the old check listed
+    the queue before it read the count)."""
+
+    def _link_after(self, left, block):
+        right = left.next_free_block
+        left.next_free_block, block.prev_free_block = block, left
+        block.next_free_block, right.prev_free_block = right, block
+
+    def remove(self, block):
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+
+    def popleft(self):
+        if self.head.next_free_block is self.tail:
+            raise ValueError("No free blocks available")
+        block = self.head.next_free_block
+        self.remove(block)
+        return block
+
+    def get_all_free_blocks(self):
+        blocks = super().get_all_free_blocks()
+        self.num_free_blocks = len(blocks)
+        return blocks
+
+
+class CountsInInitThenOnlyWhenListed(CountsOnlyWhenListed):
+    """The same, with a count that __init__ sets right: it goes stale at the first operation."""
+
+    def __init__(self, blocks):
+        super().__init__(blocks)
+        self.num_free_blocks = len(blocks)
+
+
+@pytest.mark.parametrize(
+    "wrong, where",
+    [(CountsOnlyWhenListed, "after init: num_free_blocks"), (CountsInInitThenOnlyWhenListed, "popleft(): num_free")],
+    ids=["from the start", "after the first operation"],
+)
+def test_ch02_free_queue_a_count_kept_up_to_date_only_by_the_listing_is_named(wrong, where):
+    message = rejects(check_free_queue, wrong, "brings the count up to date only when it walks the list")
+    assert where in message and "before get_all_free_blocks()" in message, message

@@ -26,6 +26,7 @@ from mini_vllm.course import (
     kept_parts,
     learner_engine,
     parts_dir,
+    parts_line,
     reset_parts,
     show_parts,
 )
@@ -599,3 +600,64 @@ def test_a_part_kept_when_the_kernels_were_imported_as_kernels_still_loads_and_s
     assert "import kernels" not in updated.replace("mini_vllm import kernels", "")
     parts_module.load_part("paged_decode")  # the second time there is nothing left to say
     assert capsys.readouterr().out == ""
+
+
+def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_reference(parts_folder, tmp_path, capsys):
+    assert parts_line() == (
+        "your parts: none yet · reference: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), hash_block_tokens, "
+        "hash_request_tokens (04), find_longest_cache_hit (05), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+    )
+    _play_notebook(tmp_path)
+    capsys.readouterr()
+    mine = learner_engine(**_engine_args())
+    printed = capsys.readouterr().out.splitlines()
+    line = (
+        "your parts: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05) · "
+        "reference: hash_block_tokens, hash_request_tokens (04), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+    )
+    assert printed == [line]  # the builder says it, in one line
+    assert parts_line(mine) == line == parts_line()  # the same for the LLM, its engine and the kept parts
+    assert parts_line(mine.llm_engine) == line and repr(parts_line(mine)) == line  # a notebook shows it unquoted
+    # A reference engine beside the learner's: their kept parts are named, as not run by it.
+    reference = learner_engine(parts={}, quiet=True, **_engine_args())
+    assert capsys.readouterr().out == ""
+    assert parts_line(reference).endswith(
+        "· kept, not run by this engine: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05)"
+    )
+    assert parts_line(LLM(**_engine_args())).startswith("your parts: none yet · reference: FreeKVCacheBlockQueue (02)")
+    with pytest.raises(TypeError, match="holds no engine"):
+        parts_line(object())
+
+
+def test_a_server_over_the_learners_engine_names_its_parts(parts_folder):
+    from mini_vllm.entrypoints.async_llm import AsyncLLM
+
+    def compute_slot_mapping(block_ids, start, end, block_size):
+        return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+    mine = learner_engine(parts={"slot_mapping": compute_slot_mapping}, quiet=True, **_engine_args())
+    served = AsyncLLM(mine)
+    try:
+        assert parts_line(served).startswith("your parts: compute_slot_mapping (03) · reference:")
+    finally:
+        served.shutdown()
+
+
+def test_a_kept_part_imports_the_kernels_first_only_when_it_uses_triton(parts_folder, tmp_path):
+    """Issue 41: every kept file started with `from mini_vllm import kernels` (which sets TRITON_INTERPRET),
+    even a pure-Python part; only a part that imports Triton needs it, before Triton loads."""
+    _play_notebook(tmp_path)
+    for key in ("free_queue", "slot_mapping", "find_longest_cache_hit"):
+        assert "kernels" not in (parts_folder / f"{key}.py").read_text(), key
+    pytest.importorskip("triton.language")
+    script = tmp_path / "kernel_notebook.py"
+    script.write_text(
+        "import triton.language as tl\n\n\n"
+        "def paged_decode(query, k_cache, v_cache, block_table, seq_len, scale):\n    return tl.cdiv(seq_len, 16)\n"
+    )
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    lines = parts_module.freeze(namespace["paged_decode"], "paged_decode").splitlines()
+    imports = [line for line in lines if line.startswith(("import ", "from "))]
+    assert imports == [parts_module.KERNELS_FIRST, "import triton.language as tl"], imports
