@@ -6,12 +6,15 @@ deterministic parts are: token counts, hit rates, output equality, the keys.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import statistics
 
 import pytest
 
 from mini_vllm import LLM
+from mini_vllm.model import hybrid_model_path
 from mini_vllm.tools import bench, paths
 from mini_vllm.tools.compare_vllm import run_mini
 
@@ -264,3 +267,85 @@ def test_the_cpu_is_described_by_its_model_cores_and_avx512(tmp_path):
     )
     cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
     assert bench.cpu_description(cpuinfo).endswith("without AVX-512")
+
+
+# -- the engine each benchmark runs (chapter 10 runs the learner's beside the reference) ------------
+def _small(settings: bench.BenchSettings, num_requests: int = 2) -> bench.BenchSettings:
+    return dataclasses.replace(
+        settings,
+        num_requests=num_requests,
+        max_tokens=2,
+        num_turns=2,
+        hf_batch_size=2,
+        shared_prefix_rounds=1,
+        roofline_rounds=1,
+        bandwidth_bytes=8 * 2**20,
+    )
+
+
+class CountingLLM(LLM):
+    """An ``LLM`` that counts its ``generate`` calls (``chat`` goes through it too)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_generate_calls = 0
+
+    def generate(self, *args, **kwargs):
+        self.num_generate_calls += 1
+        return super().generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(bench.RUNNERS))
+def test_every_live_benchmark_runs_the_engines_of_the_factory_it_is_given(name):
+    built = []
+
+    def engine(model, **kwargs):
+        built.append((model, kwargs, CountingLLM(model, **kwargs)))
+        return built[-1][2]
+
+    settings = _small(bench.BenchSettings.tiny(device="cpu"))
+    results = bench.run_benchmarks(settings, [name], engine=engine)
+    assert set(results) == {name}
+    assert built, f"{name} built its engines without the factory it was given"
+    assert all(llm.num_generate_calls > 0 for *_, llm in built), f"{name} built an engine it did not measure"
+    assert all(kwargs["device"] == "cpu" and kwargs["num_blocks"] == 256 for _, kwargs, _ in built)
+    expected_model = hybrid_model_path() if name == "hybrid" else None
+    assert [model for model, *_ in built] == [expected_model] * len(built)
+    if name in ("shared_prefix", "hybrid"):  # caching on and off: two engines of the factory
+        assert sorted(kwargs["enable_prefix_caching"] for _, kwargs, _ in built) == [False, True]
+
+
+def test_the_hybrid_benchmark_runs_the_learners_sliding_window_part():
+    """Exercise 08b's part runs in the hybrid workload of the learner's engine, and caching keeps the outputs."""
+    from mini_vllm.course import learner_engine
+    from mini_vllm.single_type_kv_cache_manager import find_sliding_window_cache_hit
+
+    calls = []
+
+    def sliding_window_hit(*args, **kwargs):  # the reference's, counted: the learner's part as it would run
+        calls.append(args)
+        return find_sliding_window_cache_hit(*args, **kwargs)
+
+    engine = functools.partial(learner_engine, parts={"find_sliding_window_cache_hit": sliding_window_hit})
+    result = bench.run_benchmarks(_small(bench.BenchSettings.tiny(device="cpu"), 3), ["hybrid"], engine=engine)
+    hybrid = result["hybrid"]
+    assert calls, "the learner's find_sliding_window_cache_hit never ran in the hybrid benchmark"
+    assert hybrid["outputs_equal_on_off"]
+    assert 0 < hybrid["prefill_tokens_on"] < hybrid["prefill_tokens_off"]  # the third request hits
+
+
+def test_prefill_flops_counts_at_most_the_window_of_keys_in_a_sliding_window_layer():
+    """The hybrid model: layers 0 and 2 see at most 64 keys per query, layers 1 and 3 every earlier key."""
+    config = LLM(hybrid_model_path(), num_blocks=8).llm_engine.model_config
+    full = dataclasses.replace(config, layer_types=(), sliding_window=None)
+    window = config.sliding_window
+    per_layer_key = 2 * 2 * config.num_heads * config.head_dim
+    for num_new, num_cached in ((1, 0), (5, 0), (7, 64), (31, 288)):
+        positions = range(num_cached, num_cached + num_new)
+        all_keys = sum(p + 1 for p in positions)
+        windowed = sum(min(window, p + 1) for p in positions)
+        saved = 2 * per_layer_key * (all_keys - windowed)  # two sliding layers
+        assert (
+            bench.prefill_flops(full, num_new, num_cached) - bench.prefill_flops(config, num_new, num_cached) == saved
+        )
+    assert bench.prefill_flops(config, 5, 0) == bench.prefill_flops(full, 5, 0)  # all within the window

@@ -314,7 +314,7 @@ def test_triton_backend_greedy_equals_transformers_batched_over_a_hit_then_alone
 
 @pytest.mark.parametrize("argv, expected_model", [(["--model", "models/x"], "models/x"), ([], None)])
 def test_bench_model_option_sends_that_folder_to_every_benchmark(monkeypatch, tmp_path, argv, expected_model):
-    from mini_vllm.tools import bench
+    from mini_vllm.tools.bench import cli as bench
 
     class Stop(Exception):
         pass

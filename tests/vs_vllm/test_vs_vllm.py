@@ -338,8 +338,9 @@ def test_the_driver_refuses_an_unknown_configuration_before_starting_vllm(tmp_pa
 # -- without vLLM: the committed results and the installer's way out -------------------------
 def test_without_vllm_the_chapters_get_the_committed_results(monkeypatch):
     from mini_vllm.tools import compare_vllm
+    from mini_vllm.tools.compare_vllm import references
 
-    monkeypatch.setattr(compare_vllm, "vllm_python", lambda: None)
+    monkeypatch.setattr(references, "vllm_python", lambda: None)
     result, note = compare_vllm.side_by_side_or_reference("chapter_05")
     assert "committed results of a real run" in note
     assert result["runs"][0]["block_size"] == 32

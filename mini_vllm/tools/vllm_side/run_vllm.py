@@ -132,6 +132,18 @@ def resolve_prompt(prompt: dict, previous) -> list[int]:
     return list(prompt["prompt_token_ids"])
 
 
+def call_prompts(call: dict, previous) -> list[dict]:
+    """One call's prompts as an engine's ``generate`` takes them: token ids (``resolve_prompt``),
+    and the cache salt where the prompt has one. mini-vLLM's runner imports this too."""
+    prompts = []
+    for prompt in call["prompts"]:
+        entry = {"prompt_token_ids": resolve_prompt(prompt, previous)}
+        if prompt.get("cache_salt") is not None:
+            entry["cache_salt"] = prompt["cache_salt"]
+        prompts.append(entry)
+    return prompts
+
+
 def run_workload(llm, workload: dict) -> dict:
     """Send every call of one workload through ``llm``; return per-request results and counters."""
     from vllm import SamplingParams
@@ -146,12 +158,7 @@ def run_workload(llm, workload: dict) -> dict:
         sampling = dict(call.get("sampling", {}))
         sampling.setdefault("temperature", 0.0)
         params = SamplingParams(**sampling)
-        prompts = []
-        for prompt in call["prompts"]:
-            entry = {"prompt_token_ids": resolve_prompt(prompt, previous)}
-            if prompt.get("cache_salt") is not None:
-                entry["cache_salt"] = prompt["cache_salt"]
-            prompts.append(entry)
+        prompts = call_prompts(call, previous)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed += time.perf_counter() - start

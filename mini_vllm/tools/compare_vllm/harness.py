@@ -1,0 +1,196 @@
+"""The comparison harness: both engines on the same workloads, compared request by request.
+
+``compare_workload`` only reads the two engines' results; ``run_matrix`` (every
+workload at every block size), ``run_side_by_side`` (one block size) and
+``run_hybrid_side_by_side`` (the hybrid model) build the engine specs and run
+both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+from .mini_runner import run_mini
+from .vllm_runner import run_vllm
+from .workloads import (
+    DEFAULT_NUM_BLOCKS,
+    HYBRID_WORKLOAD_NAMES,
+    build_hybrid_workloads,
+    build_workloads,
+    engine_max_model_len,
+    your_prompts_workload,
+)
+
+
+def compare_workload(workload: dict, ours: dict, theirs: dict) -> dict:
+    """One workload's rows and verdicts; ``ours`` / ``theirs`` are the engines' results for it."""
+    rows = []  # one per request (a call with several prompts gives several)
+    for mine, real in zip(ours["requests"], theirs["requests"]):
+        n = workload["calls"][mine["call"]]["sampling"].get("n", 1)
+        rows.append(
+            {
+                "call": mine["call"],
+                "index": mine["index"],
+                "n": n,
+                "num_prompt_tokens": mine["num_prompt_tokens"],
+                "mini_cached": mine["num_cached_tokens"],
+                "vllm_cached": real["num_cached_tokens"],
+                "cached_equal": mine["num_cached_tokens"] == real["num_cached_tokens"],
+                "tokens_equal": mine["token_ids"] == real["token_ids"],
+                "mini_ttft_s": mine["ttft_s"],
+                "vllm_ttft_s": real["ttft_s"],
+            }
+        )
+
+    def summary(result: dict) -> dict:
+        ttfts = [r["ttft_s"] for r in result["requests"] if r["ttft_s"] is not None]
+        elapsed = result["elapsed_s"]
+        return {
+            "prefix_cache_queries": result["prefix_cache_queries"],
+            "prefix_cache_hits": result["prefix_cache_hits"],
+            "num_preemptions": result["num_preemptions"],
+            "ttft_mean_ms": 1000 * statistics.fmean(ttfts) if ttfts else None,
+            "ttft_p50_ms": 1000 * statistics.median(ttfts) if ttfts else None,
+            "throughput_tok_s": result["num_generated_tokens"] / elapsed if elapsed > 0 else None,
+        }
+
+    mini, real = summary(ours), summary(theirs)
+    return {
+        "name": workload["name"],
+        "description": workload.get("description", ""),
+        "rows": rows,
+        "mini": mini,
+        "vllm": real,
+        "same_num_requests": len(ours["requests"]) == len(theirs["requests"]),
+        "counters_equal": (mini["prefix_cache_queries"], mini["prefix_cache_hits"])
+        == (real["prefix_cache_queries"], real["prefix_cache_hits"]),
+        "cached_equal": all(r["cached_equal"] for r in rows if r["n"] == 1),
+        "tokens_equal": all(r["tokens_equal"] for r in rows),
+    }
+
+
+def run_both(
+    path: str, engines: list[dict], dtype: str = "float32", threads: int = 1, probes: bool = False
+) -> tuple[dict, dict]:
+    """Every engine spec through vLLM, then through mini-vLLM, and each workload compared.
+
+    Returns ``({"model", "dtype", "vllm_version", "threads", "runs": [{"block_size",
+    "num_blocks", "workloads": [compare_workload(...)]}]}, vLLM's whole answer)``.
+    """
+    theirs = run_vllm(path, engines, dtype=dtype, threads=threads, probes=probes)
+    ours = run_mini(path, engines, dtype=dtype, threads=threads)
+    runs = []
+    for spec, mine, real in zip(engines, ours, theirs["engines"]):
+        compared = [
+            compare_workload(w, m, r) for w, m, r in zip(spec["workloads"], mine["workloads"], real["workloads"])
+        ]
+        runs.append({"block_size": spec["block_size"], "num_blocks": spec["num_blocks"], "workloads": compared})
+    result = {"model": Path(path).name, "dtype": dtype, "vllm_version": theirs["vllm_version"], "threads": threads}
+    return dict(result, runs=runs), theirs
+
+
+def run_matrix(
+    model_path: str | None,
+    block_sizes: Sequence[int] = (32, 128),
+    workloads: Sequence[str] | None = None,
+    dtype: str = "float32",
+    num_blocks: int | None = None,
+    threads: int = 1,
+    probes: bool = False,
+    prompts: Sequence[str] | None = None,
+) -> dict:
+    """Every workload at every block size, through both engines; vLLM starts once (one subprocess).
+
+    ``prompts``: texts of your own, run as one more workload (``your_prompts_workload``);
+    with ``prompts`` and no ``workloads``, only that one runs.
+
+    Returns ``{"model", "vllm_version", "threads", "runs": [{"block_size", "num_blocks",
+    "workloads": [compare_workload(...)]}]}``.
+    """
+    from transformers import AutoTokenizer
+
+    from ...model import default_model_path
+
+    path = str(Path(os.path.expanduser(model_path)).resolve()) if model_path else default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    engines = [
+        {
+            "block_size": block_size,
+            "num_blocks": num_blocks or DEFAULT_NUM_BLOCKS,
+            "workloads": (build_workloads(tokenizer, block_size, workloads) if workloads or not prompts else [])
+            + (
+                [
+                    your_prompts_workload(
+                        tokenizer,
+                        prompts,
+                        max_model_len=engine_max_model_len(block_size, num_blocks or DEFAULT_NUM_BLOCKS),
+                    )
+                ]
+                if prompts
+                else []
+            ),
+        }
+        for block_size in block_sizes
+    ]
+    result, theirs = run_both(path, engines, dtype=dtype, threads=threads, probes=probes)
+    result["vllm_probes"] = theirs.get("probes")
+    return result
+
+
+def run_side_by_side(
+    workload: str | Sequence[str] | None,
+    model_path: str | None,
+    block_size: int,
+    dtype: str = "float32",
+    num_blocks: int | None = None,
+    threads: int = 1,
+) -> dict:
+    """One block size: ``workload`` is a name, a list of names, or None for all of them.
+
+    Returns ``run_matrix``'s dict with one run.
+    """
+    names = [workload] if isinstance(workload, str) else workload
+    return run_matrix(model_path, (block_size,), names, dtype=dtype, num_blocks=num_blocks, threads=threads)
+
+
+def run_hybrid_side_by_side(
+    model_path: str | None = None, block_size: int = 32, pools: Sequence[int] = (64, 40), threads: int = 1
+) -> dict:
+    """The hybrid model through mini-vLLM and real vLLM, side by side (``run_matrix``'s dict).
+
+    One run per pool size in ``pools``: the first runs every hybrid workload
+    but the eviction one, the others only the eviction one (a pool small
+    enough that requests are preempted and cached blocks evicted). vLLM runs
+    the model with ``model_impl="transformers"``: its native Qwen3 does not
+    implement per-layer windows (it refuses this config at start-up, and with
+    ``max_window_layers`` equal to the layer count runs every layer with full
+    attention); its Transformers backend honours ``layer_types`` and builds the
+    same two KV-cache groups. ``max_model_len``
+    is 512 so that vLLM's start-up check (a request of that length must fit,
+    every group's blocks counted) passes with these pools.
+    """
+    from transformers import AutoTokenizer
+
+    from ...model import hybrid_model_path
+
+    path = model_path or hybrid_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    everything = [name for name in HYBRID_WORKLOAD_NAMES if name != "eviction_and_preemption"]
+    engines = [
+        {
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "max_model_len": 512,
+            "model_impl": "transformers",
+            "workloads": build_hybrid_workloads(
+                tokenizer, block_size, everything if index == 0 else ["eviction_and_preemption"]
+            ),
+        }
+        for index, num_blocks in enumerate(pools)
+    ]
+    result, theirs = run_both(path, engines, threads=threads)
+    result["vllm_kv_cache"] = theirs["engines"][0].get("kv_cache")
+    return result
