@@ -18,14 +18,15 @@ import importlib
 import pkgutil
 
 from ._harness import CHECKS
+from .comparisons import against_vllm, compare_observables, compare_with_reference, run_against_reference
 from .display import show_interface, show_source, side_by_side
 from .learner_engine import (
-    against_vllm,
-    compare_with_reference,
+    ENGINE_PARTS,
+    LearnerLLM,
+    PartsTable,
     course_parts,
     learner_engine,
     parts_line,
-    run_against_reference,
     scattered_free_queue,
     show_parts,
     use_parts,
@@ -45,12 +46,16 @@ __all__ = [
     "show_interface",
     "learner_engine",
     "learner_parts",
-    "scattered_free_queue",
     "use_parts",
     "course_parts",
-    "show_parts",
     "parts_line",
+    "show_parts",
+    "PartsTable",
+    "LearnerLLM",
+    "ENGINE_PARTS",
+    "scattered_free_queue",
     "compare_with_reference",
+    "compare_observables",
     "run_against_reference",
     "against_vllm",
     "kept_parts",

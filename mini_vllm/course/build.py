@@ -24,12 +24,13 @@ from pathlib import Path
 import nbformat
 
 from ..tools.paths import REPO_ROOT
+from ._harness import STUB_MESSAGE
 
 ROOT = REPO_ROOT
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-STUB = 'raise NotImplementedError("your code here: see the instructions above")'
+STUB = f'raise NotImplementedError("{STUB_MESSAGE}: see the instructions above")'
 
 
 def strip_solutions(source: str) -> str:

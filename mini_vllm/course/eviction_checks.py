@@ -37,6 +37,12 @@ from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 BLOCK_SIZE = 4
 
 
+BLOCK_REMOVED = (
+    "BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), group_idx=block.kv_cache_group_id)"
+)
+"""The event an eviction records, as the hints write it: ``block_hash`` and the group read before they are cleared."""
+
+
 # -- building pools -------------------------------------------------------------
 def _hash(tag: int) -> BlockHash:
     return hash_request_tokens([tag] * BLOCK_SIZE, BLOCK_SIZE)[0]
@@ -571,8 +577,8 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
         if not_tuples
         else "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
-        "pool.kv_event_queue.append(BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,))) "
-        "(a router mirrors each replica's cache from these events)",
+        f"pool.kv_event_queue.append({BLOCK_REMOVED}) (a router mirrors each replica's cache from these events; "
+        "read the block's hash and group before you clear them)",
     )
     run_both(cached_head, 1, "a cached block at the head is popped")
 
@@ -591,8 +597,7 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
         "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved events "
         f"carry group_idx {[event.group_idx for event in removed]} (expected [1])",
         "an event names the group the block was cached for, or a router mirroring that group's cache never "
-        "drops it: BlockRemoved(block_hashes=(block_hash,), block_ids=(block.block_id,), "
-        "group_idx=block.kv_cache_group_id), read before you reset it",
+        f"drops it: {BLOCK_REMOVED}, read before you reset it",
     )
     check.expect(
         listened.blocks[0].kv_cache_group_id == 0,

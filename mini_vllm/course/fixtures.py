@@ -97,3 +97,15 @@ def counting_pool(num_blocks: int = 20_000, **pool_kwargs: Any) -> BlockPool:
         block.__class__ = CountingBlock
     CountingBlock.reads = 0
     return pool
+
+
+def expect_hash_map_lookups(check: Any, reads: int, num_hashes: int, lookup: str) -> None:
+    """A lookup of ``num_hashes`` hashes in a :func:`counting_pool` of 20,000 blocks read ``reads`` block
+    attributes: a handful per hash (``lookup``, the pool's O(1) call, names how), not a scan of the pool."""
+    check.expect(
+        reads <= 12 * num_hashes,
+        f"a lookup of {num_hashes} hashes in a pool of 20,000 blocks read {reads:,} block attributes: its cost "
+        "grows with the size of the pool",
+        f"look each hash up in the hash map ({lookup}), which is O(1); do not search block_pool.blocks or the "
+        "free queue for a block with that hash",
+    )

@@ -548,63 +548,30 @@ def check_store_kv(store_kv: Callable) -> None:
     """Your ``store_kv(key, value, k_cache, v_cache, slot_mapping)`` (it launches your Triton kernel)."""
     check = Checker("store_kv")
     base = dict(num_blocks=4, block_size=4, num_kv_heads=2, head_dim=8)
-    # The first call also finds out whether the kernel is still the stub.
-    _store_case(store_kv, check, "one token", slots=[6], **base)
-    _store_case(store_kv, check, "five tokens in scattered slots", slots=[5, 0, 13, 10, 7], **base)
-    _store_case(store_kv, check, "slot -1 (a padding token)", slots=[2, -1, 9], **base)
-    _store_case(store_kv, check, "slots -1 only", slots=[-1, -1], **base)
-    _store_case(store_kv, check, "the last slot of the last block", slots=[15, 0], **base)
-    _store_case(
-        store_kv,
-        check,
-        "one KV head, head_dim 12 (not a power of two)",
-        slots=[1, 11, 4],
-        num_blocks=3,
-        block_size=4,
-        num_kv_heads=1,
-        head_dim=12,
-    )
-    _store_case(store_kv, check, "three KV heads", slots=[3, 8], num_blocks=3, block_size=4, num_kv_heads=3, head_dim=4)
-    _store_case(
-        store_kv, check, "key and value are views into a fused qkv tensor", slots=[7, 1, 12], fused_qkv=True, **base
-    )
-    _store_case(
-        store_kv,
-        check,
-        "value is a view with other strides than key",
-        slots=[9, 2, 14],
-        value_from_wider=True,
-        **base,
-    )
-    _store_case(store_kv, check, "float32 key into a float16 cache", slots=[4, 9], cache_dtype=torch.float16, **base)
-    _store_case(store_kv, check, "an int32 slot_mapping", slots=[14, 3], slot_dtype=torch.int32, **base)
-    _store_case(
-        store_kv,
-        check,
-        "float16 key and value into a float16 cache",
-        slots=[2, 12],
-        key_dtype=torch.float16,
-        cache_dtype=torch.float16,
-        **base,
-    )
-    _store_case(
-        store_kv,
-        check,
-        "values of magnitude 1e30 (float32 holds them, float16 does not)",
-        slots=[0, 5],
-        magnitude=1e30,
-        **base,
-    )
-    _store_case(
-        store_kv,
-        check,
-        "block_size 3 (not a power of two)",
-        slots=[4, 0, 8],
-        num_blocks=3,
-        block_size=3,
-        num_kv_heads=2,
-        head_dim=8,
-    )
+    cases = [  # (what the case is, _store_case's arguments besides base's); the first also finds a stub
+        ("one token", dict(slots=[6])),
+        ("five tokens in scattered slots", dict(slots=[5, 0, 13, 10, 7])),
+        ("slot -1 (a padding token)", dict(slots=[2, -1, 9])),
+        ("slots -1 only", dict(slots=[-1, -1])),
+        ("the last slot of the last block", dict(slots=[15, 0])),
+        (
+            "one KV head, head_dim 12 (not a power of two)",
+            dict(slots=[1, 11, 4], num_blocks=3, num_kv_heads=1, head_dim=12),
+        ),
+        ("three KV heads", dict(slots=[3, 8], num_blocks=3, num_kv_heads=3, head_dim=4)),
+        ("key and value are views into a fused qkv tensor", dict(slots=[7, 1, 12], fused_qkv=True)),
+        ("value is a view with other strides than key", dict(slots=[9, 2, 14], value_from_wider=True)),
+        ("float32 key into a float16 cache", dict(slots=[4, 9], cache_dtype=torch.float16)),
+        ("an int32 slot_mapping", dict(slots=[14, 3], slot_dtype=torch.int32)),
+        (
+            "float16 key and value into a float16 cache",
+            dict(slots=[2, 12], key_dtype=torch.float16, cache_dtype=torch.float16),
+        ),
+        ("values of magnitude 1e30 (float32 holds them, float16 does not)", dict(slots=[0, 5], magnitude=1e30)),
+        ("block_size 3 (not a power of two)", dict(slots=[4, 0, 8], num_blocks=3, block_size=3)),
+    ]
+    for label, arguments in cases:
+        _store_case(store_kv, check, label, **(base | arguments))
     _store_into_strided_caches(store_kv, check, "interleaved")
     _store_into_strided_caches(store_kv, check, "heads first")
     _store_past_two_to_the_31(store_kv, check)
@@ -648,18 +615,19 @@ def _dense_decode(query, keys, values, scale, kv_head_of) -> torch.Tensor:
 
 
 class _DecodeCase:
-    """One sequence's decode step over a paged cache whose unused slots hold ``fill``."""
+    """One sequence's decode step over a paged cache whose unused slots hold ``fill`` (by default 2 query heads
+    and 2 KV heads of 8 dimensions, blocks of 4 tokens: the fixed cases name only what they change)."""
 
     def __init__(
         self,
         *,
         seq_len,
-        block_size,
-        num_q_heads,
-        num_kv_heads,
-        head_dim,
         table,
         num_blocks,
+        block_size=4,
+        num_q_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
         fill=float("nan"),
         pad_table=0,
         seed=0,
@@ -1062,169 +1030,66 @@ def _logical_block_output(case: _DecodeCase, scale) -> torch.Tensor | None:
 def check_paged_decode(paged_decode: Callable) -> None:
     """Your ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``, one sequence."""
     check = Checker("paged_decode")
-    fixed = [
-        (
-            "one full block, block_table [0]",
-            dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1),
-            None,
-        ),
-        (
-            "an explicit scale",
-            dict(seq_len=4, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0], num_blocks=1),
-            0.3,
-        ),
+    long = dict(seq_len=64, block_size=16, num_q_heads=4, head_dim=32, table=[3, 0, 2, 1], num_blocks=4)
+    fixed = [  # (what the case is, _DecodeCase's arguments besides its defaults, scale)
+        ("one full block, block_table [0]", dict(seq_len=4, table=[0], num_blocks=1), None),
+        ("an explicit scale", dict(seq_len=4, table=[0], num_blocks=1), 0.3),
         (
             "three full blocks in shuffled physical blocks",
-            dict(
-                seq_len=12,
-                block_size=4,
-                num_q_heads=2,
-                num_kv_heads=2,
-                head_dim=8,
-                table=[3, 0, 5],
-                num_blocks=6,
-                fill=0.0,
-            ),
+            dict(seq_len=12, table=[3, 0, 5], num_blocks=6, fill=0.0),
             None,
         ),
         (
             "a partial last block (unused slots hold 100.0)",
-            dict(
-                seq_len=10,
-                block_size=4,
-                num_q_heads=2,
-                num_kv_heads=2,
-                head_dim=8,
-                table=[1, 2, 0],
-                num_blocks=3,
-                fill=100.0,
-            ),
+            dict(seq_len=10, table=[1, 2, 0], num_blocks=3, fill=100.0),
             None,
         ),
-        (
-            "a partial last block (unused slots hold NaN)",
-            dict(seq_len=10, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[1, 2, 0], num_blocks=3),
-            None,
-        ),
+        ("a partial last block (unused slots hold NaN)", dict(seq_len=10, table=[1, 2, 0], num_blocks=3), None),
         (
             "grouped-query attention: 4 query heads share 2 KV heads",
-            dict(
-                seq_len=8, block_size=4, num_q_heads=4, num_kv_heads=2, head_dim=8, table=[2, 1], num_blocks=4, fill=0.0
-            ),
+            dict(seq_len=8, num_q_heads=4, table=[2, 1], num_blocks=4, fill=0.0),
             None,
         ),
         (
             "grouped-query attention: 6 query heads share 2 KV heads, partial block",
-            dict(seq_len=7, block_size=4, num_q_heads=6, num_kv_heads=2, head_dim=4, table=[1, 3], num_blocks=4),
+            dict(seq_len=7, num_q_heads=6, head_dim=4, table=[1, 3], num_blocks=4),
             None,
         ),
         (
             "a block table padded past the sequence's blocks (block 0 holds NaN)",
-            dict(
-                seq_len=5,
-                block_size=4,
-                num_q_heads=2,
-                num_kv_heads=1,
-                head_dim=8,
-                table=[2, 1],
-                num_blocks=3,
-                pad_table=2,
-            ),
+            dict(seq_len=5, num_kv_heads=1, table=[2, 1], num_blocks=3, pad_table=2),
             None,
         ),
-        (
-            "seq_len 1 (the first decode step of a 1-token prompt)",
-            dict(seq_len=1, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[2], num_blocks=3),
-            None,
-        ),
+        ("seq_len 1 (the first decode step of a 1-token prompt)", dict(seq_len=1, table=[2], num_blocks=3), None),
         (
             "block_size 1",
-            dict(
-                seq_len=5, block_size=1, num_q_heads=2, num_kv_heads=1, head_dim=4, table=[4, 0, 3, 1, 2], num_blocks=6
-            ),
+            dict(seq_len=5, block_size=1, num_kv_heads=1, head_dim=4, table=[4, 0, 3, 1, 2], num_blocks=6),
             None,
         ),
-        (
-            "large scores (softmax must subtract the running max)",
-            dict(seq_len=9, block_size=4, num_q_heads=2, num_kv_heads=2, head_dim=8, table=[0, 2, 1], num_blocks=3),
-            40.0,
-        ),
+        ("large scores (softmax must subtract the running max)", dict(seq_len=9, table=[0, 2, 1], num_blocks=3), 40.0),
         (
             "every score about -1000 (softmax must subtract the running max)",
-            dict(
-                seq_len=9,
-                block_size=4,
-                num_q_heads=2,
-                num_kv_heads=2,
-                head_dim=8,
-                table=[0, 2, 1],
-                num_blocks=3,
-                very_negative=True,
-            ),
+            dict(seq_len=9, table=[0, 2, 1], num_blocks=3, very_negative=True),
             None,
         ),
         (
             "float16 query and caches (the output keeps the query's dtype)",
-            dict(
-                seq_len=10,
-                block_size=4,
-                num_q_heads=2,
-                num_kv_heads=1,
-                head_dim=8,
-                table=[2, 0, 1],
-                num_blocks=3,
-                dtype=torch.float16,
-            ),
+            dict(seq_len=10, num_kv_heads=1, table=[2, 0, 1], num_blocks=3, dtype=torch.float16),
             None,
         ),
         (
             "bfloat16 query and caches",
-            dict(
-                seq_len=6,
-                block_size=4,
-                num_q_heads=4,
-                num_kv_heads=2,
-                head_dim=8,
-                table=[1, 0],
-                num_blocks=3,
-                dtype=torch.bfloat16,
-            ),
+            dict(seq_len=6, num_q_heads=4, table=[1, 0], num_blocks=3, dtype=torch.bfloat16),
             None,
         ),
         (
             "block_size 3 (not a power of two)",
-            dict(seq_len=8, block_size=3, num_q_heads=2, num_kv_heads=2, head_dim=4, table=[2, 0, 3], num_blocks=4),
+            dict(seq_len=8, block_size=3, head_dim=4, table=[2, 0, 3], num_blocks=4),
             None,
         ),
         # Long enough that arithmetic in float16/bfloat16 (not float32) is several ulps off, whatever the step.
-        (
-            "float16, 64 tokens in 4 blocks of 16 (accumulate in float32)",
-            dict(
-                seq_len=64,
-                block_size=16,
-                num_q_heads=4,
-                num_kv_heads=2,
-                head_dim=32,
-                table=[3, 0, 2, 1],
-                num_blocks=4,
-                dtype=torch.float16,
-            ),
-            None,
-        ),
-        (
-            "bfloat16, 64 tokens in 4 blocks of 16 (accumulate in float32)",
-            dict(
-                seq_len=64,
-                block_size=16,
-                num_q_heads=4,
-                num_kv_heads=2,
-                head_dim=32,
-                table=[3, 0, 2, 1],
-                num_blocks=4,
-                dtype=torch.bfloat16,
-            ),
-            None,
-        ),
+        ("float16, 64 tokens in 4 blocks of 16 (accumulate in float32)", dict(long, dtype=torch.float16), None),
+        ("bfloat16, 64 tokens in 4 blocks of 16 (accumulate in float32)", dict(long, dtype=torch.bfloat16), None),
     ]
     for seed, (name, kwargs, scale) in enumerate(fixed):
         _decode_case(paged_decode, check, _DecodeCase(seed=seed, **kwargs), name, scale)

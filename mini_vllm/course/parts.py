@@ -184,6 +184,13 @@ def keep(key: str, obj: Any) -> Path | None:
     written as source; then a line says so).
     """
     part = PARTS_BY_KEY[key]
+    handed_over = engines_own(key, obj)
+    if handed_over is not None:
+        print(
+            f"  ✗ not kept: {handed_over}. The exercise is to write it: the engine of your parts keeps running "
+            "the reference's until your own passes"
+        )
+        return None
     if not _is_learners(obj):
         return None
     try:
@@ -203,6 +210,86 @@ def keep(key: str, obj: Any) -> Path | None:
     else:  # e.g. build_messages: it shapes the prompts a client sends, no engine runs it
         print(f"  kept as your part '{key}' (load it with mini_vllm.course.load_part({key!r}); it is not engine code)")
     return path
+
+
+# -- the engine's own implementation, handed in as the learner's ----------------------------
+def engines_own(key: str, obj: Any) -> str | None:
+    """How ``obj``, given as the learner's part ``key``, hands the exercise to the engine; None when it does not.
+
+    ``obj`` *is* one of the objects ``Part.reference`` names (imported, as a bound method, a
+    ``functools.partial``, a subclass of the reference's class), or its code (with the notebook's
+    own helpers it uses) *calls* one: by a global, a module's attribute or an object's method of
+    that name (``block_pool.get_new_blocks(...)`` in ``get_new_blocks``), or an import in the
+    function. A check that passes on it proves nothing the learner wrote.
+    """
+    part = PARTS_BY_KEY[key]
+    references = reference_objects(key)
+    given = _unwrapped(obj)
+    for reference in references:
+        if given is reference or (
+            inspect.isclass(given) and inspect.isclass(reference) and issubclass(given, reference)
+        ):
+            how = "is a subclass of" if given is not reference else "is"
+            return f"your {part.name} {how} the engine's own {_described(reference)}"
+    names = {getattr(reference, "__name__", None): reference for reference in references}
+    for code, fn_globals in _learners_code(given):
+        for instruction in dis.get_instructions(code):
+            name = instruction.argval
+            if instruction.opname in ("LOAD_GLOBAL", "LOAD_NAME") and name in fn_globals:
+                value = _unwrapped(fn_globals[name])
+                if any(value is reference for reference in references):
+                    return f"your {part.name} calls the engine's own {_described(value)}"
+            elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM") and name in names:
+                return f"your {part.name} calls the engine's own {_described(names[name])}, as .{name}(...)"
+    return None
+
+
+def _unwrapped(obj: Any) -> Any:
+    """The function or class behind a Triton kernel, a bound method, a ``functools.partial`` or a decorator."""
+    for _ in range(5):
+        if inspect.isclass(obj):
+            return obj
+        inner = getattr(obj, "fn", None) or getattr(obj, "__func__", None) or getattr(obj, "func", None)
+        inner = inner or getattr(obj, "__wrapped__", None)
+        if inner is None or inner is obj:
+            return obj
+        obj = inner
+    return obj
+
+
+def _described(reference: Any) -> str:
+    return f"{getattr(reference, '__qualname__', reference)} ({getattr(reference, '__module__', '?')})"
+
+
+def _learners_code(obj: Any) -> list[tuple[types.CodeType, dict]]:
+    """(code object, its globals) of ``obj`` (a function, or a class's methods), of the functions nested in it,
+    and of the notebook's own functions and classes it uses, each once."""
+    found: list[tuple[types.CodeType, dict]] = []
+    seen: set[int] = set()
+    pending = [obj]
+    while pending:
+        item = _unwrapped(pending.pop())
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if inspect.isfunction(item):
+            functions = [item]
+        elif inspect.isclass(item):
+            functions = [_unwrapped(v) for v in vars(item).values() if inspect.isfunction(_unwrapped(v))]
+            functions += [v.fget for v in vars(item).values() if isinstance(v, property) and v.fget]
+        else:
+            continue
+        for function in functions:
+            codes = [function.__code__]
+            while codes:
+                code = codes.pop()
+                found.append((code, function.__globals__))
+                codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+            for name in _global_names([function.__code__]):
+                value = function.__globals__.get(name)
+                if getattr(_unwrapped(value), "__module__", None) == "__main__":
+                    pending.append(value)  # the notebook's own helper: what it calls counts too
+    return found
 
 
 def _is_learners(obj: Any) -> bool:
@@ -235,7 +322,9 @@ def freeze(obj: Any, name: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-KERNELS_FIRST = "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)"
+KERNELS_FIRST = (
+    "from mini_vllm import kernels  # noqa: F401  (first: sets TRITON_INTERPRET=1 on a machine without a GPU)"
+)
 """The first import of a kept part that imports Triton: on a machine without a GPU, Triton must start interpreted."""
 
 

@@ -9,6 +9,11 @@ asks two things:
 
 * nothing was lost: the system prompt, every tool, the user's request and the
   current time are all still in the prompt;
+* the same request gives the same prompt in every Python process: the
+  function runs again in fresh interpreters, each with its own
+  ``PYTHONHASHSEED`` (a set's order follows the hashes of its strings, which
+  Python salts per process, so two replicas, or a server after a restart,
+  would part), when its code could depend on it (a set, ``hash``, ``random``);
 * the hit rate is close to the reference fix's. When it is not, the message
   names the first request that reuses less than the reference fix lets it,
   says where it parts from the earlier prompt closest to it and what sits
@@ -21,10 +26,16 @@ must come back unchanged (``tools.sort()`` changes the app's registry).
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
+import os
+import pickle
 import random
 import re
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -33,55 +44,45 @@ from typing import Any
 
 from ..companions.profiler import explain_miss, simulate_prefix_cache
 from ._harness import Checker, call_learner, guarded_check
+from .parts import _CannotFreeze, freeze
 
 BLOCK_SIZE = 16
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def _tool(name: str, description: str, **parameters: str) -> dict:
+    """A tool as the app registers it: its name, what it does, and each parameter's description."""
+    return {"name": name, "description": description, "parameters": parameters}
+
 
 # The story app's tools. The app's tool registry hands them over in no fixed
 # order, and each dict with its keys in no fixed order: a set and a merge of
 # configs upstream decide that. The check shuffles both for every request.
 STORY_TOOLS: list[dict] = [
-    {
-        "name": "draw_picture",
-        "description": "Draw a picture of one scene of the story.",
-        "parameters": {"scene": "what the picture shows", "style": "crayon, pencil or paint"},
-    },
-    {
-        "name": "find_rhyme",
-        "description": "Find a word that rhymes with the given word.",
-        "parameters": {"word": "the word to rhyme with"},
-    },
-    {
-        "name": "play_sound",
-        "description": "Play the sound an animal makes while the story is read aloud.",
-        "parameters": {"animal": "the animal that makes the sound"},
-    },
-    {
-        "name": "save_story",
-        "description": "Save the finished story in the family story book.",
-        "parameters": {"title": "a short title", "text": "the whole story"},
-    },
+    _tool(
+        "draw_picture",
+        "Draw a picture of one scene of the story.",
+        scene="what the picture shows",
+        style="crayon, pencil or paint",
+    ),
+    _tool("find_rhyme", "Find a word that rhymes with the given word.", word="the word to rhyme with"),
+    _tool(
+        "play_sound",
+        "Play the sound an animal makes while the story is read aloud.",
+        animal="the animal that makes the sound",
+    ),
+    _tool(
+        "save_story", "Save the finished story in the family story book.", title="a short title", text="the whole story"
+    ),
 ]
 
 
 # Tools other apps built on the same code register: the check's random scenarios
 # mix them in, so a fix that hard-codes the four names above does not pass.
 EXTRA_TOOLS: list[dict] = [
-    {
-        "name": "count_sheep",
-        "description": "Count sheep aloud, slowly, to help a child fall asleep.",
-        "parameters": {"number": "how many sheep to count"},
-    },
-    {
-        "name": "ask_parent",
-        "description": "Ask the parent a question before going on with the story.",
-        "parameters": {"question": "the question to ask"},
-    },
-    {
-        "name": "bookmark_page",
-        "description": "Remember where the story stopped tonight.",
-        "parameters": {"page": "the page number", "note": "a short note"},
-    },
+    _tool("count_sheep", "Count sheep aloud, slowly, to help a child fall asleep.", number="how many sheep to count"),
+    _tool("ask_parent", "Ask the parent a question before going on with the story.", question="the question to ask"),
+    _tool("bookmark_page", "Remember where the story stopped tonight.", page="the page number", note="a short note"),
 ]
 
 
@@ -184,6 +185,125 @@ def _replay(all_messages: list, tokenizer: Any = None):
     texts = [render(messages, tokenizer) for messages in all_messages]
     token_ids = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
     return texts, simulate_prefix_cache(token_ids, block_size=BLOCK_SIZE)
+
+
+# -- the same prompt in every process ----------------------------------------------------
+HASH_SEEDS = ("1", "2", "3")
+"""The ``PYTHONHASHSEED`` of each fresh process the learner's function runs in again."""
+
+_RUN_ELSEWHERE = """
+
+if __name__ == "__main__":
+    import pickle as _pickle
+    import sys as _sys
+
+    with open(_sys.argv[1], "rb") as _file:
+        _requests = _pickle.load(_file)
+    _built = [build_messages(**_request) for _request in _requests]
+    with open(_sys.argv[2], "wb") as _file:
+        _pickle.dump(_built, _file)
+"""
+
+
+def built_in_other_processes(build_messages: Callable, requests: list[dict]) -> dict[str, list] | None:
+    """What ``build_messages`` returns for ``requests`` in fresh Python processes, by ``PYTHONHASHSEED``.
+
+    The function is written out as the parts folder keeps it (:func:`mini_vllm.course.parts.freeze`)
+    and run by ``sys.executable``, one process per seed of :data:`HASH_SEEDS`, all at once. None where
+    it cannot run elsewhere (it uses something that cannot be written as source, or its process fails):
+    the check then does without this comparison. ``{}`` where its code cannot depend on the process
+    (:func:`_may_depend_on_the_process`): it runs nowhere else.
+    """
+    try:
+        source = freeze(build_messages, "build_messages")
+    except _CannotFreeze:
+        return None
+    if not _may_depend_on_the_process(source):
+        return {}
+    search_path = os.pathsep.join(path or os.getcwd() for path in sys.path)  # the same packages, this checkout
+    with tempfile.TemporaryDirectory() as folder:
+        script, given = Path(folder, "build_messages.py"), Path(folder, "requests.pickle")
+        script.write_text(
+            "from __future__ import annotations  # names in annotations need not be kept\n" + source + _RUN_ELSEWHERE
+        )
+        given.write_bytes(pickle.dumps(requests))
+        runs = {
+            seed: subprocess.Popen(
+                [sys.executable, str(script), str(given), str(Path(folder, f"built-{seed}.pickle"))],
+                env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": search_path},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for seed in HASH_SEEDS
+        }
+        failed = False
+        for run in runs.values():
+            try:
+                failed |= run.wait(timeout=300) != 0
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
+                failed = True
+        if failed:
+            return None
+        return {seed: pickle.loads(Path(folder, f"built-{seed}.pickle").read_bytes()) for seed in HASH_SEEDS}
+
+
+_PER_PROCESS_NAMES = {"set", "frozenset", "hash", "id", "random", "secrets", "uuid", "os", "time"}
+"""What a prompt built in one process could take from that process: a set's order, hashes, addresses, chance, a clock."""
+
+
+def _may_depend_on_the_process(source: str) -> bool:
+    """``source`` (a kept function, with what it uses) builds a set, or names something of :data:`_PER_PROCESS_NAMES`,
+    (what it imports from a library is taken to be the same in every process). Dicts keep their insertion order."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Set, ast.SetComp)):
+            return True
+        if isinstance(node, ast.Name) and node.id in _PER_PROCESS_NAMES:
+            return True
+        if isinstance(node, ast.alias) and node.name.split(".")[0] in _PER_PROCESS_NAMES:
+            return True
+    return False
+
+
+SAME_IN_EVERY_PROCESS_HINT = (
+    "Python salts the hash of every string with PYTHONHASHSEED, a new random value in each process unless it is "
+    "set, and the order of a set of strings (or of anything built by looping over one) follows those hashes. "
+    "Two replicas of the app, or the same server after a restart, would then build different prompts for the "
+    "same request and miss each other's cache. A set may remove duplicates, but give the tools their order with "
+    "sorted(...) (sorted(tools, key=lambda tool: tool['name']); sorted(set(...)) is fine too). The same goes "
+    "for hash(), id() and random"
+)
+
+
+def _expect_the_same_in_every_process(
+    check: Checker, build_messages: Callable, requests: list[dict], label: str
+) -> None:
+    """The prompts of ``requests`` do not depend on the process that builds them (its ``PYTHONHASHSEED``)."""
+    elsewhere = built_in_other_processes(build_messages, requests)
+    if not elsewhere:  # its code cannot depend on the process, or it cannot run in another
+        return
+    seed, built = next(iter(elsewhere.items()))
+    for other_seed, other in elsewhere.items():
+        if other != built:
+            first = next(i for i, (a, b) in enumerate(zip(built, other)) if a != b)
+            a, b = (_as_text(messages) for messages in (built[first], other[first]))
+            position = _first_difference(a, b) or 0
+            check.fail(
+                f"{label}, request {first}: your build_messages builds another prompt in another Python process. "
+                f"With PYTHONHASHSEED={seed} and with PYTHONHASHSEED={other_seed}, its messages first differ at "
+                f"character {position}: …{a[max(0, position - 30) : position + 30]!r}… and "
+                f"…{b[max(0, position - 30) : position + 30]!r}…",
+                SAME_IN_EVERY_PROCESS_HINT,
+            )
+    check.expect(True, f"{label}: the same prompts with PYTHONHASHSEED {', '.join(HASH_SEEDS)}")
+
+
+def _as_text(messages: Any) -> str:
+    """The messages' contents, one after the other (``repr`` for anything that is not a message list)."""
+    if _is_message_list(messages):
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in messages)
+    return repr(messages)
 
 
 # -- diagnostics -----------------------------------------------------------------------
@@ -352,6 +472,12 @@ HINTS = {
         "processes; sorted(...) gives one.)"
     ),
     "other": "something early in the prompt changes from one request to the next.",
+    "after the stable part": (
+        "the prompts part where they should, after the system prompt and the tools, where the time and "
+        "the user's request differ from one request to the next. The reference fix reuses a little more there "
+        "(it writes the time first in the user's turn, and requests received close together share its date and "
+        "hour); the rest of the hit rate is lost in a few requests that part earlier, or by a little in many."
+    ),
 }
 
 
@@ -370,13 +496,14 @@ def _diagnose(texts: list[str], sim, requests: list[dict], tokenizer: Any, refer
         return len(simulation.token_ids[i]) - simulation.num_hit_tokens[i]
 
     extra = [computed(sim, i) - computed(reference, i) for i in range(len(texts))]
-    # The request that loses the most (the first of those): a request that loses a block or two to a layout
-    # that is fine (the user's request before the time) is not what pulls the hit rate down.
-    i = max(range(1, len(texts)), key=lambda i: (extra[i], -i), default=None)
-    if i is None:
+    # The request that loses the most (the first of those), unless its prompt parts from the closest earlier one
+    # only after the stable part, where every request differs: a block or two lost there to a layout that is fine
+    # (the user's request before the time) is not what pulls the hit rate down.
+    candidates = sorted(range(1, len(texts)), key=lambda i: (-extra[i], i))
+    if not candidates:
         return HINTS["other"]
-    j = max(range(i), key=lambda k: (_common_length(texts[k], texts[i]), k))
-    position = _first_difference(texts[j], texts[i])
+    found = [_where_it_parts(texts, i, requests[i]) for i in candidates]
+    i, j, position, where = next((f for f in found if f[3] != "after the stable part"), found[0])
     hit, total = sim.num_hit_tokens[i], len(sim.token_ids[i])
     ref_hit, ref_total = reference.num_hit_tokens[i], len(reference.token_ids[i])
     reuse = (
@@ -386,14 +513,35 @@ def _diagnose(texts: list[str], sim, requests: list[dict], tokenizer: Any, refer
     if position is None:
         return f"{reuse}. {HINTS['other']}"
     report = explain_miss(sim.token_ids[j], sim.token_ids[i], block_size=BLOCK_SIZE, tokenizer=tokenizer)
-    where = _what_differs(texts[i], position, requests[i])
     context = texts[i][max(0, position - 30) : position + 30]
     closest = "the request before it" if j == i - 1 else "of the earlier prompts, the one that shares the longest start"
     return (
         f"{reuse}. It and request {j} ({closest}) first differ at character {position} "
         f"(token {report.first_diff_token}, block {report.first_broken_block}), here: …{context!r}…; "
-        f"every block of request {i} from that one on misses. Likely cause: {HINTS[where]}"
+        f"every block of request {i} from that one on misses. "
+        + ("That is no mistake: " if where == "after the stable part" else "Likely cause: ")
+        + HINTS[where]
     )
+
+
+def _where_it_parts(texts: list[str], i: int, request: dict) -> tuple[int, int, int | None, str]:
+    """``(i, j, position, where)``: request ``i``'s prompt against the earlier one ``j`` sharing the longest start
+    with it, where they first differ, and what sits there (a key of :data:`HINTS`). A difference in the time or
+    the user's request with no stable part after it is ``"after the stable part"``: where every request differs."""
+    j = max(range(i), key=lambda k: (_common_length(texts[k], texts[i]), k))
+    position = _first_difference(texts[j], texts[i])
+    if position is None:
+        return i, j, None, "other"
+    where = _what_differs(texts[i], position, request)
+    if where in ("timestamp", "time part", "user") and not _stable_part_after(texts[i], position, request):
+        where = "after the stable part"
+    return i, j, position, where
+
+
+def _stable_part_after(text: str, position: int, request: dict) -> bool:
+    """The system prompt or a tool's description comes after ``position`` in ``text``."""
+    stable = [request["system_prompt"], *(tool["description"] for tool in request["tools"])]
+    return any(text.find(needle, position) >= 0 for needle in stable)
 
 
 def _common_length(a: str, b: str) -> int:
@@ -414,9 +562,16 @@ def _is_message_list(messages: Any) -> bool:
 
 
 def _check_scenario(
-    check: Checker, build_messages: Callable, requests: list[dict], tokenizer: Any, label: str, random_case: bool
+    check: Checker,
+    build_messages: Callable,
+    requests: list[dict],
+    tokenizer: Any,
+    label: str,
+    random_case: bool,
+    in_other_processes: bool = False,
 ) -> float:
-    """Information first (per request), then the hit rate against the reference fix's; returns the hit rate."""
+    """Information first (per request), then (``in_other_processes``) the same prompts in fresh processes,
+    then the hit rate against the reference fix's; returns the hit rate."""
     messages_list = []
     for i, request in enumerate(requests):
         given = copy.deepcopy(request)
@@ -503,6 +658,8 @@ def _check_scenario(
                     "parameters separately? Sort the tools themselves (sorted(tools, key=lambda tool: "
                     "tool['name'])) and serialize each one whole (json.dumps(tool, sort_keys=True))",
                 )
+    if in_other_processes:
+        _expect_the_same_in_every_process(check, build_messages, requests, label)
     texts, sim = _replay(messages_list, tokenizer)
     _, _, reference = measure(reference_build_messages, requests, tokenizer)
     needed = reference.hit_rate - 0.05
@@ -521,7 +678,7 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
     """The learner's ``build_messages(system_prompt, tools, user_request, now) -> list[dict]``."""
     check = Checker("build_messages")
     tokenizer = tokenizer or _default_tokenizer()
-    rate = _check_scenario(check, build_messages, make_requests(8, seed=0), tokenizer, "8 requests", False)
+    rate = _check_scenario(check, build_messages, make_requests(8, seed=0), tokenizer, "8 requests", False, True)
     # Requests one second apart, and the same request twice: the prompt must still carry each time.
     close = make_requests(3, seed=1)
     close[1]["now"] = close[0]["now"] + timedelta(seconds=1)

@@ -39,11 +39,13 @@ class Arrival:
 
 @dataclass
 class Scenario:
+    """A pool and a scheduler's limits, and the requests that arrive (the fixed scenarios name what they change)."""
+
     name: str
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
+    num_blocks: int = 12
+    block_size: int = 4
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 64
     arrivals: list[Arrival] = field(default_factory=list)
     enable_caching: bool = True
 
@@ -55,13 +57,18 @@ class _BoundedManager(KVCacheManager):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.looked_up = set()  # the requests get_computed_blocks was called for, in the last schedule_waiting call
         self.bound_lookups(None)
 
     def bound_lookups(self, limit: int | None, what: str = "") -> None:
-        """From now on at most ``limit`` lookups (None: no bound); ``what`` names the call in the message."""
+        """From now on at most ``limit`` lookups (None: no bound); ``what`` names the call in the message.
+        ``looked_up`` starts again: the requests looked up from now on."""
         self.lookups_left, self.lookups_limit, self.bounded_call = limit, limit, what
+        if limit is not None:
+            self.looked_up: set[str] = set()
 
     def get_computed_blocks(self, request: Request):
+        self.looked_up.add(request.request_id)
         if self.lookups_left is not None:
             if self.lookups_left == 0:
                 raise CheckFailure(
@@ -236,8 +243,14 @@ def _admitted(snapshot: dict[str, Any]) -> list[str]:
     return [rid for rid, *_ in snapshot["scheduled"] if rid in waiting_before]
 
 
-def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str, Any]) -> tuple[str, str]:
-    """(what differs, hint) for the first difference between two snapshots of the same step."""
+def _diagnose(
+    scenario: Scenario, step: int, got: dict[str, Any], want: dict[str, Any], looked_up: set[str] | None = None
+) -> tuple[str, str]:
+    """(what differs, hint) for the first difference between two snapshots of the same step.
+
+    ``looked_up``: the requests the learner's function looked up (``get_computed_blocks``) in this step; a
+    hint about the hit's blocks or tokens says first when there was no lookup to take them from.
+    """
     where = f"scenario '{scenario.name}', step {step}"
     got_admitted, want_admitted = _admitted(got), _admitted(want)
     if got_admitted != want_admitted:
@@ -293,6 +306,13 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
                 "requests are scheduled before yours is called",
             )
         want_computed, want_new, want_blocks = want_by_id[rid]
+        not_looked_up = looked_up is not None and rid not in looked_up and want_computed > 0
+        if not_looked_up and ((computed, new) != (want_computed, want_new) or blocks != want_blocks):
+            problem = (
+                f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) with the block "
+                f"table {list(want_blocks)}; yours: [{computed}, {computed + new}), {list(blocks)}"
+            )
+            return problem, _no_lookup_hint(rid, got)
         if (computed, new) != (want_computed, want_new):
             problem = (
                 f"{where}: '{rid}' should compute tokens [{want_computed}, {want_computed + want_new}) "
@@ -429,6 +449,23 @@ def _diagnose(scenario: Scenario, step: int, got: dict[str, Any], want: dict[str
     return f"{where}: differs", ""
 
 
+def _no_lookup_hint(rid: str, got: dict[str, Any]) -> str:
+    """The hint for a request admitted without a lookup while the prefix cache held some of its blocks."""
+    again = got["num_preemptions"][rid] > 0
+    return (
+        f"your function did not look '{rid}' up in the prefix cache (no get_computed_blocks(request) for it in this "
+        "step), and the cache held "
+        + (
+            "its first blocks: it was preempted and comes back now. Preemption freed its blocks, but they stay "
+            "cached until they are evicted, so a re-admitted request finds what is left of them. "
+            if again
+            else "its first blocks. "
+        )
+        + "Look up every request you try to admit, each time you try it, and pass what the lookup found to "
+        "allocate_slots and schedule_request"
+    )
+
+
 def _run_scenario(
     schedule_waiting: Callable, check: Checker, scenario: Scenario, random_case: bool = False, copies: int = 1
 ) -> None:
@@ -447,7 +484,7 @@ def _run_scenario(
             check.case = f"scenario '{scenario.name}', step {step}"
             got = learner.step()
             if got != want:
-                problem, hint = _diagnose(scenario, step, got, want)
+                problem, hint = _diagnose(scenario, step, got, want, learner.scheduler.kv_cache_manager.looked_up)
                 if copy_index > 0:
                     problem = f"two schedulers running side by side, the second one: {problem}"
                     hint = (
@@ -497,26 +534,15 @@ def fixed_scenarios() -> list[Scenario]:
     return [
         Scenario(
             "a later request hits the blocks of a running one",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20, 21], 4), Arrival(1, "B", system + [30, 31, 32], 3)],
         ),
         Scenario(
             "two requests with one prefix in the same step",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20], 3), Arrival(0, "B", system + [30, 31], 3)],
         ),
         Scenario(
             "FIFO: a request that does not fit blocks the ones behind it",
             num_blocks=8,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "R", _tokens(100, 18), 3),
                 Arrival(1, "big", _tokens(200, 16), 2),
@@ -526,41 +552,27 @@ def fixed_scenarios() -> list[Scenario]:
         Scenario(
             "max_num_seqs = 2",
             num_blocks=16,
-            block_size=4,
             max_num_seqs=2,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, name, _tokens(10 * i + 100, 5), 2) for i, name in enumerate("XYZ")],
         ),
         Scenario(
             "a 20-token prompt with a budget of 8 tokens (chunked prefill)",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "long", _tokens(1, 20), 2)],
         ),
         Scenario(
             "two 6-token prompts with a budget of 8 tokens",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "P", _tokens(1, 6), 2), Arrival(0, "Q", _tokens(50, 6), 2)],
         ),
         Scenario(
             "an 8-token prompt spends the whole budget of 8: the request behind it waits",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
             max_num_batched_tokens=8,
             arrivals=[Arrival(0, "P", _tokens(1, 8), 2), Arrival(0, "Q", _tokens(50, 4), 2)],
         ),
         Scenario(
             "preemption and re-admission",
             num_blocks=7,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[
                 Arrival(0, "A", system + [40], 12),
                 Arrival(1, "B", system + [50, 51, 52, 53], 12),
@@ -568,10 +580,6 @@ def fixed_scenarios() -> list[Scenario]:
         ),
         Scenario(
             "prefix caching disabled",
-            num_blocks=12,
-            block_size=4,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
             arrivals=[Arrival(0, "A", system + [20], 2), Arrival(1, "B", system + [30], 2)],
             enable_caching=False,
         ),

@@ -34,7 +34,7 @@ from ..single_type_kv_cache_manager import (
 )
 from ..single_type_kv_cache_manager import max_cache_hit_blocks
 from ._harness import Checker, guarded_check
-from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
+from .fixtures import CountingBlock, cache_block, counting_pool, expect_hash_map_lookups, pool_state
 
 BLOCK_SIZE = 4
 SLIDING = 1  # the sliding-window group's id in the fixed cases (group 0: full attention)
@@ -661,14 +661,8 @@ def check_find_sliding_window_cache_hit(find_sliding_window_cache_hit: Callable)
     for i in (5, 6):
         _cache(pool, OFFSET + i, hashes[i], SLIDING)
     runner.run(pool, hashes, 8, 2, SLIDING, "a pool of 20,000 blocks (group 1 caches prompt blocks 5-6)")
-    reads = runner.reads_in_call
-    check.expect(
-        reads <= 12 * len(hashes),
-        f"a lookup of {len(hashes)} hashes in a pool of 20,000 blocks read {reads:,} block attributes: its cost "
-        "grows with the size of the pool",
-        "look each hash up in the hash map (block_pool.get_cached_block(block_hash, kv_cache_group_id)), which is "
-        "O(1); do not search block_pool.blocks for a block with that hash",
-    )
+    lookup = "block_pool.get_cached_block(block_hash, kv_cache_group_id)"
+    expect_hash_map_lookups(check, runner.reads_in_call, len(hashes), lookup)
 
     # 14. Random pools.
     rng = check.rng

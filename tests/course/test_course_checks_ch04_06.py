@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import inspect
+import re
 
 import pytest
 
@@ -570,3 +571,41 @@ def free_blocks(pool, ordered_blocks):
         learner,
     )
     rejects(check_free_blocks, learner["free_blocks"], "an iterator can be looped over only once")
+
+
+def _records_no_event(pool, num_blocks):
+    if num_blocks > pool.get_num_free_blocks():
+        raise ValueError(f"only {pool.get_num_free_blocks()} free blocks")
+    blocks = pool.free_block_queue.popleft_n(num_blocks)
+    for block in blocks:
+        if block.block_hash is not None:
+            pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id)
+            pool.num_evictions += 1
+            block.block_hash, block.kv_cache_group_id = None, 0
+        block.ref_cnt = 1
+    return blocks
+
+
+def test_ch06_get_new_blocks_the_no_event_hints_example_passes_the_next_case():
+    """Issue 41: the hint for a get_new_blocks that records no event gave BlockRemoved(...) without group_idx;
+    copied as written, it failed the very next case (a hybrid model's block, cached for group 1)."""
+    message = rejects(check_get_new_blocks, _records_no_event, "record each eviction when the pool records events")
+    example = re.search(r"pool\.kv_event_queue\.append\((BlockRemoved\(.*?\))\) ", message).group(1)
+    assert "group_idx=block.kv_cache_group_id" in example, example
+
+    def as_the_hint_says(pool, num_blocks):
+        if num_blocks > pool.get_num_free_blocks():
+            raise ValueError(f"only {pool.get_num_free_blocks()} free blocks")
+        blocks = pool.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            block_hash = block.block_hash
+            if block_hash is not None:
+                pool.cached_block_hash_to_block.pop(block_hash, block.block_id)
+                pool.num_evictions += 1
+                if pool.enable_kv_cache_events:
+                    pool.kv_event_queue.append(eval(example, {"BlockRemoved": BlockRemoved}, locals()))
+                block.block_hash, block.kv_cache_group_id = None, 0
+            block.ref_cnt = 1
+        return blocks
+
+    check_get_new_blocks(as_the_hint_says)

@@ -503,7 +503,10 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
             scheduler.waiting.popleft()
         if mistake == "running before allocating":
             request.status = RequestStatus.RUNNING
-        computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
+        if mistake == "no lookup on re-admission" and request.num_cached_tokens >= 0:
+            computed_blocks, num_computed_tokens = [], 0  # "it was looked up on its first admission"
+        else:
+            computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
         if mistake == "dashboard event before the None check" and scheduler.events.active:
             hit_ids = manager.block_ids_of(computed_blocks)
             scheduler.events.emit(ComputedBlocksFound(request.request_id, hit_ids, num_computed_tokens))
@@ -706,3 +709,12 @@ def test_ch08_schedule_waiting_counting_lookups_by_hand_is_told_to_leave_them_to
     """A learner pass: the hint said "it counts every lookup", which the exercise's text says it does not."""
     message = rejects(check_schedule_waiting, _with_mistake("counts the lookup by hand"), "leave the counters")
     assert "it counts every lookup" not in message
+
+
+def test_ch08_schedule_waiting_a_re_admission_without_a_lookup_is_named_as_such():
+    """Issue 41: a function that skips the lookup when a preempted request comes back was told "get_computed_blocks
+    found 16 cached tokens: start from there", a lookup it never made."""
+    message = rejects(
+        check_schedule_waiting, _with_mistake("no lookup on re-admission"), "your function did not look 'B' up"
+    )
+    assert "it was preempted and comes back now" in message and "get_computed_blocks found" not in message, message

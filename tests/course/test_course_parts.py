@@ -383,14 +383,18 @@ def test_a_helper_bound_to_a_second_name_is_kept_under_that_name_too(parts_folde
 def test_an_engine_constant_is_kept_as_its_import_not_as_this_processes_value(parts_folder, tmp_path):
     """NONE_HASH follows PYTHONHASHSEED: a kept hash function must import it, or it stops matching the engine."""
     notebook = """
+import hashlib
+import pickle
+
 from mini_vllm.block_pool import BlockRemoved  # re-exported there: its own module is mini_vllm.events
-from mini_vllm.hashing import NONE_HASH, hash_block_tokens as engine_hash
+from mini_vllm.hashing import NONE_HASH
 from mini_vllm.course import check_hash_block_tokens
 
 
 def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
     assert BlockRemoved is not None
-    return engine_hash(NONE_HASH if parent_block_hash is None else parent_block_hash, token_ids, extra_keys)
+    parent = NONE_HASH if parent_block_hash is None else parent_block_hash
+    return hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest()
 
 
 check_hash_block_tokens(hash_block_tokens)
@@ -455,7 +459,7 @@ def test_every_function_a_kept_message_names_is_exported_from_the_course():
 
 def test_a_lookup_that_returns_none_in_its_list_is_named_with_the_entry(parts_folder):
     """Found by a learner pass (08b): a None in the hit's list ended steps later in 'NoneType' has no 'ref_cnt'."""
-    from mini_vllm.course.learner_engine import NotAListOfBlocks
+    from mini_vllm.course.learner_errors import NotAListOfBlocks
     from mini_vllm.kv_cache_manager import find_longest_cache_hit
 
     def hit_with_a_hole(block_pool, block_hashes, max_num_blocks):
@@ -661,3 +665,71 @@ def test_a_kept_part_imports_the_kernels_first_only_when_it_uses_triton(parts_fo
     lines = parts_module.freeze(namespace["paged_decode"], "paged_decode").splitlines()
     imports = [line for line in lines if line.startswith(("import ", "from "))]
     assert imports == [parts_module.KERNELS_FIRST, "import triton.language as tl"], imports
+
+
+HANDED_TO_THE_ENGINE = """
+from mini_vllm import kv_cache_manager
+from mini_vllm.block_pool import BlockPool
+from mini_vllm.course import (
+    check_find_longest_cache_hit, check_free_blocks, check_get_new_blocks, check_hash_block_tokens,
+    check_schedule_waiting,
+)
+from mini_vllm.hashing import hash_block_tokens as engines_hash
+from mini_vllm.scheduler import Scheduler
+
+
+def hash_block_tokens(parent_block_hash, token_ids, extra_keys=None):
+    return engines_hash(parent_block_hash, token_ids, extra_keys)
+
+
+def lookup(block_pool, block_hashes):
+    return kv_cache_manager.longest_cache_hit(block_hashes, block_pool.get_cached_block)
+
+
+def find_longest_cache_hit(block_pool, block_hashes, max_num_blocks):
+    return lookup(block_pool, block_hashes[:max_num_blocks])  # through a helper of the notebook's
+
+
+def get_new_blocks(pool, num_blocks):
+    return pool.get_new_blocks(num_blocks)
+
+
+def schedule_waiting(scheduler, token_budget, output):
+    return Scheduler.schedule_waiting(scheduler, token_budget, output)
+
+
+check_hash_block_tokens(hash_block_tokens)
+check_find_longest_cache_hit(find_longest_cache_hit)
+check_free_blocks(BlockPool.free_blocks)
+check_get_new_blocks(get_new_blocks)
+check_schedule_waiting(schedule_waiting)
+"""
+
+
+def test_an_answer_that_is_or_only_calls_the_engines_own_is_said_to_be_and_not_kept(parts_folder, tmp_path, capsys):
+    """Issue 41: exercise 05's answer that just called the engine's longest_cache_hit passed and was kept as the
+    learner's part. The checks still run (the code is right), but say whose code it is, and keep nothing."""
+    _play_notebook(tmp_path, HANDED_TO_THE_ENGINE)
+    out = capsys.readouterr().out
+    assert kept_parts() == [], out
+    for line in (
+        "✗ not kept: your hash_block_tokens calls the engine's own hash_block_tokens (mini_vllm.hashing)",
+        "✗ not kept: your find_longest_cache_hit calls the engine's own longest_cache_hit",
+        "✗ not kept: your free_blocks is the engine's own BlockPool.free_blocks (mini_vllm.block_pool)",
+        "✗ not kept: your get_new_blocks calls the engine's own BlockPool.get_new_blocks (mini_vllm.block_pool), "
+        "as .get_new_blocks(...)",
+        "✗ not kept: your schedule_waiting calls the engine's own Scheduler.schedule_waiting (mini_vllm.scheduler)",
+    ):
+        assert line in out, out
+    assert "kept as your part" not in out
+
+
+def test_a_helper_named_as_the_engines_function_is_the_learners_own_and_kept(parts_folder, tmp_path, capsys):
+    source = LEARNER_NOTEBOOK.replace("def find_longest_cache_hit(", "def longest_cache_hit(").replace(
+        "check_find_longest_cache_hit(find_longest_cache_hit)",
+        "def find_longest_cache_hit(block_pool, block_hashes, max_num_blocks):\n"
+        "    return longest_cache_hit(block_pool, block_hashes, max_num_blocks)\n\n\n"
+        "check_find_longest_cache_hit(find_longest_cache_hit)",
+    )
+    _play_notebook(tmp_path, source)
+    assert "find_longest_cache_hit" in kept_parts() and "✗ not kept" not in capsys.readouterr().out
