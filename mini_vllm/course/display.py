@@ -106,8 +106,11 @@ def show_source(obj, start: str | None = None, end: str | None = None) -> Source
 INTERFACE_NOTE = "interface only: the body is yours to write in the exercise"
 
 
-def show_interface(obj) -> SourceListing:
+def show_interface(obj, note: str = INTERFACE_NOTE) -> SourceListing:
     """The interface of ``obj`` as a Python code block: no implementation.
+
+    ``note`` is the line shown above it; a chapter names there what its exercise asks
+    for when that is not the whole of ``obj``.
 
     For a function (or a ``@triton.jit`` kernel): its decorators, its ``def``
     line(s) and its docstring, then ``...`` for the body. For a class: its
@@ -141,7 +144,7 @@ def show_interface(obj) -> SourceListing:
         raise TypeError(f"show_interface needs a class or a function, not {obj!r}")
     module = inspect.getmodule(target)
     where = f"`{module.__name__}`" if module else ""
-    return SourceListing(where, textwrap.dedent("\n".join(out)).rstrip(), INTERFACE_NOTE)
+    return SourceListing(where, textwrap.dedent("\n".join(out)).rstrip(), note)
 
 
 def _docstring_node(node) -> ast.Expr | None:
