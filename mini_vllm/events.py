@@ -73,6 +73,13 @@ class BlocksAllocated:
 # where they make sense here; ``block_ids`` is mini-vLLM's addition (vLLM's
 # events are for routers in other processes, which cannot use block ids; the
 # widgets here draw blocks by id).
+#
+# ``medium`` says where the blocks are, as vLLM's: "GPU" for the pool (vLLM's
+# ``MEDIUM_GPU``, whatever the device), "CPU" for a KV-cache offloading tier
+# in host memory (``mini_vllm/kv_offload/``), published by its connector.
+
+MEDIUM_GPU = "GPU"  # the pool
+MEDIUM_CPU = "CPU"  # the offloading tier, in host memory
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,12 @@ class BlockStored:
     blocks these are (always 0 but in a hybrid model, chapter 08b). A
     sliding-window group caches only some blocks of a request: it sends one
     event per run of consecutive blocks (vLLM sends one per call, its hashes
-    skipping the blocks it left out). vLLM 0.33 also sends ``lora_id``,
-    ``lora_name``, ``medium``, ``extra_keys`` and a few more; they have no use
-    here (mini-vLLM serves no LoRA adapters).
+    skipping the blocks it left out). ``medium``: "GPU" from the pool, "CPU"
+    from the offloading tier, whose events are vLLM's default payload, one
+    hash per event with no tokens (``token_ids=()``, ``block_size=0``, no
+    parent, no ``block_ids``). vLLM 0.33 also sends ``lora_id``,
+    ``lora_name``, ``extra_keys`` and a few more; they have no use here
+    (mini-vLLM serves no LoRA adapters).
     """
 
     block_hashes: tuple[bytes, ...]
@@ -97,20 +107,23 @@ class BlockStored:
     block_size: int
     block_ids: tuple[int, ...] = ()
     group_idx: int = 0
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     """Cached blocks left the prefix cache (evicted on reuse, or uncached after a failed step).
 
-    vLLM 0.33 sends one event per removed hash; so does mini-vLLM
+    vLLM 0.33's pool sends one event per removed hash; so does mini-vLLM
     (``block_hashes`` has one entry, ``block_ids`` the matching block;
-    ``group_idx`` the KV-cache group it was cached for).
+    ``group_idx`` the KV-cache group it was cached for). From the offloading
+    tier (``medium="CPU"``): one event per eviction, with every hash it evicted.
     """
 
     block_hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...] = ()
     group_idx: int = 0
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True)
