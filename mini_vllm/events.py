@@ -73,6 +73,13 @@ class BlocksAllocated:
 # where they make sense here; ``block_ids`` is mini-vLLM's addition (vLLM's
 # events are for routers in other processes, which cannot use block ids; the
 # widgets here draw blocks by id).
+#
+# ``medium`` says where the blocks are, as vLLM's: "GPU" for the pool (vLLM's
+# ``MEDIUM_GPU``, whatever the device), "CPU" for a KV-cache offloading tier
+# in host memory (``mini_vllm/kv_offload/``), published by its connector.
+
+MEDIUM_GPU = "GPU"  # the pool
+MEDIUM_CPU = "CPU"  # the offloading tier, in host memory
 
 
 @dataclass(frozen=True)
@@ -90,10 +97,13 @@ class BlockStored:
     tokens entered ``block_hashes[i]``, as vLLM publishes it (the keys of
     ``hashing.block_extra_keys`` without their tags: a salted request's first
     block has ``(salt,)``, other blocks None), so that a router can hash a
-    salted prompt as the replica did. vLLM 0.33 also sends ``lora_id``,
-    ``lora_name``, ``medium`` and a few more; they have no use here
-    (mini-vLLM serves no LoRA adapters; ``mini_vllm/distributed/kv_events.py``
-    fills them in as vLLM does when it puts these events on the wire).
+    salted prompt as the replica did. ``medium``: "GPU" from the pool, "CPU"
+    from the offloading tier, whose events are vLLM's default payload, one
+    hash per event with no tokens (``token_ids=()``, ``block_size=0``, no
+    parent, no ``block_ids``). vLLM 0.33 also sends ``lora_id``,
+    ``lora_name`` and a few more; they have no use here (mini-vLLM serves no
+    LoRA adapters; ``mini_vllm/distributed/kv_events.py`` fills them in as
+    vLLM does when it puts these events on the wire).
     """
 
     block_hashes: tuple[bytes, ...]
@@ -103,20 +113,23 @@ class BlockStored:
     block_ids: tuple[int, ...] = ()
     group_idx: int = 0
     extra_keys: tuple[tuple | None, ...] = ()
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     """Cached blocks left the prefix cache (evicted on reuse, or uncached after a failed step).
 
-    vLLM 0.33 sends one event per removed hash; so does mini-vLLM
+    vLLM 0.33's pool sends one event per removed hash; so does mini-vLLM
     (``block_hashes`` has one entry, ``block_ids`` the matching block;
-    ``group_idx`` the KV-cache group it was cached for).
+    ``group_idx`` the KV-cache group it was cached for). From the offloading
+    tier (``medium="CPU"``): one event per eviction, with every hash it evicted.
     """
 
     block_hashes: tuple[bytes, ...]
     block_ids: tuple[int, ...] = ()
     group_idx: int = 0
+    medium: str = MEDIUM_GPU
 
 
 @dataclass(frozen=True)

@@ -519,6 +519,7 @@ class LLMEngine:
             if status is not None:
                 finished.append(self._finish(request, status))
         if self.events.active:
+            self.scheduler.emit_kv_cache_events()  # what the step stored in the offloading tier, or evicted there
             self.events.emit(
                 StepFinished(
                     self.num_steps,

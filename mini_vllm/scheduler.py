@@ -463,13 +463,19 @@ class Scheduler:
                 self.events.emit(event)
 
     def emit_kv_cache_events(self) -> None:
-        """Pass the pool's pending KV events (e.g. ``AllBlocksCleared`` after a reset) to the listeners."""
+        """Pass the pending KV events (e.g. ``AllBlocksCleared`` after a reset) to the listeners: the pool's,
+        then the offloading tier's (``medium="CPU"``), as vLLM's scheduler publishes them after each step."""
         for event in self.kv_cache_manager.take_events():
             self.events.emit(event)
+        if self.connector is not None:
+            for event in self.connector.take_events():
+                self.events.emit(event)
 
     def set_kv_cache_events(self, enabled: bool) -> None:
-        """Record the pool's KV events while someone listens (the engine calls this as listeners come and go)."""
+        """Record the KV events while someone listens (the engine calls this as listeners come and go)."""
         self.kv_cache_manager.set_kv_cache_events(enabled)
+        if self.connector is not None:
+            self.connector.set_kv_cache_events(enabled)
 
     # -- the engine's view of the cache ------------------------------------------------
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:

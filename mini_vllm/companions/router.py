@@ -191,6 +191,9 @@ class CacheAwareRouter:
     same block twice) kept current from the replicas' KV events. It hashes each incoming prompt the
     way the engines do (same block size, same hash function, same
     ``NONE_HASH``) and counts, per replica, how many leading blocks it holds.
+    A replica with an offloading tier (``kv_offload``) sends the tier's events too
+    (``medium="CPU"``): its blocks in host memory count like the pool's, since a hit
+    there is loaded, not recomputed (vllm-router's ``kv_aware`` gives them less credit).
     """
 
     name = "cache-aware"

@@ -77,6 +77,13 @@ CHAPTERS: tuple[Chapter, ...] = (
         "matching granularity, eviction, cost",
     ),
     Chapter(
+        "06c",
+        "06c_offloading.ipynb",
+        "a second tier: KV-cache offloading as vLLM 0.33 does it — what is stored when, the lookup going on into "
+        "the tier, loads before the forward pass, LRU and ARC, a failed load, events with their medium, "
+        "`--cpu-offload-gb` is not it, a load against a miss measured",
+    ),
+    Chapter(
         "07",
         "07_triton_kernels.ipynb",
         "Triton: `store_kv`, paged decode, prefill over a cached prefix",

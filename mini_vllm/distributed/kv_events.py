@@ -121,7 +121,6 @@ class KVEventsConfig:
 
 # -- the wire format: vLLM's msgspec structs ----------------------------------------
 ExternalBlockHash = bytes | int
-MEDIUM_GPU = "GPU"  # vLLM names the tier the blocks live in; the engine's pool is its first tier
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -206,7 +205,7 @@ def to_wire(event: engine_events.KVCacheEvent, kinds: tuple[GroupKind, ...] = (F
             token_ids=list(event.token_ids),
             block_size=event.block_size,
             lora_id=None,  # mini-vLLM serves no LoRA adapters
-            medium=MEDIUM_GPU,
+            medium=event.medium,  # "GPU": the pool; "CPU": the offloading tier
             lora_name=None,
             extra_keys=list(event.extra_keys) if event.extra_keys else None,
             group_idx=event.group_idx,
@@ -216,7 +215,7 @@ def to_wire(event: engine_events.KVCacheEvent, kinds: tuple[GroupKind, ...] = (F
     if isinstance(event, engine_events.BlockRemoved):
         return BlockRemoved(
             block_hashes=[external_block_hash(h) for h in event.block_hashes],
-            medium=MEDIUM_GPU,
+            medium=event.medium,
             group_idx=event.group_idx,
         )
     if isinstance(event, engine_events.AllBlocksCleared):

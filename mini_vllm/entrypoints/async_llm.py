@@ -99,6 +99,9 @@ class ServingStats:
 
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # The KV-cache offloading tier's (0 without one): SchedulerStats.connector_prefix_cache_stats.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
     num_running: int = 0
     num_waiting: int = 0
     num_preemptions: int = 0
@@ -415,6 +418,10 @@ class AsyncLLM:
         stats = self.stats
         stats.prefix_cache_queries = engine_stats.prefix_cache_queries
         stats.prefix_cache_hits = engine_stats.prefix_cache_hits
+        external = engine_stats.scheduler_stats.connector_prefix_cache_stats
+        if external is not None:
+            stats.external_prefix_cache_queries = external.queries
+            stats.external_prefix_cache_hits = external.hits
         stats.num_running = engine_stats.num_running
         stats.num_waiting = engine_stats.num_waiting
         stats.num_preemptions = engine_stats.num_preemptions

@@ -35,7 +35,15 @@ from ..sampling_params import SamplingParams
 
 # The engine settings offered as options (--num-blocks is EngineConfig.num_blocks): their defaults and
 # checks are EngineConfig's.
-ENGINE_OPTIONS = {"device": str, "dtype": str, "attention_backend": str, "num_blocks": int, "block_size": int}
+ENGINE_OPTIONS = {
+    "device": str,
+    "dtype": str,
+    "attention_backend": str,
+    "num_blocks": int,
+    "block_size": int,
+    "kv_offloading_size": float,
+    "kv_offloading_backend": str,
+}
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:

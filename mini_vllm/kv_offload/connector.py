@@ -29,6 +29,9 @@ forward pass over its tokens, at the price of a copy. The copies are
 synchronous here, so a chunk is never being stored or loaded while the
 scheduler looks.
 
+Its stores and evictions reach the engine's listeners as vLLM's KV events
+with ``medium="CPU"`` (``take_events``), after the pool's (``medium="GPU"``).
+
 Hits from the tier are counted apart from the pool's, as vLLM's
 ``connector_prefix_cache_stats`` (``vllm:external_prefix_cache_queries`` and
 ``_hits``): per admitted request, the tokens past the pool's hit are
@@ -53,8 +56,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..events import BlockRemoved, BlockStored
 from ..kv_cache_manager import PrefixCacheStats
-from .base import LookupResult, OffloadingEvent, OffloadKey, ReqContext, make_offload_key
+from .base import (
+    LookupResult,
+    OffloadKey,
+    ReqContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+)
 from .cpu_manager import CPUOffloadingManager
 
 if TYPE_CHECKING:
@@ -146,8 +157,39 @@ class OffloadingConnector:
             self.manager.complete_load(state.load_keys, state.context)
         self.manager.on_request_finished(state.context)
 
-    def take_events(self) -> list[OffloadingEvent]:
-        return self.manager.take_events()
+    # -- the events, with their medium ---------------------------------------------------------
+    def set_kv_cache_events(self, enabled: bool) -> None:
+        """Record the tier's events while someone listens (the scheduler's ``set_kv_cache_events``)."""
+        self.manager.set_events_enabled(enabled)
+
+    def take_events(self) -> list[BlockStored | BlockRemoved]:
+        """The tier's events since the last call, as vLLM's KV events with ``medium="CPU"``.
+
+        vLLM's default payload (its ``OffloadingEventsTracker`` without
+        ``self_describing_kv_events``): each stored key is one ``BlockStored``
+        naming its hash, with no tokens and no parent; each eviction is one
+        ``BlockRemoved`` with every hash it evicted. A failed store's keys
+        (``metadata_only``) were never announced, so nothing is published.
+        """
+        kv_events: list[BlockStored | BlockRemoved] = []
+        for event in self.manager.take_events():
+            medium = event.medium.value
+            if not event.removed:
+                kv_events.extend(
+                    BlockStored(
+                        (get_offload_block_hash(key),), None, (), 0, group_idx=get_offload_group_idx(key), medium=medium
+                    )
+                    for key in event.keys
+                )
+            elif not event.metadata_only:
+                by_group: dict[int, list[bytes]] = {}
+                for key in event.keys:
+                    by_group.setdefault(get_offload_group_idx(key), []).append(get_offload_block_hash(key))
+                kv_events.extend(
+                    BlockRemoved(tuple(hashes), group_idx=group_idx, medium=medium)
+                    for group_idx, hashes in by_group.items()
+                )
+        return kv_events
 
     # -- the worker's side: the copies ------------------------------------------------------
     def copy_to_pool(self, chunk_id: int, block_id: int) -> bool:

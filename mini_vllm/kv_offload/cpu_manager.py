@@ -228,6 +228,13 @@ class CPUOffloadingManager(OffloadingManager):
             key_groups, access.inserted_keys - access.reused_keys, access.reused_keys, req_context
         )
 
+    def set_events_enabled(self, enabled: bool) -> None:
+        """Record events from now on, or stop and drop those nobody took (the engine's listeners come and go)."""
+        if not enabled:
+            self.events = None
+        elif self.events is None:
+            self.events = []
+
     def take_events(self) -> list[OffloadingEvent]:
         if self.events is None:
             return []

@@ -233,3 +233,18 @@ def test_without_its_dependencies_the_error_names_the_package_to_install(module,
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert completed.returncode != 0
     assert f"ImportError: KV events on the wire need the {package!r} package" in completed.stderr
+
+
+def test_a_tier_event_goes_on_the_wire_with_its_medium():
+    # The offloading tier's events (mini_vllm/kv_offload) carry medium "CPU", as vLLM's OffloadingConnector sends them.
+    from mini_vllm import events as engine_events
+    from mini_vllm.distributed.kv_events import to_wire
+
+    stored = engine_events.BlockStored(
+        block_hashes=(b"\x01" * 32,), parent_block_hash=None, token_ids=(), block_size=0, medium=engine_events.MEDIUM_CPU
+    )
+    removed = engine_events.BlockRemoved(block_hashes=(b"\x01" * 32,), medium=engine_events.MEDIUM_CPU)
+    assert to_wire(stored).medium == "CPU"
+    assert to_wire(removed).medium == "CPU"
+    pool = engine_events.BlockStored(block_hashes=(b"\x02" * 32,), parent_block_hash=None, token_ids=(1,), block_size=1)
+    assert to_wire(pool).medium == "GPU"

@@ -53,6 +53,14 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--attention-backend", default=None, help="torch, triton or cpu (default: auto)")
     parser.add_argument("--seed", type=int, default=None, help="the engine's seed for requests without one")
     parser.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        help="GiB of host memory for a KV-cache tier below the pool (KV-cache offloading; not --cpu-offload-gb, "
+        "which moves weights)",
+    )
+    parser.add_argument("--kv-offloading-backend", default=None, help="native: the CPU tier (the only one here)")
+    parser.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -100,6 +108,8 @@ ENGINE_FLAGS = {
     "max_num_batched_tokens": "max_num_batched_tokens",
     "attention_backend": "attention_backend",
     "seed": "seed",
+    "kv_offloading_size": "kv_offloading_size",
+    "kv_offloading_backend": "kv_offloading_backend",
 }
 """Server flag (argparse dest) -> ``EngineConfig`` field."""
 

@@ -1,7 +1,8 @@
 """``GET /metrics``: the engine's figures as Prometheus text, under vLLM's metric names.
 
 A scraper (or a dashboard built for vLLM) reads the same names from mini-vLLM:
-prefix-cache queries and hits, running and waiting requests, preemptions, KV-cache
+prefix-cache queries and hits (the pool's, and a KV-cache offloading tier's
+as ``vllm:external_prefix_cache_*``), running and waiting requests, preemptions, KV-cache
 usage, prompt and generation tokens, and finished requests by finish reason. The
 figures are read from ``AsyncLLM.stats`` at each scrape.
 
@@ -64,6 +65,18 @@ class EngineCollector:
         )
         yield counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", stats.prefix_cache_hits
+        )
+        yield counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+            stats.external_prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+            stats.external_prefix_cache_hits,
         )
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", stats.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", stats.num_waiting)
