@@ -92,7 +92,11 @@ def _make_none_hash() -> bytes:
     precompute collisions); here ``NONE_HASH`` is always the SHA-256 one, so
     only the default algorithm is byte-identical to vLLM.
     """
-    seed = resolve_none_hash_seed()
+    return none_hash_for(resolve_none_hash_seed())
+
+
+def none_hash_for(seed: str) -> BlockHash:
+    """``NONE_HASH`` of a process started with ``PYTHONHASHSEED=seed`` (a router hashing for its replicas)."""
     return sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL))
 
 

@@ -32,13 +32,20 @@ import hashlib
 import itertools
 import pickle
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import DEFAULT_BLOCK_SIZE
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from ..hashing import BlockHash, hash_request_tokens
+from ..hashing import (
+    BlockHash,
+    block_extra_keys,
+    hash_block_tokens,
+    hash_new_full_blocks,
+    hash_request_tokens,
+    none_hash_for,
+)
 from ..kv_cache_manager import KVCacheManager, longest_cache_hit
 from ..request import Request
 from ..scheduler import schedule_whole_prompt
@@ -198,14 +205,33 @@ class CacheAwareRouter:
 
     name = "cache-aware"
 
-    def __init__(self, num_replicas: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+    def __init__(
+        self,
+        num_replicas: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        block_key: Callable[[BlockHash], Any] | None = None,
+        hash_seed: str | None = None,
+    ) -> None:
         self.block_size = block_size
-        self.cached: list[Counter[BlockHash]] = [Counter() for _ in range(num_replicas)]
+        # The replicas' PYTHONHASHSEED when it is not this process's: their NONE_HASH, the first
+        # block's parent, comes from it (mini_vllm/hashing.py), and the router must hash as they do.
+        self.none_hash = None if hash_seed is None else none_hash_for(hash_seed)
+        # How the replicas' events name a block: the hash itself in process; over ZMQ, what vLLM's
+        # wire carries (mini_vllm.distributed.kv_events.external_block_hash: its low 64 bits).
+        self.block_key = block_key
+        self.cached: list[Counter[Any]] = [Counter() for _ in range(num_replicas)]
         self.num_routed = [0] * num_replicas
 
     def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """For each replica: how many leading blocks of the prompt it holds (as far as the router knows)."""
-        hashes = hash_request_tokens(list(token_ids), self.block_size, cache_salt=cache_salt)
+        token_ids = list(token_ids)
+        if self.none_hash is None or len(token_ids) < self.block_size:
+            hashes = hash_request_tokens(token_ids, self.block_size, cache_salt=cache_salt)
+        else:  # the first block chained to the replicas' NONE_HASH, the rest as always
+            first = hash_block_tokens(self.none_hash, token_ids[: self.block_size], block_extra_keys(0, cache_salt))
+            hashes = [first, *hash_new_full_blocks(token_ids, self.block_size, [first], cache_salt)]
+        if self.block_key is not None:
+            hashes = [self.block_key(h) for h in hashes]
         return [len(longest_cache_hit(hashes, held.get)) for held in self.cached]
 
     def route(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
@@ -276,16 +302,21 @@ class HTTPReplica:
     Each request is a ``/v1/completions`` call with the token ids as the prompt and
     ``max_tokens=1``; the server's ``usage.prompt_tokens_details.cached_tokens`` (it must
     run with ``--enable-prompt-tokens-details``) is the number of cached tokens. No KV
-    events come over HTTP (vLLM publishes them on a ZMQ socket with ``--kv-events-config``),
-    so this replica suits the routers that need none: round-robin and the prefix hash.
+    events come over HTTP: a server started with ``--kv-events-config`` (vLLM's, or
+    ``python -m mini_vllm serve``) publishes them on ZMQ, and ``kv_events`` (a
+    ``mini_vllm.distributed.kv_events.KVEventSubscriber`` on its endpoints) reads them, so
+    that ``CacheAwareRouter(block_key=external_block_hash)`` routes from the same stream a
+    production router reads. Without it, this replica suits the routers that need no
+    events: round-robin and the prefix hash.
     """
 
-    def __init__(self, base_url: str, model: str, name: str = "replica") -> None:
+    def __init__(self, base_url: str, model: str, name: str = "replica", kv_events: Any = None) -> None:
         import httpx
 
         self.name = name
         self.model = model
         self.num_requests = 0
+        self.kv_events = kv_events
         self._client = httpx.Client(base_url=base_url, timeout=300)
 
     def serve(self, token_ids: Sequence[int], cache_salt: str | None = None) -> int:
@@ -301,7 +332,7 @@ class HTTPReplica:
         return details["cached_tokens"]
 
     def take_events(self) -> list[KVCacheEvent]:
-        return []
+        return [] if self.kv_events is None else self.kv_events.take_events()
 
     def reset_prefix_cache(self) -> bool:
         response = self._client.post("/reset_prefix_cache")

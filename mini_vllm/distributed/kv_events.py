@@ -223,6 +223,30 @@ def to_wire(event: engine_events.KVCacheEvent, kinds: tuple[GroupKind, ...] = (F
     raise TypeError(f"not a KV-cache event: {type(event).__name__}")
 
 
+def from_wire(event: BlockStored | BlockRemoved | AllBlocksCleared) -> engine_events.KVCacheEvent:
+    """An event off the wire as the engine's event class (what the course's router observes).
+
+    The block hashes stay as the wire carries them (``external_block_hash``): a router that
+    reads them compares its own prompt hashes in that form (``CacheAwareRouter(block_key=...)``).
+    """
+    if isinstance(event, BlockStored):
+        return engine_events.BlockStored(
+            block_hashes=tuple(event.block_hashes),
+            parent_block_hash=event.parent_block_hash,
+            token_ids=tuple(event.token_ids),
+            block_size=event.block_size,
+            group_idx=event.group_idx or 0,
+            medium=event.medium or engine_events.MEDIUM_GPU,
+        )
+    if isinstance(event, BlockRemoved):
+        return engine_events.BlockRemoved(
+            block_hashes=tuple(event.block_hashes),
+            group_idx=event.group_idx or 0,
+            medium=event.medium or engine_events.MEDIUM_GPU,
+        )
+    return engine_events.AllBlocksCleared()
+
+
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 
@@ -408,6 +432,7 @@ class KVEventSubscriber:
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.replay_endpoint = replay_endpoint
         self.topic = topic
+        self._next_seq = 0  # the batch take_events expects next: a larger one means batches were missed
 
     def receive(self, timeout_s: float = 1.0) -> tuple[int, KVEventBatch] | None:
         """The next ``(seq, batch)``, or None if none came within ``timeout_s``."""
@@ -435,6 +460,23 @@ class KVEventSubscriber:
                 batches.append((int.from_bytes(seq, "big"), decode_batch(payload)))
         finally:
             socket.close(linger=0)
+
+    def take_events(self, settle_s: float = 0.2) -> list[engine_events.KVCacheEvent]:
+        """Every event published since the last call, oldest first, as the engine's classes (``from_wire``).
+
+        Reads batches until none comes for ``settle_s``. A gap in the sequence numbers (batches sent
+        before this subscriber connected: a PUB socket keeps nothing for a late subscriber) is filled
+        from the replay socket first, as vLLM's subscribers do; without one, the gap stays a gap.
+        """
+        batches: list[tuple[int, KVEventBatch]] = []
+        while (received := self.receive(settle_s)) is not None:
+            seq, batch = received
+            if seq > self._next_seq and self.replay_endpoint is not None:
+                batches += [(s, b) for s, b in self.replay(self._next_seq) if self._next_seq <= s < seq]
+            if seq >= self._next_seq:
+                batches.append((seq, batch))
+                self._next_seq = seq + 1
+        return [from_wire(event) for _, batch in batches for event in batch.events]
 
     def close(self) -> None:
         self._sub.close(linger=0)

@@ -380,6 +380,53 @@ def run_chat_workload(
     return FleetRun(fleet.policy or "", results, grown, [r.kind for r in fleet.replicas])
 
 
+def run_course_router(
+    fleet: Fleet, num_tenants: int = 5, requests_per_tenant: int = 4, max_tokens: int = 4
+) -> FleetRun:
+    """The same chat routed by the course's ``CacheAwareRouter`` (chapter 09b) from the replicas' ZMQ events.
+
+    What ``vllm-router --policy kv_aware`` does, in Python: each prompt rendered to token ids
+    by a replica (``/v1/chat/completions/render``), hashed as the replicas hash (their
+    ``PYTHONHASHSEED``), looked up in each replica's mirror (kept from its ``BlockStored`` /
+    ``BlockRemoved`` / ``AllBlocksCleared`` on ZMQ, in vLLM's wire form), sent to the longest hit.
+    Each result also names the replica it went to.
+    """
+    import httpx
+
+    from ..companions.router import CacheAwareRouter
+    from ..distributed.kv_events import KVEventSubscriber, external_block_hash
+
+    router = CacheAwareRouter(
+        len(fleet.replicas), fleet.spec.block_size, block_key=external_block_hash, hash_seed=fleet.hash_seed
+    )
+    subscribers = [KVEventSubscriber(r.events_endpoint, r.replay_endpoint) for r in fleet.replicas]
+
+    def observe() -> None:
+        for index, subscriber in enumerate(subscribers):
+            router.observe(index, subscriber.take_events())
+
+    try:
+        fleet.reset_prefix_caches()
+        observe()
+        before = fleet.counters()
+        results = []
+        with httpx.Client(timeout=300, trust_env=False) as client:
+            for _, messages in tenant_conversations(num_tenants, requests_per_tenant):
+                body = {"model": SERVED_MODEL_NAME, "messages": messages}
+                rendered = client.post(fleet.replicas[0].url + "/v1/chat/completions/render", json=body)
+                rendered.raise_for_status()
+                index = router.route(rendered.json()["token_ids"])
+                result = stream_one(client, fleet.replicas[index].url, messages, max_tokens)
+                results.append({**result, "replica": index})
+                observe()
+        after = fleet.counters()
+    finally:
+        for subscriber in subscribers:
+            subscriber.close()
+    grown = [{key: a[key] - b[key] for key in a} for a, b in zip(after, before)]
+    return FleetRun("course CacheAwareRouter", results, grown, [r.kind for r in fleet.replicas])
+
+
 def format_runs(runs: list[FleetRun]) -> str:
     rows = [run.row() for run in runs]
     columns = list(rows[0])

@@ -21,6 +21,7 @@ from mini_vllm.tools.fleet import (
     router_binary,
     router_missing_reason,
     run_chat_workload,
+    run_course_router,
     stream_one,
     tenant_conversations,
     warm_then_route,
@@ -85,6 +86,19 @@ def test_kv_aware_beats_round_robin_on_fleet_hit_rate(fleet):
     print({policy: run.row() for policy, run in runs.items()})
     assert runs["round_robin"].requests_per_replica in ([5, 4], [4, 5])
     assert runs["kv_aware"].hit_rate > runs["round_robin"].hit_rate + 0.1
+
+
+def test_the_course_router_fed_by_the_same_zmq_streams_keeps_each_tenant_on_one_replica(fleet):
+    # Chapter 09b's CacheAwareRouter, reading what vllm-router reads: the replicas' events on ZMQ
+    # (vLLM's wire form of the hashes, their PYTHONHASHSEED) and their render endpoints.
+    run = run_course_router(fleet, num_tenants=3, requests_per_tenant=3)
+    assert all(r["status"] == 200 and not r["error"] for r in run.results), run.results
+    tenants = [t for t, _ in tenant_conversations(3, 3)]
+    for tenant in set(tenants):
+        assert len({r["replica"] for t, r in zip(tenants, run.results) if t == tenant}) == 1, run.results
+    later = [r["cached_tokens"] for t, r in zip(tenants, run.results)][3:]  # each tenant's 2nd and 3rd request
+    assert all(cached >= 64 for cached in later), later
+    assert sorted(run.requests_per_replica) != [0, 9]  # three tenants, two replicas: both get some
 
 
 def test_a_killed_replica_is_routed_around_and_every_client_gets_an_answer(fleet, client):

@@ -241,10 +241,39 @@ def test_a_tier_event_goes_on_the_wire_with_its_medium():
     from mini_vllm.distributed.kv_events import to_wire
 
     stored = engine_events.BlockStored(
-        block_hashes=(b"\x01" * 32,), parent_block_hash=None, token_ids=(), block_size=0, medium=engine_events.MEDIUM_CPU
+        block_hashes=(b"\x01" * 32,),
+        parent_block_hash=None,
+        token_ids=(),
+        block_size=0,
+        medium=engine_events.MEDIUM_CPU,
     )
     removed = engine_events.BlockRemoved(block_hashes=(b"\x01" * 32,), medium=engine_events.MEDIUM_CPU)
     assert to_wire(stored).medium == "CPU"
     assert to_wire(removed).medium == "CPU"
     pool = engine_events.BlockStored(block_hashes=(b"\x02" * 32,), parent_block_hash=None, token_ids=(1,), block_size=1)
     assert to_wire(pool).medium == "GPU"
+
+
+def test_a_late_subscriber_takes_what_it_missed_from_the_replay_socket(engine_and_subscriber):
+    # A router that connects after the replica started: the PUB socket kept nothing for it, so
+    # take_events fills the gap from the replay socket and hands over the engine's event classes.
+    from mini_vllm import events as engine_events
+
+    llm, subscriber = engine_and_subscriber
+    llm.reset_prefix_cache()
+    prompt = list(range(1000, 1033))  # 2 full blocks of 16
+    llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1))
+    _receive_all(subscriber)
+    late = KVEventSubscriber(
+        subscriber._sub.getsockopt_string(zmq.LAST_ENDPOINT), subscriber.replay_endpoint, "replica-a"
+    )
+    time.sleep(0.5)
+    try:
+        llm.generate([{"prompt_token_ids": list(range(1100, 1117))}], SamplingParams(max_tokens=1))
+        events = late.take_events()
+    finally:
+        late.close()
+    stored = [e for e in events if isinstance(e, engine_events.BlockStored)]
+    assert isinstance(events[0], engine_events.AllBlocksCleared), events  # the reset, replayed
+    assert stored[0].block_hashes == tuple(external_block_hash(h) for h in hash_request_tokens(prompt, 16))
+    assert len(stored) == 2 and stored[1].token_ids == tuple(range(1100, 1116))  # then the live batch
