@@ -113,6 +113,8 @@ class Fleet:
         hash_seed: str = "0",
         log_dir: Path | None = None,
         startup_timeout_s: float = 600,
+        router_host: str = "127.0.0.1",
+        router_port: int | None = None,
     ) -> None:
         if num_mini < 0 or num_vllm < 0 or num_mini + num_vllm < 1:
             raise ValueError(f"a fleet needs at least one replica, got {num_mini} mini-vLLM and {num_vllm} vLLM")
@@ -123,7 +125,8 @@ class Fleet:
         kinds = ["mini"] * num_mini + ["vllm"] * num_vllm
         self.replicas = [Replica(kind, free_port(), free_port(), free_port()) for kind in kinds]
         self.router: subprocess.Popen | None = None
-        self.router_port = free_port()
+        self.router_host = router_host  # "0.0.0.0": the whole room's laptops reach the router
+        self.router_port = router_port or free_port()
         self.policy: str | None = None
         try:
             for index in range(len(self.replicas)):
@@ -157,7 +160,7 @@ class Fleet:
         if binary is None:
             raise RuntimeError(router_missing_reason())
         command = [
-            binary, "--host", "127.0.0.1", "--port", str(self.router_port),
+            binary, "--host", self.router_host, "--port", str(self.router_port),
             "--worker-urls", *(replica.url for replica in self.replicas),
             "--policy", policy,
             # A dead replica is noticed within a second or two, not the default minute.
@@ -450,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model", default=None, help="a model folder (default: the bundled model)")
     parser.add_argument(
+        "--host", default="127.0.0.1", help="where the router listens (0.0.0.0: a room; default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=None, help="the router's port (default: a free one)")
+    parser.add_argument(
         "--compare-policies",
         action="store_true",
         help="run the multi-tenant chat workload under every policy, print the table, and stop",
@@ -462,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ServerSpec(args.model or str(default_model_path()), block_size=args.block_size, num_blocks=256)
     print(f"starting {args.num_replicas} mini-vLLM and {args.vllm_replicas} vLLM replicas ...", flush=True)
     try:
-        fleet = Fleet(args.num_replicas, args.vllm_replicas, spec=spec)
+        fleet = Fleet(args.num_replicas, args.vllm_replicas, spec=spec, router_host=args.host, router_port=args.port)
     except ValueError as error:
         parser.error(str(error))
     with fleet:

@@ -101,6 +101,14 @@ def test_the_course_router_fed_by_the_same_zmq_streams_keeps_each_tenant_on_one_
     assert sorted(run.requests_per_replica) != [0, 9]  # three tenants, two replicas: both get some
 
 
+def test_the_router_listens_where_it_is_told(tmp_path):
+    # make fleet FLEET_ARGS="2 --host 0.0.0.0 --port 8000": a room reaches the router, not just this machine.
+    fleet = Fleet.__new__(Fleet)  # its command line only: no replica started
+    fleet.replicas, fleet.router_host, fleet.router_port = [], "0.0.0.0", 8000
+    command = fleet.router_command("round_robin")
+    assert command[command.index("--host") + 1 :][:3] == ["0.0.0.0", "--port", "8000"]
+
+
 def test_a_killed_replica_is_routed_around_and_every_client_gets_an_answer(fleet, client):
     fleet.start_router("kv_aware")
     conversations = [messages for _, messages in tenant_conversations(num_tenants=2, requests_per_tenant=3)]
