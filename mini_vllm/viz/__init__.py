@@ -20,7 +20,8 @@ row per group (∅ where a block left the sliding window), each block's group.
 from .dashboard import EngineDashboard
 from .hash_chain import HashChainView
 from .state import BlockInfo, CacheSnapshot, KVCacheGroupInfo, RequestInfo, StateSource
-from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot, View
+from .block_table_view import BlockTableView
+from .views import FreeQueueView, PoolView, StaticSnapshot, View
 
 __all__ = [
     "EngineDashboard",

@@ -38,7 +38,8 @@ from .html import BLUE, GREEN, MUTED, container, esc, legend, sparkline, style
 from .live import LiveBinding
 from .state import CacheSnapshot, StateSource
 from .hash_chain import HashChainView
-from .views import BlockTableView, FreeQueueView, PoolView, StaticSnapshot, mimebundle
+from .block_table_view import BlockTableView
+from .views import FreeQueueView, PoolView, StaticSnapshot, mimebundle
 
 # id(engine) -> its open dashboard: a new dashboard on the same engine closes the old one,
 # so re-running a notebook cell never leaves a stale listener behind.
