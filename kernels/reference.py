@@ -51,8 +51,9 @@ def gather_kv(
     block_size = k_cache.shape[1]
     num_blocks_used = (seq_len + block_size - 1) // block_size
     block_ids = block_table[:num_blocks_used].long()
-    keys = k_cache[block_ids].flatten(0, 1)[:seq_len]
-    values = v_cache[block_ids].flatten(0, 1)[:seq_len]
+    # The sequence's whole blocks (one index_select per cache), then its first seq_len rows.
+    keys = k_cache.index_select(0, block_ids).flatten(0, 1)[:seq_len]
+    values = v_cache.index_select(0, block_ids).flatten(0, 1)[:seq_len]
     return keys, values
 
 

@@ -20,9 +20,10 @@ prefill the rows from its first query's window start), so the freed blocks that
 the table marks with the placeholder 0 are never read, and the band is masked.
 
 Grouped-query attention is left to ``enable_gqa`` (no ``repeat_interleave``
-copies of K/V). Blocks are gathered with ``index_select`` and new K/V stored
-with ``index_copy_``: the same copies as the reference's indexing, at a
-quarter of its per-call cost (paid once per layer and step). Computed in
+copies of K/V). Blocks are gathered by the reference's own ``gather_kv`` (one
+``index_select`` per cache) and new K/V stored with ``index_copy_``: the same
+copies as the reference's indexing, at a quarter of its per-call cost (paid
+once per layer and step). Computed in
 float32, like the reference. The reference loop
 (``mini_vllm.kernels.reference.unified_attention``) stays the readable oracle; the tests
 compare this backend with it and with ``transformers``.
@@ -33,6 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.reference import gather_kv  # one gather: the kernels' PyTorch reference
 from ..validation import check_sliding_window
 from .base import AttentionBackend, AttentionMetadata
 
@@ -82,22 +84,6 @@ class TorchAttentionBackend(AttentionBackend):
                 keys, values = keys[0], values[0]
             out[start:end] = prefill_attention(query[start:end], keys, values, scale, sliding_window=window)
         return out
-
-
-def gather_kv(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_len: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's context K/V through its block table: ``[seq_len, Hkv, D]`` copies.
-
-    ``mini_vllm.kernels.reference.gather_kv``, one ``index_select`` per cache: the
-    sequence's whole blocks, then its first ``seq_len`` rows (no per-token index).
-    """
-    block_size = k_cache.shape[1]
-    block_ids = block_table[: (seq_len + block_size - 1) // block_size].long()
-    return tuple(cache.index_select(0, block_ids).flatten(0, 1)[:seq_len] for cache in (k_cache, v_cache))
 
 
 def gather_last_kv(
