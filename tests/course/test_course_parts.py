@@ -609,8 +609,8 @@ def test_a_part_kept_when_the_kernels_were_imported_as_kernels_still_loads_and_s
 def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_reference(parts_folder, tmp_path, capsys):
     assert parts_line() == (
         "your parts: none yet · reference: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), hash_block_tokens, "
-        "hash_request_tokens (04), find_longest_cache_hit (05), free_blocks, free_request_blocks, get_new_blocks (06), lru_evict (06c), "
-        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+        "hash_request_tokens (04), find_longest_cache_hit (05), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "lru_evict (06c), store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
     )
     _play_notebook(tmp_path)
     capsys.readouterr()
@@ -618,8 +618,8 @@ def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_refer
     printed = capsys.readouterr().out.splitlines()
     line = (
         "your parts: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05) · "
-        "reference: hash_block_tokens, hash_request_tokens (04), free_blocks, free_request_blocks, get_new_blocks (06), lru_evict (06c), "
-        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+        "reference: hash_block_tokens, hash_request_tokens (04), free_blocks, free_request_blocks, get_new_blocks (06), "
+        "lru_evict (06c), store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
     )
     assert printed == [line]  # the builder says it, in one line
     assert parts_line(mine) == line == parts_line()  # the same for the LLM, its engine and the kept parts
