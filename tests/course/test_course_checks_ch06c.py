@@ -10,17 +10,6 @@ from course_fixtures import rejects
 from mini_vllm.course import check_lru_evict
 
 
-def right_lru_evict(policy, n, protected):
-    candidates = sorted((policy.ranks[key], key) for key in policy.evictable if key not in protected)
-    if len(candidates) < n:
-        return None
-    evicted = []
-    for _, key in candidates[:n]:
-        evicted.append((key, policy.chunks[key]))
-        policy.remove(key)
-    return evicted
-
-
 def make_lru_evict(
     *,
     order=lambda policy, key: (policy.ranks[key], key),
@@ -31,7 +20,7 @@ def make_lru_evict(
     remove=True,
     newest_first=False,
 ):
-    """The right answer unless one mistake is switched on."""
+    """A learner's answer, right unless one mistake is switched on."""
 
     def lru_evict(policy, n, protected):
         keys = sorted(candidates(policy, protected), key=lambda key: order(policy, key), reverse=newest_first)
@@ -53,7 +42,7 @@ def test_the_reference_and_a_learners_answer_pass(capsys):
     from mini_vllm.kv_offload.lru import lru_evict
 
     check_lru_evict(lru_evict)
-    check_lru_evict(right_lru_evict)
+    check_lru_evict(make_lru_evict())
     assert capsys.readouterr().out.count("✓ lru_evict") == 2
 
 
@@ -99,14 +88,14 @@ def test_leaving_the_evicted_chunks_in_the_policy_is_named():
 
 def test_none_for_nothing_to_evict_is_named():
     def none_for_zero(policy, n, protected):
-        return None if n == 0 else right_lru_evict(policy, n, protected)
+        return None if n == 0 else make_lru_evict()(policy, n, protected)
 
     rejects(check_lru_evict, none_for_zero, "None is only for 'fewer than n candidates'")
 
 
 def test_changing_the_protected_set_is_named():
     def takes_protected(policy, n, protected):
-        evicted = right_lru_evict(policy, n, protected)
+        evicted = make_lru_evict()(policy, n, protected)
         protected.clear()
         return evicted
 
@@ -119,7 +108,7 @@ def test_calling_the_policys_evict_is_named():
 
 def test_the_wrong_chunk_with_the_right_key_is_named():
     def wrong_chunk(policy, n, protected):
-        evicted = right_lru_evict(policy, n, protected)
+        evicted = make_lru_evict()(policy, n, protected)
         return evicted and [(key, type(chunk)(chunk.chunk_id + 100)) for key, chunk in evicted]
 
     rejects(check_lru_evict, wrong_chunk, "pair each key with its own chunk")
