@@ -26,6 +26,8 @@ field                      called by                                        refe
 ``free_blocks``            ``BlockPool.free_blocks``                        ``BlockPool.free_blocks``
 ``free_request_blocks``    ``KVCacheManager.free``                          ``kv_cache_manager.free_request_blocks``
 ``get_new_blocks``         ``BlockPool.get_new_blocks``                     ``BlockPool.get_new_blocks``
+``lru_evict``              ``LRUCachePolicy.evict`` (the CPU tier, with     ``kv_offload.lru.lru_evict``
+                           ``kv_offloading_size``, chapter 06c)
 ``store_kv``               the attention backend, every layer and step      the backend's own (None)
 ``paged_decode``           the attention backend, decode steps              the backend's own (None)
 ``schedule_waiting``       ``Scheduler.schedule``                           ``Scheduler.schedule_waiting``
@@ -50,6 +52,7 @@ from typing import Any
 from . import hashing
 from .block_pool import BlockPool, FreeKVCacheBlockQueue
 from .kv_cache_manager import find_longest_cache_hit, find_sliding_window_cache_hit, free_request_blocks
+from .kv_offload.lru import lru_evict
 from .scheduler import Scheduler
 
 
@@ -109,6 +112,13 @@ class EngineParts:
             only), loses its hash, counts in ``num_evictions`` and, when events
             are on, records a ``BlockRemoved`` event; with caching off nothing
             is evicted.
+        lru_evict: ``(policy, n, protected) -> list[(key, chunk)] | None``, the
+            CPU tier's LRU eviction choice (only with ``kv_offloading_size``).
+            Must evict exactly ``n`` chunks among ``policy.evictable`` (ref_cnt
+            0: no store or load in flight) not in ``protected``, smallest
+            ``(policy.ranks[key], key)`` first, each through ``policy.remove``,
+            and return them as ``(key, chunk)`` pairs in that order; with fewer
+            than ``n`` candidates, None and the policy unchanged.
         store_kv: ``(key, value, k_cache, v_cache, slot_mapping) -> None``, write
             each new token's K/V row into its slot (slot -1: skip) and nothing
             else. None: the attention backend's own. When given (or
@@ -144,6 +154,7 @@ class EngineParts:
     free_blocks: Callable[..., None] = BlockPool.free_blocks
     free_request_blocks: Callable[..., None] = free_request_blocks
     get_new_blocks: Callable[..., list[Any]] = BlockPool.get_new_blocks
+    lru_evict: Callable[..., list[Any] | None] = lru_evict
     store_kv: Callable[..., None] | None = None
     paged_decode: Callable[..., Any] | None = None
     schedule_waiting: Callable[..., int] = Scheduler.schedule_waiting

@@ -224,7 +224,8 @@ class LLMEngine:
                 f"kv_offloading_size={config.kv_offloading_size} GiB holds no block of this model "
                 f"({bytes_per_block} bytes): use at least {bytes_per_block / 2**30:.2g}"
             )
-        connector = OffloadingConnector(CPUOffloadingManager(num_chunks), config.block_size)
+        manager = CPUOffloadingManager(num_chunks, lru_evict=self.parts.lru_evict)
+        connector = OffloadingConnector(manager, config.block_size)
         connector.register_kv_caches(self.model_runner.kv_caches)
         return connector
 

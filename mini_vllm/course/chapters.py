@@ -82,6 +82,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         "a second tier: KV-cache offloading as vLLM 0.33 does it — what is stored when, the lookup going on into "
         "the tier, loads before the forward pass, LRU and ARC, a failed load, events with their medium, "
         "`--cpu-offload-gb` is not it, a load against a miss measured",
+        "the tier's LRU eviction `lru_evict`",
     ),
     Chapter(
         "07",

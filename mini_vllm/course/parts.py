@@ -112,6 +112,13 @@ PARTS: list[Part] = [
         ("mini_vllm.block_pool:BlockPool.get_new_blocks", "mini_vllm.block_pool:BlockPool._maybe_evict_cached_block"),
     ),
     Part(
+        "lru_evict",
+        "06c",
+        "lru_evict",
+        "the CPU tier's LRU eviction (offloading)",
+        ("mini_vllm.kv_offload.lru:lru_evict", "mini_vllm.kv_offload.lru:LRUCachePolicy.evict"),
+    ),
+    Part(
         "store_kv",
         "07",
         "store_kv",

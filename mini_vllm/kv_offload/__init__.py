@@ -33,7 +33,7 @@ from .base import (
 )
 from .cache_policy import CachePolicy, ChunkStatus
 from .cpu_manager import CACHE_POLICIES, CPUOffloadingManager
-from .lru import LRUCachePolicy
+from .lru import LRUCachePolicy, lru_evict
 
 __all__ = [
     "ARCCachePolicy",
@@ -51,5 +51,6 @@ __all__ = [
     "ReqContext",
     "get_offload_block_hash",
     "get_offload_group_idx",
+    "lru_evict",
     "make_offload_key",
 ]

@@ -28,7 +28,7 @@ it has been offered that many times), out-of-tree policies and the metrics.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from ..validation import check_positive_int, one_of
@@ -45,7 +45,7 @@ from .base import (
     get_offload_group_idx,
 )
 from .cache_policy import CachePolicy, ChunkStatus
-from .lru import LRUCachePolicy
+from .lru import LRUCachePolicy, lru_evict
 
 CACHE_POLICIES: dict[str, type[CachePolicy]] = {"lru": LRUCachePolicy, "arc": ARCCachePolicy}
 
@@ -64,16 +64,30 @@ class _RequestAccess:
 
 
 class CPUOffloadingManager(OffloadingManager):
-    """The CPU tier's scheduler side: ``num_chunks`` chunks, evicted by ``cache_policy`` (``"lru"`` or ``"arc"``)."""
+    """The CPU tier's scheduler side: ``num_chunks`` chunks, evicted by ``cache_policy`` (``"lru"`` or ``"arc"``).
+
+    ``lru_evict``: the LRU policy's eviction choice (``lru.lru_evict``; an
+    engine's ``EngineParts.lru_evict``); ARC makes its own.
+    """
 
     medium = Medium.CPU
 
-    def __init__(self, num_chunks: int, cache_policy: str = "lru", enable_events: bool = False) -> None:
+    def __init__(
+        self,
+        num_chunks: int,
+        cache_policy: str = "lru",
+        enable_events: bool = False,
+        lru_evict: Callable[..., list | None] = lru_evict,
+    ) -> None:
         check_positive_int("num_chunks", num_chunks)
         if cache_policy not in CACHE_POLICIES:
             raise ValueError(f"cache_policy must be {one_of(CACHE_POLICIES)}, got {cache_policy!r}")
         self.num_chunks = num_chunks
-        self.policy: CachePolicy = CACHE_POLICIES[cache_policy](cache_capacity=num_chunks)
+        policy_class = CACHE_POLICIES[cache_policy]
+        if policy_class is LRUCachePolicy:
+            self.policy: CachePolicy = LRUCachePolicy(cache_capacity=num_chunks, evict=lru_evict)
+        else:
+            self.policy = policy_class(cache_capacity=num_chunks)
         self.num_allocated_chunks = 0  # chunks 0 .. this - 1 have been handed out at least once
         self.free_chunk_ids: list[int] = []  # handed out and given back; reused last-in first-out
         self.num_evictable_chunks = 0  # chunks with ref_cnt 0

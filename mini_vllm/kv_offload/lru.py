@@ -13,6 +13,10 @@ A rank is the chunk's recency whether or not it is pinned: a chunk that a
 load is reading keeps its rank and is simply not a candidate until its
 ``ref_cnt`` is back to 0.
 
+The eviction choice itself is :func:`lru_evict`, a function of the policy,
+so that an engine may be given another one (``EngineParts.lru_evict``, the
+offloading chapter's exercise).
+
 vLLM equivalent: ``vllm/v1/kv_offload/cpu/policies/lru.py`` (``LRUCachePolicy``),
 which keeps the idle chunks in a lazily invalidated heap; here the candidates
 are sorted when an eviction needs them, which picks the same chunks, the
@@ -21,17 +25,39 @@ smallest ``(rank, key)`` first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from .base import OffloadKey, ReqContext
 from .cache_policy import CachePolicy, ChunkStatus, order_request_keys
 
 Rank = tuple[int, int]  # (a use's number, or the request's, and -end position within the request)
+Evicted = list[tuple[OffloadKey, ChunkStatus]]
+
+
+def lru_evict(policy: LRUCachePolicy, n: int, protected: set[OffloadKey]) -> Evicted | None:
+    """Evict ``policy``'s ``n`` idle, unprotected chunks of smallest ``(rank, key)``, oldest first; all or nothing.
+
+    Only keys in ``policy.evictable`` (ref_cnt 0: not being stored or loaded)
+    and not in ``protected`` are candidates. Returns ``(key, chunk)`` pairs in
+    eviction order, each chunk gone from the policy (``policy.remove``); with
+    fewer than ``n`` candidates, None and nothing removed.
+    """
+    candidates = sorted((policy.ranks[key], key) for key in policy.evictable if key not in protected)
+    if len(candidates) < n:
+        return None
+    evicted = []
+    for _, key in candidates[:n]:
+        evicted.append((key, policy.chunks[key]))
+        policy.remove(key)
+    return evicted
 
 
 class LRUCachePolicy(CachePolicy):
-    def __init__(self, cache_capacity: int) -> None:
+    """``evict``: the eviction choice, ``(policy, n, protected) -> [(key, chunk), ...] | None`` (:func:`lru_evict`)."""
+
+    def __init__(self, cache_capacity: int, evict: Callable[..., Evicted | None] = lru_evict) -> None:
         super().__init__(cache_capacity)
+        self.evict_choice = evict
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
         self.ranks: dict[OffloadKey, Rank] = {}
         self.evictable: set[OffloadKey] = set()  # the chunks with ref_cnt 0
@@ -101,15 +127,8 @@ class LRUCachePolicy(CachePolicy):
     ) -> None:
         self._use(reversed(order_request_keys(key_groups, req_context)))
 
-    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
-        candidates = sorted((self.ranks[key], key) for key in self.evictable if key not in protected)
-        if len(candidates) < n:
-            return None
-        evicted = []
-        for _, key in candidates[:n]:
-            evicted.append((key, self.chunks[key]))
-            self.remove(key)
-        return evicted
+    def evict(self, n: int, protected: set[OffloadKey]) -> Evicted | None:
+        return self.evict_choice(self, n, protected)
 
     def clear(self) -> None:
         self.chunks.clear()

@@ -346,7 +346,7 @@ def _learner_path(page, base: str, root: Path) -> None:
     _run_cell(page, dashboard_cell)
     parts_line = f"{VISIBLE} {WIDGET_HTML} .mv-parts"
     page.wait_for_selector(parts_line, timeout=60_000)
-    assert page.inner_text(parts_line).startswith("your parts (2 of 12): free_queue, slot_mapping"), page.inner_text(
+    assert page.inner_text(parts_line).startswith("your parts (2 of 13): free_queue, slot_mapping"), page.inner_text(
         parts_line
     )
     _check_page(page, "in chapter 08 with the learner's parts")
@@ -389,7 +389,7 @@ def _pass_exercise(page, name: str, marker: str, parts_yours: int) -> None:
     _wait_all_run(page)
     _check_page(page, f"after passing {name}")
     text = page.inner_text(f"{VISIBLE} .jp-Notebook")  # the end of the notebook (cells far above are not drawn)
-    assert f"{parts_yours} of 12 parts are yours" in text, text[-4000:]
+    assert f"{parts_yours} of 13 parts are yours" in text, text[-4000:]
     # The engine's own code shows next to the learner's only once the part is kept (the check passed).
     assert page.locator(f"{VISIBLE} .mv-side-by-side").count() == 1, text[-4000:]
     _shot(page, f"exercise_{name.split('_')[0]}_passed")

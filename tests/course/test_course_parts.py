@@ -167,7 +167,7 @@ def test_the_learners_engine_runs_their_parts_and_matches_the_reference(parts_fo
     # The learner's class itself, with the batch operations it lacks added by the pool (it has no popleft_n).
     assert type(queue).__mro__[1].__module__.startswith("mini_vllm_course_parts")
     table = show_parts(mine)
-    assert "3 of 12 parts are yours" in repr(table) and "<table>" in table._repr_html_()
+    assert "3 of 13 parts are yours" in repr(table) and "<table>" in table._repr_html_()
     result = compare_with_reference(mine, LLM(**_engine_args()), PROMPTS, GREEDY)
     assert result["all equal"] and sum(result["cached tokens (yours)"]) > 0
     # Nothing module-level is swapped: the parts are the learner's engine's own.
@@ -239,7 +239,7 @@ def test_make_serve_serves_the_learners_engine(parts_folder, tmp_path):
             for p in PROMPTS[:2]
         ]
         log = server.log_tail(lines=200)
-    assert "3 of 12 parts are yours" in log, log
+    assert "3 of 13 parts are yours" in log, log
     expected = LLM(**_engine_args()).generate(PROMPTS[:2], GREEDY)
     assert [r.choices[0].text for r in replies] == [o.outputs[0].text for o in expected]
     assert replies[1].usage.prompt_tokens_details.cached_tokens > 0  # the learner's lookup found the shared prefix
@@ -326,7 +326,7 @@ def test_the_dashboard_marks_the_learners_parts(parts_folder, tmp_path):
 
     _play_notebook(tmp_path)
     mine = EngineDashboard(learner_engine(**_engine_args()))
-    line = "your parts (3 of 12): free_queue, slot_mapping, find_longest_cache_hit; the other 9 are the reference's"
+    line = "your parts (3 of 13): free_queue, slot_mapping, find_longest_cache_hit; the other 10 are the reference's"
     assert line in mine.to_text() and "mv-parts" in mine.to_html()
     reference = EngineDashboard(LLM(**_engine_args()))
     assert "your parts" not in reference.to_text() and "mv-parts" not in reference.to_html()
@@ -610,7 +610,7 @@ def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_refer
     assert parts_line() == (
         "your parts: none yet · reference: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), hash_block_tokens, "
         "hash_request_tokens (04), find_longest_cache_hit (05), free_blocks, free_request_blocks, get_new_blocks (06), "
-        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+        "lru_evict (06c), store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
     )
     _play_notebook(tmp_path)
     capsys.readouterr()
@@ -619,7 +619,7 @@ def test_every_engine_says_in_one_line_which_parts_are_yours_and_which_the_refer
     line = (
         "your parts: FreeKVCacheBlockQueue (02), compute_slot_mapping (03), find_longest_cache_hit (05) · "
         "reference: hash_block_tokens, hash_request_tokens (04), free_blocks, free_request_blocks, get_new_blocks (06), "
-        "store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
+        "lru_evict (06c), store_kv, paged_decode (07), schedule_waiting (08), find_sliding_window_cache_hit (08b)"
     )
     assert printed == [line]  # the builder says it, in one line
     assert parts_line(mine) == line == parts_line()  # the same for the LLM, its engine and the kept parts
@@ -733,3 +733,53 @@ def test_a_helper_named_as_the_engines_function_is_the_learners_own_and_kept(par
     )
     _play_notebook(tmp_path, source)
     assert "find_longest_cache_hit" in kept_parts() and "✗ not kept" not in capsys.readouterr().out
+
+
+OFFLOAD_NOTEBOOK = """
+from mini_vllm.course import check_lru_evict
+
+
+def lru_evict(policy, n, protected):
+    candidates = sorted((policy.ranks[key], key) for key in policy.evictable if key not in protected)
+    if len(candidates) < n:
+        return None
+    evicted = [(key, policy.chunks[key]) for _, key in candidates[:n]]
+    for key, _ in evicted:
+        policy.remove(key)
+    return evicted
+
+
+check_lru_evict(lru_evict)
+"""
+
+
+def _offload_rounds(llm) -> list[int]:
+    """Six 64-token prefixes, one at a time, twice, through a tier of 10 chunks: the cached tokens of each."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 1000) for _ in range(69)] for _ in range(6)]
+    greedy = SamplingParams(max_tokens=2, temperature=0)
+    return [llm.generate([{"prompt_token_ids": p}], greedy)[0].num_cached_tokens for p in prompts + prompts[::-1]]
+
+
+def test_a_kept_lru_evict_is_what_the_learners_tier_runs(parts_folder, tmp_path, capsys):
+    _play_notebook(tmp_path, OFFLOAD_NOTEBOOK)
+    assert "kept as your part 'lru_evict'" in capsys.readouterr().out
+    assert kept_parts() == ["lru_evict"]
+    args = dict(device="cpu", num_blocks=12, block_size=16, max_num_seqs=1, kv_offloading_size=0.01)
+    chunks_per_centigib = LLM(**args).llm_engine.scheduler.connector.manager.num_chunks
+    args["kv_offloading_size"] = 0.01 * 10.5 / chunks_per_centigib  # a tier of 10 chunks: it must evict
+    llm = learner_engine(**args, quiet=True)
+    assert llm.course_parts["lru_evict"] == "yours"
+    manager = llm.llm_engine.scheduler.connector.manager
+    assert manager.num_chunks == 10
+    assert manager.policy.evict_choice.__wrapped__.__module__ == "mini_vllm_course_parts.lru_evict"
+    mine = _offload_rounds(llm)
+    reference = _offload_rounds(learner_engine(**args, parts={}, quiet=True))
+    assert mine == reference and sum(reference) > 0  # the reversed second round hits the newest prefixes
+    # The comparison can fail: a tier that evicts the newest chunks instead keeps other prefixes.
+    newest_first = OFFLOAD_NOTEBOOK.replace("candidates[:n]", "candidates[::-1][:n]")
+    newest_first = newest_first.replace("check_lru_evict(lru_evict)", "")
+    wrong = _play_notebook(tmp_path, newest_first)["lru_evict"]
+    assert _offload_rounds(learner_engine(**args, parts={"lru_evict": wrong}, quiet=True)) != reference

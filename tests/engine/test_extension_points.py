@@ -315,8 +315,9 @@ def test_every_part_is_called_by_a_running_engine(reference_outputs, hash_with_r
     outputs = _run(llm)
     calls["free_queue"] = len(RecordingQueue.calls)
     hashing = "hash_request_tokens" if hash_with_request_tokens else "hash_block_tokens"
-    # The default model has no sliding-window layer: that part is a hybrid model's (test below).
-    not_here = {"hash_block_tokens", "hash_request_tokens", "find_sliding_window_cache_hit"}
+    # The default model has no sliding-window layer: that part is a hybrid model's (test below);
+    # lru_evict is the CPU tier's, which only an engine with kv_offloading_size has (tests/course).
+    not_here = {"hash_block_tokens", "hash_request_tokens", "find_sliding_window_cache_hit", "lru_evict"}
     expected = set(ENGINE_PART_NAMES) - not_here | {hashing}
     assert set(parts.replaced()) == expected
     never_called = sorted(name for name in expected if not calls.get(name))
