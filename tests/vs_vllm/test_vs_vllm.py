@@ -288,8 +288,9 @@ def _imported_modules(source: str) -> set[str]:
     return modules
 
 
-# msgspec: a dependency vLLM declares itself, which its KV-event classes are built on (the driver decodes them).
-VLLMS_OWN = {"vllm", "msgspec", "__future__"}
+# msgspec and pyzmq (zmq): dependencies vLLM declares itself, which its KV events are built on and sent
+# with (the driver subscribes to them and decodes them with vLLM's classes).
+VLLMS_OWN = {"vllm", "msgspec", "zmq", "__future__"}
 
 
 def _only_vllm_and_stdlib(modules: set[str]) -> bool:
