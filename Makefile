@@ -101,6 +101,8 @@ LATEST_XDIST  := $(XDIST)
 # The unit suite in two processes, a test file each at a time (module fixtures start vLLM or a server once):
 # beside the notebooks half of make test, so that neither core waits for the other half to end.
 UNIT_XDIST    := -n 2 --dist loadfile
+# The slowest tests of a whole run, listed at its end: where to look when make test nears 25 minutes.
+DURATIONS     := --durations=30
 test-fast: $(VENV)/.test
 	$(TEST_ENV) $(PY) -m pytest $(or $(TEST_PATHS),$(FAST_FOLDERS)) -m "$(FAST_MARKERS)" $(NO_CACHE) $(XDIST) $(filter-out tests%,$(PYTEST_ARGS))
 
@@ -121,7 +123,7 @@ test-latest: | $(LATEST_PY)
 	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
 	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
 	@printf "today's releases: "; $(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
-	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(LATEST_XDIST)
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(LATEST_XDIST) $(DURATIONS)
 	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model $(NO_CACHE)
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
@@ -137,7 +139,7 @@ lint: $(VENV)/.test
 # offline, that test skips with the reason; under CI (CI=true) a failed fetch fails the run.
 test-unit: $(VENV)/.test chromium real-model vllm router
 	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
-	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(UNIT_XDIST) $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 # Every chapter and solution under strict nbval in .venv-latest (today's releases; run make test-latest
 # first): what a conda user gets from environment.yml today. Not part of make test (about 7 more minutes).
