@@ -411,6 +411,35 @@ def _another_time(content: str) -> str:
     return found.group() if found else ""
 
 
+# TIME_FORMAT's fields in order, and the format codes a slip of the keyboard puts in their place.
+_TIME_FIELDS = (("%Y", "year"), ("%m", "month"), ("%d", "day"), ("%H", "hour"), ("%M", "minutes"), ("%S", "seconds"))
+_CODE_MEANINGS = {
+    "%Y": "the year",
+    "%m": "the month",
+    "%d": "the day",
+    "%H": "the hour on a 24-hour clock",
+    "%I": "the hour on a 12-hour clock",
+    "%M": "the minutes",
+    "%S": "the seconds",
+}
+
+
+def _other_format_codes(written: str, now: datetime) -> str:
+    """How ``written`` (a time shaped like TIME_FORMAT) writes ``now`` with other format codes ("" when a
+    field is no part of ``now``: a time from another clock). ``'2026-11-30 15:11:24'`` for 15:34:24 on
+    November 30th: "its minutes field is '11', what %m gives (the month), not %M's '34'"."""
+    slips = []
+    for (code, name), value in zip(_TIME_FIELDS, re.findall(r"\d+", written)):
+        if value == now.strftime(code):
+            continue
+        other = next((c for c in _CODE_MEANINGS if now.strftime(c) == value), None)
+        if other is None:
+            return ""
+        slips.append(f"its {name} field is {value!r}, what {other} gives ({_CODE_MEANINGS[other]}), not {code}'s "
+                     f"{now.strftime(code)!r}")
+    return "; ".join(slips)
+
+
 def _first_difference(a: str, b: str) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -561,6 +590,20 @@ def _is_message_list(messages: Any) -> bool:
     )
 
 
+def _unchanged(given: Any, original: Any) -> bool:
+    """``given`` equals ``original``, every dict's keys in the same order, at every depth (a tool's
+    parameters too: ``==`` ignores the order of a dict's keys)."""
+    if isinstance(original, dict):
+        return (
+            isinstance(given, dict)
+            and list(given) == list(original)
+            and all(_unchanged(given[key], value) for key, value in original.items())
+        )
+    if isinstance(original, list):
+        return isinstance(given, list) and len(given) == len(original) and all(map(_unchanged, given, original))
+    return given == original
+
+
 def _check_scenario(
     check: Checker,
     build_messages: Callable,
@@ -586,14 +629,12 @@ def _check_scenario(
             )
         )
         check.expect(
-            given == request
-            and [t["name"] for t in given["tools"]] == [t["name"] for t in request["tools"]]
-            and all(list(a) == list(b) for a, b in zip(given["tools"], request["tools"])),
-            f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list or a "
-            "tool's dict)",
-            "the tools belong to the app's registry, which passes the same objects again: tools.sort() and "
-            "tool.pop(...) change them for everyone. Use sorted(tools, key=...) and json.dumps(tool, "
-            "sort_keys=True), which build new values",
+            _unchanged(given, request),
+            f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list, a "
+            "tool's dict or its parameters)",
+            "the tools belong to the app's registry, which passes the same objects again: tools.sort(), "
+            "tool.pop(...) and tool['parameters'] = dict(sorted(...)) change them for everyone. Use "
+            "sorted(tools, key=...) and json.dumps(tool, sort_keys=True), which build new values",
             random_case=random_case,
         )
     for i, (messages, request) in enumerate(zip(messages_list, requests)):
@@ -607,10 +648,17 @@ def _check_scenario(
         timestamp = request["now"].strftime(TIME_FORMAT)
         other_format = "" if timestamp in content else _time_in_another_format(content, request["now"])
         another_time = "" if timestamp in content or other_format else _another_time(content)
+        slips = _other_format_codes(another_time, request["now"]) if another_time else ""
         if other_format:
             problem = f"in the prompt as {other_format!r}, not in the format the app needs"
             hint = f"write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r}" + (
                 " (now.isoformat() puts a 'T' between the date and the time)" if "T" in other_format else ""
+            )
+        elif slips:
+            problem = f"missing from the prompt, which writes it with other format codes: {another_time!r}"
+            hint = (
+                f"{slips}. Write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r} (%m is the "
+                "month and %M the minutes; %H the hour on a 24-hour clock)"
             )
         elif another_time:
             problem = f"missing from the prompt, which holds another time, {another_time!r}"

@@ -268,3 +268,42 @@ def test_ch09_prompt_fix_a_difference_after_the_stable_part_is_not_blamed_on_the
     # With a real mistake in a few requests (the tools' order), that mistake is named, not the layout.
     diagnosis = _diagnosis(lambda **request: _user_first(**request, swap=lambda now: now.second % 4 == 0))
     assert "the tools are serialized differently" in diagnosis, diagnosis
+
+
+def _writes_the_time_with(fmt):
+    def build_messages(system_prompt, tools, user_request, now):
+        lines = [system_prompt, "Tools:", *_tool_lines(tools)]
+        return _messages("\n".join(lines), f"Current time: {now.strftime(fmt)}\n{user_request}")
+
+    return build_messages
+
+
+@pytest.mark.parametrize(
+    "fmt,slip",
+    [
+        ("%Y-%m-%d %H:%m:%S", "its minutes field is '11', what %m gives (the month), not %M's"),
+        ("%Y-%m-%d %I:%M:%S", "its hour field is '03', what %I gives (the hour on a 12-hour clock), not %H's '15'"),
+        ("%Y-%d-%m %H:%M:%S", "its month field is '30', what %d gives (the day), not %m's '11'"),
+    ],
+)
+def test_ch09_prompt_fix_names_a_format_code_slip(fmt, slip):
+    """A learner pass: `now` written with %m for the minutes (or %I, or day and month swapped) was told "use
+    the `now` argument, not datetime.now()", though it was `now`: its fields are now's, under other codes."""
+    assert make_requests(8)[0]["now"].strftime("%m %H") == "11 15"  # the scenario this test relies on
+    message = rejects(check_prompt_fix, _writes_the_time_with(fmt), "writes it with other format codes")
+    assert slip in message and "datetime.now()" not in message
+
+
+def _sorts_each_tools_parameters_in_place(system_prompt, tools, user_request, now):
+    """The parameters sorted in the registry's own dicts: == between dicts ignores the order of their keys."""
+    for tool in tools:
+        tool["parameters"] = dict(sorted(tool["parameters"].items()))
+    lines = [system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def test_ch09_prompt_fix_names_a_change_to_a_tools_parameters():
+    """A learner pass: reordering each tool's parameters in place passed; the check compared only the tools'
+    own keys' order, and == (which ignores it) below them."""
+    message = rejects(check_prompt_fix, _sorts_each_tools_parameters_in_place, "changed the arguments it was given")
+    assert "tool['parameters'] = dict(sorted(...))" in message
