@@ -254,12 +254,15 @@ _PER_PROCESS_NAMES = {"set", "frozenset", "hash", "id", "random", "secrets", "uu
 
 
 def _may_depend_on_the_process(source: str) -> bool:
-    """``source`` (a kept function, with what it uses) builds a set, or names something of :data:`_PER_PROCESS_NAMES`,
-    (what it imports from a library is taken to be the same in every process). Dicts keep their insertion order."""
+    """``source`` (a kept function, with what it uses) builds a set, names something of :data:`_PER_PROCESS_NAMES`
+    or calls ``__hash__`` (what it imports from a library is taken to be the same in every process). Dicts keep their
+    insertion order."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Set, ast.SetComp)):
             return True
         if isinstance(node, ast.Name) and node.id in _PER_PROCESS_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "__hash__":  # hash() spelt as a method
             return True
         if isinstance(node, ast.alias) and node.name.split(".")[0] in _PER_PROCESS_NAMES:
             return True

@@ -229,7 +229,19 @@ def _tool_names_through_a_set(system_prompt, tools, user_request, now):
     return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
 
 
-@pytest.mark.parametrize("wrong", [_tools_through_a_set, _tool_names_through_a_set], ids=["lines", "names"])
+def _tools_sorted_by_their_names_hashes(system_prompt, tools, user_request, now):
+    """A fixed order in one process, another in the next: str.__hash__ is salted like hash() (it passed: the
+    check looked for the name `hash`, not the method)."""
+    ordered = sorted(tools, key=lambda tool: tool["name"].__hash__())
+    lines = [system_prompt, "Tools you can call:", *(json.dumps(tool, sort_keys=True) for tool in ordered)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [_tools_through_a_set, _tool_names_through_a_set, _tools_sorted_by_their_names_hashes],
+    ids=["lines", "names", "__hash__"],
+)
 def test_ch09_prompt_fix_rejects_an_order_that_depends_on_pythonhashseed(wrong):
     message = rejects(check_prompt_fix, wrong, "builds another prompt in another Python process")
     assert "With PYTHONHASHSEED=" in message and "a set of strings" in message and "sorted(" in message, message
