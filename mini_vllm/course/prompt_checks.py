@@ -730,11 +730,14 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
     check = Checker("build_messages")
     tokenizer = tokenizer or _default_tokenizer()
     rate = _check_scenario(check, build_messages, make_requests(8, seed=0), tokenizer, "8 requests", False, True)
-    # Requests one second apart, and the same request twice: the prompt must still carry each time.
+    # Requests one second apart, across midnight, and the same request twice: the prompt must still carry each
+    # time, and no part of it (the date, the hour) may come before the stable part, where a new day would part them.
     close = make_requests(3, seed=1)
+    close[0]["now"] = close[0]["now"].replace(hour=23, minute=59, second=59)
     close[1]["now"] = close[0]["now"] + timedelta(seconds=1)
+    close[2]["now"] = close[1]["now"] + timedelta(seconds=37)
     close[2]["user_request"] = close[1]["user_request"]
-    _check_scenario(check, build_messages, close, tokenizer, "requests one second apart", False)
+    _check_scenario(check, build_messages, close, tokenizer, "requests one second apart, across midnight", False)
     num_systems = len(_prompt_data()["system_prompts"])
     for seed in range(2, 6):
         # Another app on the same code: some of the story tools, and some of its own.

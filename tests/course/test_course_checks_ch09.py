@@ -319,3 +319,16 @@ def test_ch09_prompt_fix_names_a_change_to_a_tools_parameters():
     own keys' order, and == (which ignores it) below them."""
     message = rejects(check_prompt_fix, _sorts_each_tools_parameters_in_place, "changed the arguments it was given")
     assert "tool['parameters'] = dict(sorted(...))" in message
+
+
+def _writes_todays_date_at_the_top(system_prompt, tools, user_request, now):
+    """The whole time in the user's turn, and "today is ..." above the system prompt: the same all day long."""
+    lines = [f"Today is {now:%Y-%m-%d}.", system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def test_ch09_prompt_fix_rejects_the_date_before_the_stable_part():
+    """A learner pass: the date at the top passed, though the check's own hint names it ("a part of the current
+    time (the date, ...) still comes before the stable part"): no scenario crossed midnight."""
+    message = rejects(check_prompt_fix, _writes_todays_date_at_the_top, "requests one second apart, across midnight")
+    assert "a part of the current time (the date, the hour or the minute) still comes before" in message
