@@ -216,7 +216,7 @@ def built_in_other_processes(build_messages: Callable, requests: list[dict]) -> 
     """
     try:
         source = freeze(build_messages, "build_messages")
-    except _CannotFreeze:
+    except (_CannotFreeze, OSError):  # OSError: inspect finds no source (a function made by exec, or in a REPL)
         return None
     if not _may_depend_on_the_process(source):
         return {}

@@ -332,3 +332,14 @@ def test_ch09_prompt_fix_rejects_the_date_before_the_stable_part():
     time (the date, ...) still comes before the stable part"): no scenario crossed midnight."""
     message = rejects(check_prompt_fix, _writes_todays_date_at_the_top, "requests one second apart, across midnight")
     assert "a part of the current time (the date, the hour or the minute) still comes before" in message
+
+
+def test_ch09_prompt_fix_checks_a_function_without_source():
+    """A function inspect finds no source for (made by exec, or typed in a REPL) cannot run in other processes:
+    the check does without that comparison, as for one that cannot be written as source. It stopped with
+    "the check could not go on: OSError: could not get source code"."""
+    import inspect
+
+    namespace = {}
+    exec(inspect.getsource(reference_build_messages), {"json": json, "TIME_FORMAT": TIME_FORMAT}, namespace)
+    check_prompt_fix(namespace["reference_build_messages"])
