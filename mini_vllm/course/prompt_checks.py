@@ -20,8 +20,10 @@ asks two things:
   there (the timestamp or a part of it, the tools, the user's request).
 
 The random scenarios vary the tool set (some story tools, some of another
-app's), so a fix that hard-codes the four tool names fails; the arguments
-must come back unchanged (``tools.sort()`` changes the app's registry).
+app's), so a fix that hard-codes the four tool names fails; one scenario
+crosses midnight, so a date above the stable part fails; the arguments must
+come back unchanged, down to the order of a tool's parameters (``tools.sort()``
+changes the app's registry).
 """
 
 from __future__ import annotations
