@@ -20,8 +20,10 @@ asks two things:
   there (the timestamp or a part of it, the tools, the user's request).
 
 The random scenarios vary the tool set (some story tools, some of another
-app's), so a fix that hard-codes the four tool names fails; the arguments
-must come back unchanged (``tools.sort()`` changes the app's registry).
+app's), so a fix that hard-codes the four tool names fails; one scenario
+crosses midnight, so a date above the stable part fails; the arguments must
+come back unchanged, down to the order of a tool's parameters (``tools.sort()``
+changes the app's registry).
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def built_in_other_processes(build_messages: Callable, requests: list[dict]) -> 
     """
     try:
         source = freeze(build_messages, "build_messages")
-    except _CannotFreeze:
+    except (_CannotFreeze, OSError):  # OSError: inspect finds no source (a function made by exec, or in a REPL)
         return None
     if not _may_depend_on_the_process(source):
         return {}
@@ -254,12 +256,15 @@ _PER_PROCESS_NAMES = {"set", "frozenset", "hash", "id", "random", "secrets", "uu
 
 
 def _may_depend_on_the_process(source: str) -> bool:
-    """``source`` (a kept function, with what it uses) builds a set, or names something of :data:`_PER_PROCESS_NAMES`,
-    (what it imports from a library is taken to be the same in every process). Dicts keep their insertion order."""
+    """``source`` (a kept function, with what it uses) builds a set, names something of :data:`_PER_PROCESS_NAMES`
+    or calls ``__hash__`` (what it imports from a library is taken to be the same in every process). Dicts keep their
+    insertion order."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Set, ast.SetComp)):
             return True
         if isinstance(node, ast.Name) and node.id in _PER_PROCESS_NAMES:
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "__hash__":  # hash() spelt as a method
             return True
         if isinstance(node, ast.alias) and node.name.split(".")[0] in _PER_PROCESS_NAMES:
             return True
@@ -409,6 +414,35 @@ def _another_time(content: str) -> str:
     """A time written in TIME_FORMAT in ``content`` ("" if none): the prompt's time when it is not ``now``."""
     found = re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", content)
     return found.group() if found else ""
+
+
+# TIME_FORMAT's fields in order, and the format codes a slip of the keyboard puts in their place.
+_TIME_FIELDS = (("%Y", "year"), ("%m", "month"), ("%d", "day"), ("%H", "hour"), ("%M", "minutes"), ("%S", "seconds"))
+_CODE_MEANINGS = {
+    "%Y": "the year",
+    "%m": "the month",
+    "%d": "the day",
+    "%H": "the hour on a 24-hour clock",
+    "%I": "the hour on a 12-hour clock",
+    "%M": "the minutes",
+    "%S": "the seconds",
+}
+
+
+def _other_format_codes(written: str, now: datetime) -> str:
+    """How ``written`` (a time shaped like TIME_FORMAT) writes ``now`` with other format codes ("" when a
+    field is no part of ``now``: a time from another clock). ``'2026-11-30 15:11:24'`` for 15:34:24 on
+    November 30th: "its minutes field is '11', what %m gives (the month), not %M's '34'"."""
+    slips = []
+    for (code, name), value in zip(_TIME_FIELDS, re.findall(r"\d+", written)):
+        if value == now.strftime(code):
+            continue
+        other = next((c for c in _CODE_MEANINGS if now.strftime(c) == value), None)
+        if other is None:
+            return ""
+        slips.append(f"its {name} field is {value!r}, what {other} gives ({_CODE_MEANINGS[other]}), not {code}'s "
+                     f"{now.strftime(code)!r}")
+    return "; ".join(slips)
 
 
 def _first_difference(a: str, b: str) -> int | None:
@@ -561,6 +595,20 @@ def _is_message_list(messages: Any) -> bool:
     )
 
 
+def _unchanged(given: Any, original: Any) -> bool:
+    """``given`` equals ``original``, every dict's keys in the same order, at every depth (a tool's
+    parameters too: ``==`` ignores the order of a dict's keys)."""
+    if isinstance(original, dict):
+        return (
+            isinstance(given, dict)
+            and list(given) == list(original)
+            and all(_unchanged(given[key], value) for key, value in original.items())
+        )
+    if isinstance(original, list):
+        return isinstance(given, list) and len(given) == len(original) and all(map(_unchanged, given, original))
+    return given == original
+
+
 def _check_scenario(
     check: Checker,
     build_messages: Callable,
@@ -586,14 +634,12 @@ def _check_scenario(
             )
         )
         check.expect(
-            given == request
-            and [t["name"] for t in given["tools"]] == [t["name"] for t in request["tools"]]
-            and all(list(a) == list(b) for a, b in zip(given["tools"], request["tools"])),
-            f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list or a "
-            "tool's dict)",
-            "the tools belong to the app's registry, which passes the same objects again: tools.sort() and "
-            "tool.pop(...) change them for everyone. Use sorted(tools, key=...) and json.dumps(tool, "
-            "sort_keys=True), which build new values",
+            _unchanged(given, request),
+            f"{label}, request {i}: your build_messages changed the arguments it was given (the tools list, a "
+            "tool's dict or its parameters)",
+            "the tools belong to the app's registry, which passes the same objects again: tools.sort(), "
+            "tool.pop(...) and tool['parameters'] = dict(sorted(...)) change them for everyone. Use "
+            "sorted(tools, key=...) and json.dumps(tool, sort_keys=True), which build new values",
             random_case=random_case,
         )
     for i, (messages, request) in enumerate(zip(messages_list, requests)):
@@ -607,10 +653,17 @@ def _check_scenario(
         timestamp = request["now"].strftime(TIME_FORMAT)
         other_format = "" if timestamp in content else _time_in_another_format(content, request["now"])
         another_time = "" if timestamp in content or other_format else _another_time(content)
+        slips = _other_format_codes(another_time, request["now"]) if another_time else ""
         if other_format:
             problem = f"in the prompt as {other_format!r}, not in the format the app needs"
             hint = f"write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r}" + (
                 " (now.isoformat() puts a 'T' between the date and the time)" if "T" in other_format else ""
+            )
+        elif slips:
+            problem = f"missing from the prompt, which writes it with other format codes: {another_time!r}"
+            hint = (
+                f"{slips}. Write it with now.strftime('%Y-%m-%d %H:%M:%S'), which gives {timestamp!r} (%m is the "
+                "month and %M the minutes; %H the hour on a 24-hour clock)"
             )
         elif another_time:
             problem = f"missing from the prompt, which holds another time, {another_time!r}"
@@ -679,11 +732,14 @@ def check_prompt_fix(build_messages: Callable, tokenizer: Any = None) -> None:
     check = Checker("build_messages")
     tokenizer = tokenizer or _default_tokenizer()
     rate = _check_scenario(check, build_messages, make_requests(8, seed=0), tokenizer, "8 requests", False, True)
-    # Requests one second apart, and the same request twice: the prompt must still carry each time.
+    # Requests one second apart, across midnight, and the same request twice: the prompt must still carry each
+    # time, and no part of it (the date, the hour) may come before the stable part, where a new day would part them.
     close = make_requests(3, seed=1)
+    close[0]["now"] = close[0]["now"].replace(hour=23, minute=59, second=59)
     close[1]["now"] = close[0]["now"] + timedelta(seconds=1)
+    close[2]["now"] = close[1]["now"] + timedelta(seconds=37)
     close[2]["user_request"] = close[1]["user_request"]
-    _check_scenario(check, build_messages, close, tokenizer, "requests one second apart", False)
+    _check_scenario(check, build_messages, close, tokenizer, "requests one second apart, across midnight", False)
     num_systems = len(_prompt_data()["system_prompts"])
     for seed in range(2, 6):
         # Another app on the same code: some of the story tools, and some of its own.

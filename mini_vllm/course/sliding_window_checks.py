@@ -149,6 +149,20 @@ def _ignores_max(pool, hashes, max_num_blocks, n, group):
     return reference_find_sliding_window_cache_hit(pool, hashes, len(hashes), n, group)
 
 
+def _block_0_as_missing(pool, hashes, max_num_blocks, n, group):
+    """``if not block_id``: pool block 0 taken for "not cached" (None where no hash maps to block 0)."""
+    found = [_get(pool, hashes, i, group) for i in range(min(max_num_blocks, len(hashes)))]
+    if not any(block is not None and block.block_id == 0 for block in found):
+        return None
+    hashes = [_NEVER_CACHED if block is not None and block.block_id == 0 else h for h, block in zip(hashes, found)]
+    return reference_find_sliding_window_cache_hit(pool, hashes, max_num_blocks, n, group)
+
+
+def _nothing_below_a_window(pool, hashes, max_num_blocks, n, group):
+    """``if max_num_blocks < num_contiguous_blocks: return []`` (None where the cap leaves room for a window)."""
+    return [] if max_num_blocks < n else None
+
+
 MISTAKES: list[tuple[str, Callable, str]] = [
     (
         "left to right",
@@ -224,6 +238,21 @@ MISTAKES: list[tuple[str, Callable, str]] = [
         _partial_run_anywhere,
         "a run shorter than num_contiguous_blocks is a hit only when it starts at block 0; anywhere else part of "
         "the window before it is not cached, so there is no hit there (return [] when no run starts at block 0)",
+    ),
+    (
+        "block 0 as missing",
+        _block_0_as_missing,
+        "pool block 0 is a block like any other, and it holds a cached block of this group here: your answer "
+        "treats it as not cached. Test for a miss with `block is None`, not with truthiness (`if not block_id` "
+        "is true for block 0)",
+    ),
+    (
+        "nothing below a window",
+        _nothing_below_a_window,
+        "max_num_blocks is below num_contiguous_blocks, so no whole window fits under the cap, but a prefix "
+        "shorter than a window is still a hit when all of it, from block 0 on, is cached (the window of its "
+        "next token reaches back to the prompt's start): do not return [] early, return the run that starts at "
+        "block 0",
     ),
     (
         "ignores max_num_blocks",
@@ -632,11 +661,17 @@ def check_find_sliding_window_cache_hit(find_sliding_window_cache_hit: Callable)
     fixed([2, 3, 6, 7], 6, 2, "runs at blocks 2-3 and 6-7, max_num_blocks=6")
     fixed([5, 6, 7], 7, 3, "a run of 3 at blocks 5-7, max_num_blocks=7")
     fixed([0, 1, 2, 3], 0, 2, "max_num_blocks=0")
+    fixed([0, 1, 2, 3, 4, 5], 2, 3, "blocks 0-5 cached, max_num_blocks=2 below num_contiguous_blocks=3")
     fixed([0, 1, 2, 3, 4, 5, 6, 7], 8, 2, "everything cached, max_num_blocks = len(block_hashes)")
     # 9. One block is a whole window (num_contiguous_blocks=1).
     fixed([2, 5], 7, 1, "num_contiguous_blocks=1")
     # 10. Blocks in use by another request are hits too; group 0 missing blocks changes nothing for group 1.
     fixed([4, 5], 7, 2, "blocks 14 and 15 in use by another request", in_use=[14, 15, 0], full=[0, 1])
+    # 10b. Pool block 0 may be a hit too (a block id is no truth value).
+    pool = _make_pool([], full=[])
+    for block_id, i in ((0, 3), (1, 4)):
+        _cache(pool, block_id, hashes[i], SLIDING)
+    runner.run(pool, hashes, 6, 2, SLIDING, "group 1 caches prompt blocks 3-4 in pool blocks 0-1; group 0 caches none")
     # 11. Another group id: the function must use the one it is given.
     pool = _make_pool([3, 4], group=2)
     for i in (5, 6):

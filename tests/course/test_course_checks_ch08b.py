@@ -494,3 +494,37 @@ def test_ch08b_one_null_too_many_is_named():
 
     message = rejects(check_find_sliding_window_cache_hit, one_null_too_many, "one null too many")
     assert "max_num_blocks - 1" not in message
+
+
+def _block_ids_as_truth_values(block_pool, block_hashes, max_num_blocks, n, group):
+    """A learner pass: the search over block ids, a miss tested with `not block_id` (block 0 looks missing). It
+    passed: no case cached a sliding-window block in pool block 0."""
+    found = [block_pool.get_cached_block(h, group) for h in block_hashes[:max_num_blocks]]
+    ids = [None if block is None else block.block_id for block in found]
+    run = 0
+    for i in range(len(ids) - 1, -1, -1):
+        run = run + 1 if ids[i] else 0
+        if run == n:
+            return [block_pool.null_block] * i + found[i : i + n]
+    return found[:run]
+
+
+def _nothing_when_no_window_fits(block_pool, block_hashes, max_num_blocks, n, group):
+    """A learner pass: an early return when the cap leaves no room for a window; only a random case caught it,
+    with the general recipe for a hint."""
+    if max_num_blocks < n:
+        return []
+    return learner_lookup(block_pool, block_hashes, max_num_blocks, n, group)
+
+
+@pytest.mark.parametrize(
+    "wrong, fragment",
+    [
+        (_block_ids_as_truth_values, "pool block 0 is a block like any other"),
+        (_nothing_when_no_window_fits, "do not return [] early"),
+    ],
+    ids=["block ids as truth values", "nothing when no window fits"],
+)
+def test_ch08b_a_fixed_case_names_each_mistake(wrong, fragment):
+    message = rejects(check_find_sliding_window_cache_hit, wrong, fragment)
+    assert "random" not in message.split("hint:")[0], message  # a fixed case, built for it

@@ -229,7 +229,19 @@ def _tool_names_through_a_set(system_prompt, tools, user_request, now):
     return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
 
 
-@pytest.mark.parametrize("wrong", [_tools_through_a_set, _tool_names_through_a_set], ids=["lines", "names"])
+def _tools_sorted_by_their_names_hashes(system_prompt, tools, user_request, now):
+    """A fixed order in one process, another in the next: str.__hash__ is salted like hash() (it passed: the
+    check looked for the name `hash`, not the method)."""
+    ordered = sorted(tools, key=lambda tool: tool["name"].__hash__())
+    lines = [system_prompt, "Tools you can call:", *(json.dumps(tool, sort_keys=True) for tool in ordered)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [_tools_through_a_set, _tool_names_through_a_set, _tools_sorted_by_their_names_hashes],
+    ids=["lines", "names", "__hash__"],
+)
 def test_ch09_prompt_fix_rejects_an_order_that_depends_on_pythonhashseed(wrong):
     message = rejects(check_prompt_fix, wrong, "builds another prompt in another Python process")
     assert "With PYTHONHASHSEED=" in message and "a set of strings" in message and "sorted(" in message, message
@@ -268,3 +280,66 @@ def test_ch09_prompt_fix_a_difference_after_the_stable_part_is_not_blamed_on_the
     # With a real mistake in a few requests (the tools' order), that mistake is named, not the layout.
     diagnosis = _diagnosis(lambda **request: _user_first(**request, swap=lambda now: now.second % 4 == 0))
     assert "the tools are serialized differently" in diagnosis, diagnosis
+
+
+def _writes_the_time_with(fmt):
+    def build_messages(system_prompt, tools, user_request, now):
+        lines = [system_prompt, "Tools:", *_tool_lines(tools)]
+        return _messages("\n".join(lines), f"Current time: {now.strftime(fmt)}\n{user_request}")
+
+    return build_messages
+
+
+@pytest.mark.parametrize(
+    "fmt,slip",
+    [
+        ("%Y-%m-%d %H:%m:%S", "its minutes field is '11', what %m gives (the month), not %M's"),
+        ("%Y-%m-%d %I:%M:%S", "its hour field is '03', what %I gives (the hour on a 12-hour clock), not %H's '15'"),
+        ("%Y-%d-%m %H:%M:%S", "its month field is '30', what %d gives (the day), not %m's '11'"),
+    ],
+)
+def test_ch09_prompt_fix_names_a_format_code_slip(fmt, slip):
+    """A learner pass: `now` written with %m for the minutes (or %I, or day and month swapped) was told "use
+    the `now` argument, not datetime.now()", though it was `now`: its fields are now's, under other codes."""
+    assert make_requests(8)[0]["now"].strftime("%m %H") == "11 15"  # the scenario this test relies on
+    message = rejects(check_prompt_fix, _writes_the_time_with(fmt), "writes it with other format codes")
+    assert slip in message and "datetime.now()" not in message
+
+
+def _sorts_each_tools_parameters_in_place(system_prompt, tools, user_request, now):
+    """The parameters sorted in the registry's own dicts: == between dicts ignores the order of their keys."""
+    for tool in tools:
+        tool["parameters"] = dict(sorted(tool["parameters"].items()))
+    lines = [system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def test_ch09_prompt_fix_names_a_change_to_a_tools_parameters():
+    """A learner pass: reordering each tool's parameters in place passed; the check compared only the tools'
+    own keys' order, and == (which ignores it) below them."""
+    message = rejects(check_prompt_fix, _sorts_each_tools_parameters_in_place, "changed the arguments it was given")
+    assert "tool['parameters'] = dict(sorted(...))" in message
+
+
+def _writes_todays_date_at_the_top(system_prompt, tools, user_request, now):
+    """The whole time in the user's turn, and "today is ..." above the system prompt: the same all day long."""
+    lines = [f"Today is {now:%Y-%m-%d}.", system_prompt, "Tools:", *_tool_lines(tools)]
+    return _messages("\n".join(lines), f"Current time: {now.strftime(TIME_FORMAT)}\n{user_request}")
+
+
+def test_ch09_prompt_fix_rejects_the_date_before_the_stable_part():
+    """A learner pass: the date at the top passed, though the check's own hint names it ("a part of the current
+    time (the date, ...) still comes before the stable part"): no scenario crossed midnight."""
+    message = rejects(check_prompt_fix, _writes_todays_date_at_the_top, "requests one second apart, across midnight")
+    assert "a part of the current time (the date, the hour or the minute) still comes before" in message
+
+
+def test_ch09_prompt_fix_checks_a_function_without_source():
+    """A function inspect finds no source for (made by exec, or typed in a REPL) cannot run in other processes:
+    the check does without that comparison, as for one that cannot be written as source. It stopped with
+    "the check could not go on: OSError: could not get source code"."""
+    import inspect
+
+    namespace = {}
+    exec(inspect.getsource(reference_build_messages), {"json": json, "TIME_FORMAT": TIME_FORMAT}, namespace)
+    check_prompt_fix(namespace["reference_build_messages"])
