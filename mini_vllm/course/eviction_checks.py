@@ -24,6 +24,8 @@ import contextlib
 import io
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from ..events import BlockRemoved
@@ -31,7 +33,7 @@ from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 from ..scheduler import schedule_whole_prompt
-from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
+from ._harness import CheckFailure, Checker, Mistake, guarded_check, learner_error, snapshot
 from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 
 BLOCK_SIZE = 4
@@ -441,11 +443,286 @@ def _check_free_request_blocks(free_request_blocks: Callable) -> None:
 
 
 # -- get_new_blocks ----------------------------------------------------------------
+# The check runs GET_NEW_BLOCKS_CASES in order: each row is a pool, how many blocks to ask for, and
+# what must come out. _Pop compares everything with the reference; _Probe looks for the typical
+# mistakes of its table, each named by its own message; _TooMany asks for more than is free.
+def _cached_head() -> BlockPool:
+    pool = BlockPool(6)
+    _cache_free(pool, [0, 1])  # blocks 0 and 1: free, but still holding K/V some request may hit
+    return pool
+
+
+def _cached_for_group_1() -> BlockPool:
+    """A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group)."""
+    pool = BlockPool(6)
+    cache_block(pool, pool.blocks[0], _hash(0), kv_cache_group_id=1)
+    return pool
+
+
+def _twins() -> BlockPool:
+    """Two blocks hold the same contents: evicting one must leave the other findable."""
+    pool = BlockPool(6)
+    shared_hash = _hash(99)
+    _cache_free(pool, [0], shared_hash)
+    _take(pool, [3])
+    pool.blocks[3].block_hash = shared_hash
+    pool.cached_block_hash_to_block.insert(shared_hash, pool.blocks[3])
+    return pool
+
+
+def _mixed() -> BlockPool:
+    """Several blocks, cached and empty mixed."""
+    pool = BlockPool(8)
+    _take(pool, [0, 1, 2])
+    BlockPool.free_blocks(pool, [pool.blocks[2]])  # an empty block at the head
+    _cache_free(pool, [5, 6])
+    return pool
+
+
+def _busy() -> BlockPool:
+    """5 of 8 blocks in use, 3 free."""
+    pool = BlockPool(8)
+    _take(pool, [0, 1, 2, 3, 4], hashed=[0, 1])
+    _cache_free(pool, [6])
+    return pool
+
+
+@dataclass
+class _Popped:
+    """What one call of the learner's get_new_blocks left: the pool, and the blocks it returned."""
+
+    pool: BlockPool
+    got: Any
+
+    @property
+    def ids(self) -> list[int]:
+        return [block.block_id for block in self.got]
+
+    @property
+    def removed(self) -> list[BlockRemoved]:
+        return [event for event in self.pool.kv_event_queue if isinstance(event, BlockRemoved)]
+
+
+def _stale_id(popped: _Popped) -> int | None:
+    stale = popped.pool.get_cached_block(_hash(0))
+    return stale.block_id if stale is not None else None
+
+
+def _event_hint(popped: _Popped) -> str:
+    """Why the BlockRemoved events of popping the cached blocks 0 and 1 are not the engine's."""
+    removed = popped.removed
+    if removed and all(event.block_hashes == (None,) for event in removed):
+        return (
+            "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
+            "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
+        )
+    if any(not isinstance(e.block_hashes, tuple) or not isinstance(e.block_ids, tuple) for e in removed):
+        return (
+            "block_hashes and block_ids are tuples of one entry each, (block_hash,) and (block.block_id,) (the "
+            "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
+        )
+    return (
+        "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
+        f"pool.kv_event_queue.append({BLOCK_REMOVED}) (a router mirrors each replica's cache from these events; "
+        "read the block's hash and group before you clear them)"
+    )
+
+
+CACHED_HEAD_MISTAKES = (  # blocks 0 and 1 cached and free at the head: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: popped.ids != [0],
+        lambda popped: f"blocks 0 and 1 are cached and free at the head: get_new_blocks(pool, 1) returned {popped.ids}",
+        "pop from the head even when the head block is cached: the queue order already is the eviction order",
+    ),
+    Mistake(
+        lambda popped: _stale_id(popped) is not None,
+        lambda popped: (
+            f"block 0 was popped for reuse, but pool.get_cached_block(its old hash) still returns block "
+            f"{_stale_id(popped)}: a stale map entry"
+        ),
+        "evict the popped block: pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id). "
+        "Otherwise the next request with that prefix 'hits' a block whose K/V are being overwritten",
+    ),
+    Mistake(
+        lambda popped: popped.pool.blocks[0].block_hash is not None,
+        "block 0 was popped for reuse and left the map, but it still carries its old block_hash",
+        "clear it (block.block_hash = None): the block will hold other tokens now, and cache_full_blocks "
+        "refuses a block that already has a hash",
+    ),
+    Mistake(
+        lambda popped: (
+            not (_in_map(popped.pool, popped.pool.blocks[1]) and popped.pool.blocks[1].block_hash is not None)
+        ),
+        "popping block 0 also evicted block 1, which stays in the free queue",
+        "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
+    ),
+    # An eviction is something the engine reports: its counter, and a KV event when someone listens.
+    Mistake(
+        lambda popped: popped.pool.num_evictions != 1,
+        lambda popped: (
+            f"block 0's prefix was evicted, but pool.num_evictions is {popped.pool.num_evictions} (expected 1)"
+        ),
+        "count every eviction: pool.num_evictions += 1 (the engine's stats and vLLM's metrics report it)",
+    ),
+)
+
+CACHED_HEAD_EVENT_MISTAKES = (  # the same pool, recording events: get_new_blocks(pool, 2)
+    Mistake(
+        lambda popped: (
+            popped.removed != [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
+        ),
+        lambda popped: (
+            f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {popped.removed}"
+        ),
+        _event_hint,
+    ),
+)
+
+GROUP_1_MISTAKES = (  # block 0 cached for KV-cache group 1, events on: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: [event.group_idx for event in popped.removed] != [1],
+        lambda popped: (
+            "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved "
+            f"events carry group_idx {[event.group_idx for event in popped.removed]} (expected [1])"
+        ),
+        "an event names the group the block was cached for, or a router mirroring that group's cache never "
+        f"drops it: {BLOCK_REMOVED}, read before you reset it",
+    ),
+    Mistake(
+        lambda popped: popped.pool.blocks[0].kv_cache_group_id != 0,
+        lambda popped: (
+            "a hybrid model's pool: block 0 left the cache, but still says kv_cache_group_id "
+            f"{popped.pool.blocks[0].kv_cache_group_id}"
+        ),
+        "reset it with the hash (block.kv_cache_group_id = 0): a block's group means something only while "
+        "it holds a hash, and the next request may cache it for another group",
+    ),
+)
+
+TWINS_MISTAKES = (  # blocks 0 and 3 hold one prefix; block 0 is popped: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: popped.pool.get_cached_block(_hash(99)) is not popped.pool.blocks[3],
+        lambda popped: (
+            "blocks 0 and 3 both hold one prefix; popping block 0 should leave block 3 in the map, but "
+            f"pool.get_cached_block(hash) returns {_block_id(popped.pool.get_cached_block(_hash(99)))}"
+        ),
+        "remove only the popped block from the map: pool.cached_block_hash_to_block.pop(hash, block.block_id)",
+    ),
+)
+
+
+def _block_id(block: KVCacheBlock | None) -> int | None:
+    return block.block_id if block is not None else None
+
+
+@dataclass(frozen=True)
+class _Pop:
+    """Pop ``num_blocks`` from ``build()``'s pool; everything must match the reference's pool."""
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    case: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Pop ``num_blocks`` from ``build()``'s pool (recording events when ``listened``); none of ``mistakes`` may show.
+
+    ``returns_list``: the case that names the call when the result must first be a list of blocks.
+    """
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    mistakes: tuple[Mistake, ...]
+    listened: bool = False
+    returns_list: str = ""
+
+
+@dataclass(frozen=True)
+class _TooMany:
+    """Ask ``build()``'s pool for more blocks than are free: ValueError, and the pool untouched."""
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    case: str  # names the call when it raises something else
+    not_refused: str
+    not_refused_hint: str
+    changed: str
+    changed_hint: str
+
+
+GET_NEW_BLOCKS_CASES = (
+    # 1. A fresh pool: blocks come from the head, with one reference each.
+    _Pop(lambda: BlockPool(6), 3, "3 blocks from a fresh pool of 6"),
+    # 2. The head block holds a cached prefix: popping it evicts it.
+    _Probe(
+        _cached_head, 1, CACHED_HEAD_MISTAKES, returns_list="get_new_blocks(pool, 1) with a cached block at the head"
+    ),
+    _Probe(_cached_head, 2, CACHED_HEAD_EVENT_MISTAKES, listened=True),
+    _Pop(_cached_head, 1, "a cached block at the head is popped"),
+    # 2b. A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group).
+    _Probe(_cached_for_group_1, 1, GROUP_1_MISTAKES, listened=True),
+    _Pop(_cached_for_group_1, 1, "a block cached for KV-cache group 1 (a hybrid model) is popped"),
+    # 3. Two blocks hold the same contents: evicting one must leave the other findable.
+    _Probe(_twins, 1, TWINS_MISTAKES),
+    _Pop(_twins, 1, "one of two blocks with the same hash is popped"),
+    # 4. Several blocks, cached and empty mixed.
+    _Pop(_mixed, 4, "4 blocks from a queue mixing empty and cached blocks"),
+    # 5. Asking for nothing, and asking for too much.
+    _Pop(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing"),
+    _TooMany(
+        _cached_head,
+        7,
+        "asked for 7 blocks from a pool with 6 free",
+        "asked for 7 blocks from a pool with 6 free, and no ValueError was raised",
+        "check pool.get_num_free_blocks() first and raise ValueError when it is too small",
+        "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
+        "check the count BEFORE popping anything: a failed request must leave the pool untouched "
+        "(the scheduler tries again next step)",
+    ),
+    # 6. A busy pool: 5 of 8 blocks in use, 3 free; asking for 4 must fail and change nothing.
+    _TooMany(
+        _busy,
+        4,
+        "a busy pool (8 blocks, 5 in use, 3 free)",
+        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
+        "compare with the FREE blocks, pool.get_num_free_blocks(), not with pool.num_blocks: blocks in use "
+        "cannot be handed out",
+        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
+        "popping blocks: the pool changed",
+        "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
+        "pool.num_blocks counts the blocks in use too",
+    ),
+    _Pop(_busy, 3, "a busy pool (5 of 8 in use): all 3 free blocks popped"),
+    # 7. A pool with prefix caching off: no block is cached, nothing to evict.
+    _Pop(lambda: _random_pool(4)[0].block_pool, 1, "a pool with prefix caching off"),
+)
+
+
+def _random_pops(num_cases: int = 80) -> list[_Pop]:
+    """Random pools (some with caching off), each asked for up to all of its free blocks."""
+    pops = []
+    for seed in range(num_cases):
+        rng = random.Random(1000 + seed)
+        num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
+        num_blocks = rng.randint(0, num_free)
+        pops.append(
+            _Pop(
+                lambda seed=seed: _random_pool(seed)[0].block_pool,
+                num_blocks,
+                f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped",
+            )
+        )
+    return pops
+
+
 @guarded_check(part="get_new_blocks")
 def check_get_new_blocks(get_new_blocks: Callable) -> None:
     """The learner's ``get_new_blocks(pool, num_blocks)``."""
     check = Checker("get_new_blocks")
     raw_get_new_blocks = get_new_blocks
+    get_new_blocks = check.wrap(get_new_blocks, "get_new_blocks", "a list of num_blocks blocks popped from the head")
 
     def raises_value_error(pool: BlockPool, num_blocks: int, case: str) -> bool:
         """True if the learner's get_new_blocks raised ValueError; another exception is reported."""
@@ -465,9 +742,8 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             ) from None
         return False
 
-    get_new_blocks = check.wrap(get_new_blocks, "get_new_blocks", "a list of num_blocks blocks popped from the head")
-
-    def run_both(build: Callable[[], BlockPool], num_blocks: int, case: str, hint: str = "", random_case=False):
+    def pop(row: _Pop, random_case: bool = False) -> None:
+        build, num_blocks, case, hint = row.build, row.num_blocks, row.case, row.hint
         pool, expected_pool = build(), build()
         got = get_new_blocks(pool, num_blocks)
         expected = _reference_get_new_blocks(expected_pool, num_blocks)
@@ -512,190 +788,33 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             "(an event carrying None names no prefix)",
             random_case=random_case,
         )
-        return pool, got
 
-    # 1. A fresh pool: blocks come from the head, with one reference each.
-    run_both(lambda: BlockPool(6), 3, "3 blocks from a fresh pool of 6")
+    def probe(row: _Probe) -> None:
+        pool = row.build()
+        if row.listened:
+            pool.enable_kv_cache_events = True
+        got = get_new_blocks(pool, row.num_blocks)
+        if row.returns_list:
+            got = check.expect_list(got, row.returns_list, KVCacheBlock, "KVCacheBlock")
+        check.expect_no_mistakes(row.mistakes, _Popped(pool, got))
 
-    # 2. The head block holds a cached prefix: popping it evicts it.
-    def cached_head() -> BlockPool:
-        pool = BlockPool(6)
-        _cache_free(pool, [0, 1])  # blocks 0 and 1: free, but still holding K/V some request may hit
-        return pool
+    def too_many(row: _TooMany) -> None:
+        pool = row.build()
+        before = pool_state(pool)
+        if not raises_value_error(pool, row.num_blocks, row.case):
+            check.fail(row.not_refused, row.not_refused_hint)
+        check.expect(pool_state(pool) == before, row.changed, row.changed_hint)
 
-    old_hash = _hash(0)
-    pool = cached_head()
-    got = check.expect_list(
-        get_new_blocks(pool, 1), "get_new_blocks(pool, 1) with a cached block at the head", KVCacheBlock, "KVCacheBlock"
-    )
-    block = pool.blocks[0]
-    check.expect(
-        [b.block_id for b in got] == [0],
-        f"blocks 0 and 1 are cached and free at the head: get_new_blocks(pool, 1) returned "
-        f"{[b.block_id for b in got] if isinstance(got, list) else got!r}",
-        "pop from the head even when the head block is cached: the queue order already is the eviction order",
-    )
-    stale = pool.get_cached_block(old_hash)
-    check.expect(
-        stale is None,
-        f"block 0 was popped for reuse, but pool.get_cached_block(its old hash) still returns block "
-        f"{stale.block_id if stale is not None else None}: a stale map entry",
-        "evict the popped block: pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id). "
-        "Otherwise the next request with that prefix 'hits' a block whose K/V are being overwritten",
-    )
-    check.expect(
-        block.block_hash is None,
-        "block 0 was popped for reuse and left the map, but it still carries its old block_hash",
-        "clear it (block.block_hash = None): the block will hold other tokens now, and cache_full_blocks "
-        "refuses a block that already has a hash",
-    )
-    check.expect(
-        _in_map(pool, pool.blocks[1]) and pool.blocks[1].block_hash is not None,
-        "popping block 0 also evicted block 1, which stays in the free queue",
-        "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
-    )
-    # An eviction is something the engine reports: its counter, and a KV event when someone listens.
-    check.expect(
-        pool.num_evictions == 1,
-        f"block 0's prefix was evicted, but pool.num_evictions is {pool.num_evictions} (expected 1)",
-        "count every eviction: pool.num_evictions += 1 (the engine's stats and vLLM's metrics report it)",
-    )
-    listened = cached_head()
-    listened.enable_kv_cache_events = True
-    get_new_blocks(listened, 2)
-    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
-    expected_events = [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
-    cleared_first = bool(removed) and all(event.block_hashes == (None,) for event in removed)
-    not_tuples = any(not isinstance(e.block_hashes, tuple) or not isinstance(e.block_ids, tuple) for e in removed)
-    check.expect(
-        removed == expected_events,
-        f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {removed}",
-        "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
-        "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
-        if cleared_first
-        else "block_hashes and block_ids are tuples of one entry each, (block_hash,) and (block.block_id,) (the "
-        "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
-        if not_tuples
-        else "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
-        f"pool.kv_event_queue.append({BLOCK_REMOVED}) (a router mirrors each replica's cache from these events; "
-        "read the block's hash and group before you clear them)",
-    )
-    run_both(cached_head, 1, "a cached block at the head is popped")
-
-    # 2b. A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group).
-    def cached_for_group_1() -> BlockPool:
-        pool = BlockPool(6)
-        cache_block(pool, pool.blocks[0], _hash(0), kv_cache_group_id=1)
-        return pool
-
-    listened = cached_for_group_1()
-    listened.enable_kv_cache_events = True
-    get_new_blocks(listened, 1)
-    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
-    check.expect(
-        [event.group_idx for event in removed] == [1],
-        "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved events "
-        f"carry group_idx {[event.group_idx for event in removed]} (expected [1])",
-        "an event names the group the block was cached for, or a router mirroring that group's cache never "
-        f"drops it: {BLOCK_REMOVED}, read before you reset it",
-    )
-    check.expect(
-        listened.blocks[0].kv_cache_group_id == 0,
-        f"a hybrid model's pool: block 0 left the cache, but still says kv_cache_group_id "
-        f"{listened.blocks[0].kv_cache_group_id}",
-        "reset it with the hash (block.kv_cache_group_id = 0): a block's group means something only while "
-        "it holds a hash, and the next request may cache it for another group",
-    )
-    run_both(cached_for_group_1, 1, "a block cached for KV-cache group 1 (a hybrid model) is popped")
-
-    # 3. Two blocks hold the same contents: evicting one must leave the other findable.
-    def twins() -> BlockPool:
-        pool = BlockPool(6)
-        shared_hash = _hash(99)
-        _cache_free(pool, [0], shared_hash)
-        _take(pool, [3])
-        pool.blocks[3].block_hash = shared_hash
-        pool.cached_block_hash_to_block.insert(shared_hash, pool.blocks[3])
-        return pool
-
-    pool = twins()
-    get_new_blocks(pool, 1)
-    survivor = pool.get_cached_block(_hash(99))
-    check.expect(
-        survivor is pool.blocks[3],
-        "blocks 0 and 3 both hold one prefix; popping block 0 should leave block 3 in the map, but "
-        f"pool.get_cached_block(hash) returns {survivor.block_id if survivor is not None else None}",
-        "remove only the popped block from the map: pool.cached_block_hash_to_block.pop(hash, block.block_id)",
-    )
-    run_both(twins, 1, "one of two blocks with the same hash is popped")
-
-    # 4. Several blocks, cached and empty mixed.
-    def mixed() -> BlockPool:
-        pool = BlockPool(8)
-        _take(pool, [0, 1, 2])
-        BlockPool.free_blocks(pool, [pool.blocks[2]])  # an empty block at the head
-        _cache_free(pool, [5, 6])
-        return pool
-
-    run_both(mixed, 4, "4 blocks from a queue mixing empty and cached blocks")
-
-    # 5. Asking for nothing, and asking for too much.
-    run_both(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing")
-    pool = cached_head()
-    before = pool_state(pool)
-    if not raises_value_error(pool, 7, "asked for 7 blocks from a pool with 6 free"):
-        raise CheckFailure(
-            "get_new_blocks: asked for 7 blocks from a pool with 6 free, and no ValueError was raised\n"
-            "    hint: check pool.get_num_free_blocks() first and raise ValueError when it is too small"
-        )
-    check.expect(
-        pool_state(pool) == before,
-        "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
-        "check the count BEFORE popping anything: a failed request must leave the pool untouched "
-        "(the scheduler tries again next step)",
-    )
-
-    # 6. A busy pool: 5 of 8 blocks in use, 3 free; asking for 4 must fail and change nothing.
-    def busy() -> BlockPool:
-        pool = BlockPool(8)
-        _take(pool, [0, 1, 2, 3, 4], hashed=[0, 1])
-        _cache_free(pool, [6])
-        return pool
-
-    pool = busy()
-    before = pool_state(pool)
-    if not raises_value_error(pool, 4, "a busy pool (8 blocks, 5 in use, 3 free)"):
-        check.fail(
-            "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
-            "compare with the FREE blocks, pool.get_num_free_blocks(), not with pool.num_blocks: blocks in use "
-            "cannot be handed out",
-        )
-    check.expect(
-        pool_state(pool) == before,
-        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
-        "popping blocks: the pool changed",
-        "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
-        "pool.num_blocks counts the blocks in use too",
-    )
-    run_both(busy, 3, "a busy pool (5 of 8 in use): all 3 free blocks popped")
-
-    # 7. A pool with prefix caching off: no block is cached, nothing to evict.
-    run_both(lambda: _random_pool(4)[0].block_pool, 1, "a pool with prefix caching off")
+    run = {_Pop: pop, _Probe: probe, _TooMany: too_many}
+    for row in GET_NEW_BLOCKS_CASES:
+        run[type(row)](row)
 
     # 8. O(number of blocks popped): two blocks (one of them cached) from a pool of 20,000.
     pool, _, scans = _large_pool(0)
-    got = get_new_blocks(pool, 2)
+    get_new_blocks(pool, 2)
     _expect_constant_time(check, "2 blocks popped from a pool of 20,000", scans, 2)
 
     # 9. Random pools (some with caching off).
-    for seed in range(80):
-        rng = random.Random(1000 + seed)
-        num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
-        num_blocks = rng.randint(0, num_free)
-        run_both(
-            lambda seed=seed: _random_pool(seed)[0].block_pool,
-            num_blocks,
-            f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped",
-            random_case=True,
-        )
+    for row in _random_pops():
+        pop(row, random_case=True)
     check.passed()
