@@ -179,6 +179,153 @@ def _free_random_pools(
 
 
 # -- free_blocks ------------------------------------------------------------------
+# FREE_BLOCKS_PROBES: pools whose table is freed last block first (as the manager does), each with
+# its table of the typical mistakes, then compared with the reference.
+def _one_request() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Blocks 0-2 full and cached, block 3 partial (no hash)."""
+    pool = BlockPool(8)
+    return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
+
+
+def _shared() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Blocks 0 and 1 held by two requests (ref_cnt 2), block 4 by one."""
+    pool = BlockPool(8)
+    both = _take(pool, [0, 1], ref_cnt=2, hashed=[0, 1])
+    return pool, both + _take(pool, [4], hashed=[])
+
+
+def _uncached() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Caching off: a whole table without hashes."""
+    pool = BlockPool(6, enable_caching=False)
+    return pool, _take(pool, [0, 1, 2])
+
+
+@dataclass
+class _Freed:
+    """What the learner's free_blocks left: the pool, and the table it was given (in block-id order)."""
+
+    pool: BlockPool
+    table: list[KVCacheBlock]
+
+    @property
+    def queue(self) -> list[int]:
+        return _queue(self.pool)
+
+    @property
+    def ref_cnts(self) -> list[int]:
+        return [block.ref_cnt for block in self.table]
+
+    @property
+    def missing(self) -> list[int]:
+        """The table's blocks that are not in the free queue."""
+        return [block.block_id for block in self.table if block.block_id not in self.queue]
+
+
+ONE_REQUEST_MISTAKES = (  # blocks 0-2 cached, 3 partial, freed as ordered_blocks = [3, 2, 1, 0]
+    Mistake(
+        lambda freed: not all(ref_cnt == 0 for ref_cnt in freed.ref_cnts),
+        lambda freed: f"one request freed: ref_cnt of blocks 0-3 should be 0, got {freed.ref_cnts}",
+        "decrement block.ref_cnt once for every block you are given",
+    ),
+    Mistake(
+        lambda freed: bool(freed.missing),
+        lambda freed: (
+            f"one request freed: blocks {freed.missing} reached ref_cnt 0 but were not returned to the "
+            f"free queue (queue: {freed.queue})"
+        ),
+        "a block whose ref_cnt reaches 0 goes back into pool.free_block_queue: the pool has no other way to "
+        "find it again",
+    ),
+    Mistake(
+        lambda freed: (
+            not (
+                [block.block_hash is not None for block in freed.table] == [True, True, True, False]
+                and all(_in_map(freed.pool, block) for block in freed.table[:3])
+            )
+        ),
+        "one request freed: blocks 0-2 lost their hash or left the map",
+        "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
+        "eviction), so a later request can still hit it",
+    ),
+    Mistake(
+        lambda freed: freed.queue[0] != 3,
+        lambda freed: (
+            f"one request freed: block 3 has no hash and should be at the head of the free queue; queue: {freed.queue}"
+        ),
+        "a block without a hash (a partial block) can never be hit, so it goes to the HEAD "
+        "(free_block_queue.appendleft): reused first, it costs no cached prefix",
+    ),
+    Mistake(
+        lambda freed: freed.queue[-3:] != [2, 1, 0],
+        lambda freed: (
+            "one request freed with ordered_blocks = [3, 2, 1, 0]: the queue should end with 2, 1, 0; "
+            f"queue: {freed.queue}"
+        ),
+        "append the hashed blocks to the TAIL in the order given (do not reverse or sort them yourself: "
+        "the caller already passes them in eviction order)",
+    ),
+)
+
+SHARED_MISTAKES = (  # blocks 0, 1 (ref_cnt 2) and 4 (ref_cnt 1) freed once
+    Mistake(
+        lambda freed: freed.ref_cnts != [1, 1, 0],
+        lambda freed: (
+            "blocks 0, 1 shared (ref_cnt 2) and 4 (ref_cnt 1) freed once: ref_cnt should be [1, 1, 0], "
+            f"got {freed.ref_cnts}"
+        ),
+        "subtract exactly one reference per block",
+    ),
+    Mistake(
+        lambda freed: 0 in freed.queue or 1 in freed.queue,
+        lambda freed: (
+            f"blocks 0 and 1 still have ref_cnt 1 (another request holds them) but are in the free queue: {freed.queue}"
+        ),
+        "only a block whose ref_cnt reaches 0 goes back to the free queue",
+    ),
+)
+
+UNCACHED_MISTAKES = (  # caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]
+    Mistake(
+        lambda freed: freed.queue[:3] != [2, 1, 0],
+        lambda freed: (
+            "caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]: the queue "
+            f"should start 2, 1, 0; queue: {freed.queue}"
+        ),
+        "blocks without a hash go to the head TOGETHER, keeping the order given (vLLM's prepend_n): the first "
+        "of them becomes the new head. appendleft one by one reverses them: collect them, then appendleft "
+        "them last one first",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class _FreeProbe:
+    """Free ``build()``'s table last block first; none of ``mistakes`` may show, then the pool must be the reference's.
+
+    ``keeps_given``: the case that names the call when the list given must come back unchanged.
+    """
+
+    build: Callable[[], tuple[BlockPool, list[KVCacheBlock]]]
+    mistakes: tuple[Mistake, ...]
+    compared: str
+    keeps_given: str = ""
+
+
+FREE_BLOCKS_PROBES = (
+    # 1. One request's table: the hashed blocks to the tail, the partial one to the head.
+    _FreeProbe(
+        _one_request,
+        ONE_REQUEST_MISTAKES,
+        "one request freed",
+        keeps_given="one request freed with ordered_blocks = [3, 2, 1, 0]",
+    ),
+    # 2. Blocks still held by another request (ref_cnt 2) must stay out of the queue.
+    _FreeProbe(_shared, SHARED_MISTAKES, "a shared prefix freed by one of its two requests"),
+    # 2b. Caching off: a whole table without hashes goes to the head, in the order given.
+    _FreeProbe(_uncached, UNCACHED_MISTAKES, "caching off: a request's blocks freed"),
+)
+
+
 @guarded_check(part="free_blocks")
 def check_free_blocks(free_blocks: Callable) -> None:
     """The learner's ``free_blocks(pool, ordered_blocks)``."""
@@ -186,106 +333,26 @@ def check_free_blocks(free_blocks: Callable) -> None:
     raw_free_blocks = free_blocks
     free_blocks = check.wrap(free_blocks, "free_blocks", "one reference dropped per block given")
 
-    # 1. One request's table, passed last block first (as the manager does):
-    #    blocks 0-2 full and cached, block 3 partial (no hash).
-    def one_request() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(8)
-        return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
-
-    pool, table = one_request()
-    given = list(reversed(table))
-    free_blocks(pool, given)
-    check.expect_unchanged(
-        [3, 2, 1, 0],
-        snapshot(given),
-        "one request freed with ordered_blocks = [3, 2, 1, 0]",
-        "ordered_blocks",
-        "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
-        "it, do not reverse, sort or empty it in place",
-    )
-    queue = _queue(pool)
-    check.expect(
-        all(b.ref_cnt == 0 for b in table),
-        f"one request freed: ref_cnt of blocks 0-3 should be 0, got {[b.ref_cnt for b in table]}",
-        "decrement block.ref_cnt once for every block you are given",
-    )
-    missing = [b.block_id for b in table if b.block_id not in queue]
-    check.expect(
-        not missing,
-        f"one request freed: blocks {missing} reached ref_cnt 0 but were not returned to the free queue "
-        f"(queue: {queue})",
-        "a block whose ref_cnt reaches 0 goes back into pool.free_block_queue: the pool has no other way to "
-        "find it again",
-    )
-    check.expect(
-        [b.block_hash is not None for b in table] == [True, True, True, False]
-        and all(_in_map(pool, b) for b in table[:3]),
-        "one request freed: blocks 0-2 lost their hash or left the map",
-        "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
-        "eviction), so a later request can still hit it",
-    )
-    check.expect(
-        queue[0] == 3,
-        f"one request freed: block 3 has no hash and should be at the head of the free queue; queue: {queue}",
-        "a block without a hash (a partial block) can never be hit, so it goes to the HEAD "
-        "(free_block_queue.appendleft): reused first, it costs no cached prefix",
-    )
-    check.expect(
-        queue[-3:] == [2, 1, 0],
-        f"one request freed with ordered_blocks = [3, 2, 1, 0]: the queue should end with 2, 1, 0; queue: {queue}",
-        "append the hashed blocks to the TAIL in the order given (do not reverse or sort them yourself: "
-        "the caller already passes them in eviction order)",
-    )
-    expected_pool, expected_table = one_request()
-    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
-    _compare_states(check, pool, expected_pool, "one request freed")
-
-    # 2. Blocks still held by another request (ref_cnt 2) must stay out of the queue.
-    def shared() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(8)
-        both = _take(pool, [0, 1], ref_cnt=2, hashed=[0, 1])
-        return pool, both + _take(pool, [4], hashed=[])
-
-    pool, blocks = shared()
-    free_blocks(pool, list(reversed(blocks)))
-    queue = _queue(pool)
-    check.expect(
-        [b.ref_cnt for b in blocks] == [1, 1, 0],
-        f"blocks 0, 1 shared (ref_cnt 2) and 4 (ref_cnt 1) freed once: ref_cnt should be [1, 1, 0], "
-        f"got {[b.ref_cnt for b in blocks]}",
-        "subtract exactly one reference per block",
-    )
-    check.expect(
-        0 not in queue and 1 not in queue,
-        f"blocks 0 and 1 still have ref_cnt 1 (another request holds them) but are in the free queue: {queue}",
-        "only a block whose ref_cnt reaches 0 goes back to the free queue",
-    )
-    expected_pool, expected_blocks = shared()
-    _reference_free_blocks(expected_pool, list(reversed(expected_blocks)))
-    _compare_states(check, pool, expected_pool, "a shared prefix freed by one of its two requests")
-
-    # 2b. Caching off: a whole table without hashes goes to the head, in the order given.
-    def uncached() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(6, enable_caching=False)
-        return pool, _take(pool, [0, 1, 2])
-
-    pool, table = uncached()
-    free_blocks(pool, list(reversed(table)))
-    queue = _queue(pool)
-    check.expect(
-        queue[:3] == [2, 1, 0],
-        f"caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]: the queue should start "
-        f"2, 1, 0; queue: {queue}",
-        "blocks without a hash go to the head TOGETHER, keeping the order given (vLLM's prepend_n): the first "
-        "of them becomes the new head. appendleft one by one reverses them: collect them, then appendleft "
-        "them last one first",
-    )
-    expected_pool, expected_table = uncached()
-    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
-    _compare_states(check, pool, expected_pool, "caching off: a request's blocks freed")
+    for probe in FREE_BLOCKS_PROBES:
+        pool, table = probe.build()
+        given = list(reversed(table))
+        free_blocks(pool, given)
+        if probe.keeps_given:
+            check.expect_unchanged(
+                [block.block_id for block in reversed(table)],
+                snapshot(given),
+                probe.keeps_given,
+                "ordered_blocks",
+                "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
+                "it, do not reverse, sort or empty it in place",
+            )
+        check.expect_no_mistakes(probe.mistakes, _Freed(pool, table))
+        expected_pool, expected_table = probe.build()
+        _reference_free_blocks(expected_pool, list(reversed(expected_table)))
+        _compare_states(check, pool, expected_pool, probe.compared)
 
     # 3. An iterator, as KVCacheManager.free passes it (reversed(...)).
-    pool, table = one_request()
+    pool, table = _one_request()
     try:
         raw_free_blocks(pool, reversed(table))
     except TypeError as err:
@@ -294,7 +361,7 @@ def check_free_blocks(free_blocks: Callable) -> None:
             "    hint: ordered_blocks may be any iterable (KVCacheManager.free passes reversed(blocks)): "
             "loop over it with a for loop, do not index it or take its len()"
         ) from None
-    expected_pool, expected_table = one_request()
+    expected_pool, expected_table = _one_request()
     _reference_free_blocks(expected_pool, reversed(expected_table))
     _compare_states(  # case 1 freed this very table as a list, and passed: the iterator is the difference
         check,
