@@ -20,6 +20,7 @@ ENGINE = (
     "mini_vllm/__init__.py",
     "mini_vllm/hashing.py",
     "mini_vllm/block_pool.py",
+    "mini_vllm/block_pool_snapshot.py",
     "mini_vllm/kv_cache_manager.py",
     "mini_vllm/request.py",
     "mini_vllm/scheduler.py",

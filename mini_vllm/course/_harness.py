@@ -13,6 +13,12 @@ checker's frames are cut). :func:`guarded_check` wraps each ``check_*`` as a
 last line of defence, so a check never ends in an unexplained error, and
 registers it in :data:`CHECKS` (``mini_vllm.course`` exports every registered
 check by its name: decorating a ``check_*`` is all it takes to add one).
+
+A check's typical mistakes are rows of a table, :class:`Mistake`: how the
+mistake shows in what a case observed, the message's line and its hint.
+``Checker.expect_no_mistakes`` runs a case's rows in order and fails on the
+first that shows; :func:`first_mistake` picks the hint that explains a wrong
+result. A new mistake is a new row.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import sys
 import sysconfig
 import traceback
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from ..tools import paths
@@ -70,6 +77,31 @@ class CheckFailure(AssertionError):
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: " + str(self)]
 
 
+@dataclass(frozen=True)
+class Mistake:
+    """One typical mistake, a row of a check's table: how it shows, what the learner is told, and the hint.
+
+    ``shows(seen)`` is true when the mistake is in ``seen``, what running one case observed (the
+    learner's result, the pool they left, ...). ``problem`` and ``hint`` are the message's two
+    lines: text, or a function of ``seen`` when the message names what was seen.
+    """
+
+    shows: Callable[[Any], bool]
+    problem: str | Callable[[Any], str] = ""
+    hint: str | Callable[[Any], str] = ""
+
+    def problem_for(self, seen: Any) -> str:
+        return self.problem(seen) if callable(self.problem) else self.problem
+
+    def hint_for(self, seen: Any) -> str:
+        return self.hint(seen) if callable(self.hint) else self.hint
+
+
+def first_mistake(mistakes: Iterable[Mistake], seen: Any) -> Mistake | None:
+    """The first row whose mistake shows in ``seen`` (the most telling explanation comes first), else None."""
+    return next((mistake for mistake in mistakes if mistake.shows(seen)), None)
+
+
 class Checker:
     """Counts the cases a check ran, remembers the current one and formats failure messages."""
 
@@ -97,6 +129,21 @@ class Checker:
         self._count(random_case)
         if not condition:
             self.fail(case, hint)
+
+    def expect_no_mistakes(
+        self, mistakes: Iterable[Mistake], seen: Any, where: str = "", random_case: bool = False, counted: bool = True
+    ) -> None:
+        """Run one case's table: fail with the first row whose mistake shows in ``seen``.
+
+        The message is ``where`` (the case, when the rows do not name it) followed by the row's
+        problem, then its hint. Each row counts as one case of the pass line, as one ``expect``
+        does; ``counted=False`` for rows that only explain a case counted elsewhere.
+        """
+        for mistake in mistakes:
+            if counted:
+                self._count(random_case)
+            if mistake.shows(seen):
+                self.fail(where + mistake.problem_for(seen), mistake.hint_for(seen))
 
     def _count(self, random_case: bool) -> None:
         if random_case:

@@ -24,6 +24,8 @@ import contextlib
 import io
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..block_pool import BlockHashToBlockMap, BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
 from ..events import BlockRemoved
@@ -31,7 +33,7 @@ from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager
 from ..request import Request
 from ..scheduler import schedule_whole_prompt
-from ._harness import CheckFailure, Checker, guarded_check, learner_error, snapshot
+from ._harness import CheckFailure, Checker, Mistake, guarded_check, learner_error, snapshot
 from .fixtures import CountingBlock, cache_block, counting_pool, pool_state
 
 BLOCK_SIZE = 4
@@ -177,6 +179,153 @@ def _free_random_pools(
 
 
 # -- free_blocks ------------------------------------------------------------------
+# FREE_BLOCKS_PROBES: pools whose table is freed last block first (as the manager does), each with
+# its table of the typical mistakes, then compared with the reference.
+def _one_request() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Blocks 0-2 full and cached, block 3 partial (no hash)."""
+    pool = BlockPool(8)
+    return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
+
+
+def _shared() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Blocks 0 and 1 held by two requests (ref_cnt 2), block 4 by one."""
+    pool = BlockPool(8)
+    both = _take(pool, [0, 1], ref_cnt=2, hashed=[0, 1])
+    return pool, both + _take(pool, [4], hashed=[])
+
+
+def _uncached() -> tuple[BlockPool, list[KVCacheBlock]]:
+    """Caching off: a whole table without hashes."""
+    pool = BlockPool(6, enable_caching=False)
+    return pool, _take(pool, [0, 1, 2])
+
+
+@dataclass
+class _Freed:
+    """What the learner's free_blocks left: the pool, and the table it was given (in block-id order)."""
+
+    pool: BlockPool
+    table: list[KVCacheBlock]
+
+    @property
+    def queue(self) -> list[int]:
+        return _queue(self.pool)
+
+    @property
+    def ref_cnts(self) -> list[int]:
+        return [block.ref_cnt for block in self.table]
+
+    @property
+    def missing(self) -> list[int]:
+        """The table's blocks that are not in the free queue."""
+        return [block.block_id for block in self.table if block.block_id not in self.queue]
+
+
+ONE_REQUEST_MISTAKES = (  # blocks 0-2 cached, 3 partial, freed as ordered_blocks = [3, 2, 1, 0]
+    Mistake(
+        lambda freed: not all(ref_cnt == 0 for ref_cnt in freed.ref_cnts),
+        lambda freed: f"one request freed: ref_cnt of blocks 0-3 should be 0, got {freed.ref_cnts}",
+        "decrement block.ref_cnt once for every block you are given",
+    ),
+    Mistake(
+        lambda freed: bool(freed.missing),
+        lambda freed: (
+            f"one request freed: blocks {freed.missing} reached ref_cnt 0 but were not returned to the "
+            f"free queue (queue: {freed.queue})"
+        ),
+        "a block whose ref_cnt reaches 0 goes back into pool.free_block_queue: the pool has no other way to "
+        "find it again",
+    ),
+    Mistake(
+        lambda freed: (
+            not (
+                [block.block_hash is not None for block in freed.table] == [True, True, True, False]
+                and all(_in_map(freed.pool, block) for block in freed.table[:3])
+            )
+        ),
+        "one request freed: blocks 0-2 lost their hash or left the map",
+        "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
+        "eviction), so a later request can still hit it",
+    ),
+    Mistake(
+        lambda freed: freed.queue[0] != 3,
+        lambda freed: (
+            f"one request freed: block 3 has no hash and should be at the head of the free queue; queue: {freed.queue}"
+        ),
+        "a block without a hash (a partial block) can never be hit, so it goes to the HEAD "
+        "(free_block_queue.appendleft): reused first, it costs no cached prefix",
+    ),
+    Mistake(
+        lambda freed: freed.queue[-3:] != [2, 1, 0],
+        lambda freed: (
+            "one request freed with ordered_blocks = [3, 2, 1, 0]: the queue should end with 2, 1, 0; "
+            f"queue: {freed.queue}"
+        ),
+        "append the hashed blocks to the TAIL in the order given (do not reverse or sort them yourself: "
+        "the caller already passes them in eviction order)",
+    ),
+)
+
+SHARED_MISTAKES = (  # blocks 0, 1 (ref_cnt 2) and 4 (ref_cnt 1) freed once
+    Mistake(
+        lambda freed: freed.ref_cnts != [1, 1, 0],
+        lambda freed: (
+            "blocks 0, 1 shared (ref_cnt 2) and 4 (ref_cnt 1) freed once: ref_cnt should be [1, 1, 0], "
+            f"got {freed.ref_cnts}"
+        ),
+        "subtract exactly one reference per block",
+    ),
+    Mistake(
+        lambda freed: 0 in freed.queue or 1 in freed.queue,
+        lambda freed: (
+            f"blocks 0 and 1 still have ref_cnt 1 (another request holds them) but are in the free queue: {freed.queue}"
+        ),
+        "only a block whose ref_cnt reaches 0 goes back to the free queue",
+    ),
+)
+
+UNCACHED_MISTAKES = (  # caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]
+    Mistake(
+        lambda freed: freed.queue[:3] != [2, 1, 0],
+        lambda freed: (
+            "caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]: the queue "
+            f"should start 2, 1, 0; queue: {freed.queue}"
+        ),
+        "blocks without a hash go to the head TOGETHER, keeping the order given (vLLM's prepend_n): the first "
+        "of them becomes the new head. appendleft one by one reverses them: collect them, then appendleft "
+        "them last one first",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class _FreeProbe:
+    """Free ``build()``'s table last block first; none of ``mistakes`` may show, then the pool must be the reference's.
+
+    ``keeps_given``: the case that names the call when the list given must come back unchanged.
+    """
+
+    build: Callable[[], tuple[BlockPool, list[KVCacheBlock]]]
+    mistakes: tuple[Mistake, ...]
+    compared: str
+    keeps_given: str = ""
+
+
+FREE_BLOCKS_PROBES = (
+    # 1. One request's table: the hashed blocks to the tail, the partial one to the head.
+    _FreeProbe(
+        _one_request,
+        ONE_REQUEST_MISTAKES,
+        "one request freed",
+        keeps_given="one request freed with ordered_blocks = [3, 2, 1, 0]",
+    ),
+    # 2. Blocks still held by another request (ref_cnt 2) must stay out of the queue.
+    _FreeProbe(_shared, SHARED_MISTAKES, "a shared prefix freed by one of its two requests"),
+    # 2b. Caching off: a whole table without hashes goes to the head, in the order given.
+    _FreeProbe(_uncached, UNCACHED_MISTAKES, "caching off: a request's blocks freed"),
+)
+
+
 @guarded_check(part="free_blocks")
 def check_free_blocks(free_blocks: Callable) -> None:
     """The learner's ``free_blocks(pool, ordered_blocks)``."""
@@ -184,106 +333,26 @@ def check_free_blocks(free_blocks: Callable) -> None:
     raw_free_blocks = free_blocks
     free_blocks = check.wrap(free_blocks, "free_blocks", "one reference dropped per block given")
 
-    # 1. One request's table, passed last block first (as the manager does):
-    #    blocks 0-2 full and cached, block 3 partial (no hash).
-    def one_request() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(8)
-        return pool, _take(pool, [0, 1, 2, 3], hashed=[0, 1, 2])
-
-    pool, table = one_request()
-    given = list(reversed(table))
-    free_blocks(pool, given)
-    check.expect_unchanged(
-        [3, 2, 1, 0],
-        snapshot(given),
-        "one request freed with ordered_blocks = [3, 2, 1, 0]",
-        "ordered_blocks",
-        "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
-        "it, do not reverse, sort or empty it in place",
-    )
-    queue = _queue(pool)
-    check.expect(
-        all(b.ref_cnt == 0 for b in table),
-        f"one request freed: ref_cnt of blocks 0-3 should be 0, got {[b.ref_cnt for b in table]}",
-        "decrement block.ref_cnt once for every block you are given",
-    )
-    missing = [b.block_id for b in table if b.block_id not in queue]
-    check.expect(
-        not missing,
-        f"one request freed: blocks {missing} reached ref_cnt 0 but were not returned to the free queue "
-        f"(queue: {queue})",
-        "a block whose ref_cnt reaches 0 goes back into pool.free_block_queue: the pool has no other way to "
-        "find it again",
-    )
-    check.expect(
-        [b.block_hash is not None for b in table] == [True, True, True, False]
-        and all(_in_map(pool, b) for b in table[:3]),
-        "one request freed: blocks 0-2 lost their hash or left the map",
-        "freeing evicts nothing: a freed block keeps its hash and K/V until it is popped for reuse (lazy "
-        "eviction), so a later request can still hit it",
-    )
-    check.expect(
-        queue[0] == 3,
-        f"one request freed: block 3 has no hash and should be at the head of the free queue; queue: {queue}",
-        "a block without a hash (a partial block) can never be hit, so it goes to the HEAD "
-        "(free_block_queue.appendleft): reused first, it costs no cached prefix",
-    )
-    check.expect(
-        queue[-3:] == [2, 1, 0],
-        f"one request freed with ordered_blocks = [3, 2, 1, 0]: the queue should end with 2, 1, 0; queue: {queue}",
-        "append the hashed blocks to the TAIL in the order given (do not reverse or sort them yourself: "
-        "the caller already passes them in eviction order)",
-    )
-    expected_pool, expected_table = one_request()
-    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
-    _compare_states(check, pool, expected_pool, "one request freed")
-
-    # 2. Blocks still held by another request (ref_cnt 2) must stay out of the queue.
-    def shared() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(8)
-        both = _take(pool, [0, 1], ref_cnt=2, hashed=[0, 1])
-        return pool, both + _take(pool, [4], hashed=[])
-
-    pool, blocks = shared()
-    free_blocks(pool, list(reversed(blocks)))
-    queue = _queue(pool)
-    check.expect(
-        [b.ref_cnt for b in blocks] == [1, 1, 0],
-        f"blocks 0, 1 shared (ref_cnt 2) and 4 (ref_cnt 1) freed once: ref_cnt should be [1, 1, 0], "
-        f"got {[b.ref_cnt for b in blocks]}",
-        "subtract exactly one reference per block",
-    )
-    check.expect(
-        0 not in queue and 1 not in queue,
-        f"blocks 0 and 1 still have ref_cnt 1 (another request holds them) but are in the free queue: {queue}",
-        "only a block whose ref_cnt reaches 0 goes back to the free queue",
-    )
-    expected_pool, expected_blocks = shared()
-    _reference_free_blocks(expected_pool, list(reversed(expected_blocks)))
-    _compare_states(check, pool, expected_pool, "a shared prefix freed by one of its two requests")
-
-    # 2b. Caching off: a whole table without hashes goes to the head, in the order given.
-    def uncached() -> tuple[BlockPool, list[KVCacheBlock]]:
-        pool = BlockPool(6, enable_caching=False)
-        return pool, _take(pool, [0, 1, 2])
-
-    pool, table = uncached()
-    free_blocks(pool, list(reversed(table)))
-    queue = _queue(pool)
-    check.expect(
-        queue[:3] == [2, 1, 0],
-        f"caching off, blocks 0, 1, 2 (no hashes) freed as ordered_blocks = [2, 1, 0]: the queue should start "
-        f"2, 1, 0; queue: {queue}",
-        "blocks without a hash go to the head TOGETHER, keeping the order given (vLLM's prepend_n): the first "
-        "of them becomes the new head. appendleft one by one reverses them: collect them, then appendleft "
-        "them last one first",
-    )
-    expected_pool, expected_table = uncached()
-    _reference_free_blocks(expected_pool, list(reversed(expected_table)))
-    _compare_states(check, pool, expected_pool, "caching off: a request's blocks freed")
+    for probe in FREE_BLOCKS_PROBES:
+        pool, table = probe.build()
+        given = list(reversed(table))
+        free_blocks(pool, given)
+        if probe.keeps_given:
+            check.expect_unchanged(
+                [block.block_id for block in reversed(table)],
+                snapshot(given),
+                probe.keeps_given,
+                "ordered_blocks",
+                "ordered_blocks is the caller's list (for KVCacheManager.free, the request's block table): loop over "
+                "it, do not reverse, sort or empty it in place",
+            )
+        check.expect_no_mistakes(probe.mistakes, _Freed(pool, table))
+        expected_pool, expected_table = probe.build()
+        _reference_free_blocks(expected_pool, list(reversed(expected_table)))
+        _compare_states(check, pool, expected_pool, probe.compared)
 
     # 3. An iterator, as KVCacheManager.free passes it (reversed(...)).
-    pool, table = one_request()
+    pool, table = _one_request()
     try:
         raw_free_blocks(pool, reversed(table))
     except TypeError as err:
@@ -292,7 +361,7 @@ def check_free_blocks(free_blocks: Callable) -> None:
             "    hint: ordered_blocks may be any iterable (KVCacheManager.free passes reversed(blocks)): "
             "loop over it with a for loop, do not index it or take its len()"
         ) from None
-    expected_pool, expected_table = one_request()
+    expected_pool, expected_table = _one_request()
     _reference_free_blocks(expected_pool, reversed(expected_table))
     _compare_states(  # case 1 freed this very table as a list, and passed: the iterator is the difference
         check,
@@ -441,11 +510,286 @@ def _check_free_request_blocks(free_request_blocks: Callable) -> None:
 
 
 # -- get_new_blocks ----------------------------------------------------------------
+# The check runs GET_NEW_BLOCKS_CASES in order: each row is a pool, how many blocks to ask for, and
+# what must come out. _Pop compares everything with the reference; _Probe looks for the typical
+# mistakes of its table, each named by its own message; _TooMany asks for more than is free.
+def _cached_head() -> BlockPool:
+    pool = BlockPool(6)
+    _cache_free(pool, [0, 1])  # blocks 0 and 1: free, but still holding K/V some request may hit
+    return pool
+
+
+def _cached_for_group_1() -> BlockPool:
+    """A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group)."""
+    pool = BlockPool(6)
+    cache_block(pool, pool.blocks[0], _hash(0), kv_cache_group_id=1)
+    return pool
+
+
+def _twins() -> BlockPool:
+    """Two blocks hold the same contents: evicting one must leave the other findable."""
+    pool = BlockPool(6)
+    shared_hash = _hash(99)
+    _cache_free(pool, [0], shared_hash)
+    _take(pool, [3])
+    pool.blocks[3].block_hash = shared_hash
+    pool.cached_block_hash_to_block.insert(shared_hash, pool.blocks[3])
+    return pool
+
+
+def _mixed() -> BlockPool:
+    """Several blocks, cached and empty mixed."""
+    pool = BlockPool(8)
+    _take(pool, [0, 1, 2])
+    BlockPool.free_blocks(pool, [pool.blocks[2]])  # an empty block at the head
+    _cache_free(pool, [5, 6])
+    return pool
+
+
+def _busy() -> BlockPool:
+    """5 of 8 blocks in use, 3 free."""
+    pool = BlockPool(8)
+    _take(pool, [0, 1, 2, 3, 4], hashed=[0, 1])
+    _cache_free(pool, [6])
+    return pool
+
+
+@dataclass
+class _Popped:
+    """What one call of the learner's get_new_blocks left: the pool, and the blocks it returned."""
+
+    pool: BlockPool
+    got: Any
+
+    @property
+    def ids(self) -> list[int]:
+        return [block.block_id for block in self.got]
+
+    @property
+    def removed(self) -> list[BlockRemoved]:
+        return [event for event in self.pool.kv_event_queue if isinstance(event, BlockRemoved)]
+
+
+def _stale_id(popped: _Popped) -> int | None:
+    stale = popped.pool.get_cached_block(_hash(0))
+    return stale.block_id if stale is not None else None
+
+
+def _event_hint(popped: _Popped) -> str:
+    """Why the BlockRemoved events of popping the cached blocks 0 and 1 are not the engine's."""
+    removed = popped.removed
+    if removed and all(event.block_hashes == (None,) for event in removed):
+        return (
+            "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
+            "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
+        )
+    if any(not isinstance(e.block_hashes, tuple) or not isinstance(e.block_ids, tuple) for e in removed):
+        return (
+            "block_hashes and block_ids are tuples of one entry each, (block_hash,) and (block.block_id,) (the "
+            "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
+        )
+    return (
+        "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
+        f"pool.kv_event_queue.append({BLOCK_REMOVED}) (a router mirrors each replica's cache from these events; "
+        "read the block's hash and group before you clear them)"
+    )
+
+
+CACHED_HEAD_MISTAKES = (  # blocks 0 and 1 cached and free at the head: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: popped.ids != [0],
+        lambda popped: f"blocks 0 and 1 are cached and free at the head: get_new_blocks(pool, 1) returned {popped.ids}",
+        "pop from the head even when the head block is cached: the queue order already is the eviction order",
+    ),
+    Mistake(
+        lambda popped: _stale_id(popped) is not None,
+        lambda popped: (
+            f"block 0 was popped for reuse, but pool.get_cached_block(its old hash) still returns block "
+            f"{_stale_id(popped)}: a stale map entry"
+        ),
+        "evict the popped block: pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id). "
+        "Otherwise the next request with that prefix 'hits' a block whose K/V are being overwritten",
+    ),
+    Mistake(
+        lambda popped: popped.pool.blocks[0].block_hash is not None,
+        "block 0 was popped for reuse and left the map, but it still carries its old block_hash",
+        "clear it (block.block_hash = None): the block will hold other tokens now, and cache_full_blocks "
+        "refuses a block that already has a hash",
+    ),
+    Mistake(
+        lambda popped: (
+            not (_in_map(popped.pool, popped.pool.blocks[1]) and popped.pool.blocks[1].block_hash is not None)
+        ),
+        "popping block 0 also evicted block 1, which stays in the free queue",
+        "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
+    ),
+    # An eviction is something the engine reports: its counter, and a KV event when someone listens.
+    Mistake(
+        lambda popped: popped.pool.num_evictions != 1,
+        lambda popped: (
+            f"block 0's prefix was evicted, but pool.num_evictions is {popped.pool.num_evictions} (expected 1)"
+        ),
+        "count every eviction: pool.num_evictions += 1 (the engine's stats and vLLM's metrics report it)",
+    ),
+)
+
+CACHED_HEAD_EVENT_MISTAKES = (  # the same pool, recording events: get_new_blocks(pool, 2)
+    Mistake(
+        lambda popped: (
+            popped.removed != [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
+        ),
+        lambda popped: (
+            f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {popped.removed}"
+        ),
+        _event_hint,
+    ),
+)
+
+GROUP_1_MISTAKES = (  # block 0 cached for KV-cache group 1, events on: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: [event.group_idx for event in popped.removed] != [1],
+        lambda popped: (
+            "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved "
+            f"events carry group_idx {[event.group_idx for event in popped.removed]} (expected [1])"
+        ),
+        "an event names the group the block was cached for, or a router mirroring that group's cache never "
+        f"drops it: {BLOCK_REMOVED}, read before you reset it",
+    ),
+    Mistake(
+        lambda popped: popped.pool.blocks[0].kv_cache_group_id != 0,
+        lambda popped: (
+            "a hybrid model's pool: block 0 left the cache, but still says kv_cache_group_id "
+            f"{popped.pool.blocks[0].kv_cache_group_id}"
+        ),
+        "reset it with the hash (block.kv_cache_group_id = 0): a block's group means something only while "
+        "it holds a hash, and the next request may cache it for another group",
+    ),
+)
+
+TWINS_MISTAKES = (  # blocks 0 and 3 hold one prefix; block 0 is popped: get_new_blocks(pool, 1)
+    Mistake(
+        lambda popped: popped.pool.get_cached_block(_hash(99)) is not popped.pool.blocks[3],
+        lambda popped: (
+            "blocks 0 and 3 both hold one prefix; popping block 0 should leave block 3 in the map, but "
+            f"pool.get_cached_block(hash) returns {_block_id(popped.pool.get_cached_block(_hash(99)))}"
+        ),
+        "remove only the popped block from the map: pool.cached_block_hash_to_block.pop(hash, block.block_id)",
+    ),
+)
+
+
+def _block_id(block: KVCacheBlock | None) -> int | None:
+    return block.block_id if block is not None else None
+
+
+@dataclass(frozen=True)
+class _Pop:
+    """Pop ``num_blocks`` from ``build()``'s pool; everything must match the reference's pool."""
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    case: str
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """Pop ``num_blocks`` from ``build()``'s pool (recording events when ``listened``); none of ``mistakes`` may show.
+
+    ``returns_list``: the case that names the call when the result must first be a list of blocks.
+    """
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    mistakes: tuple[Mistake, ...]
+    listened: bool = False
+    returns_list: str = ""
+
+
+@dataclass(frozen=True)
+class _TooMany:
+    """Ask ``build()``'s pool for more blocks than are free: ValueError, and the pool untouched."""
+
+    build: Callable[[], BlockPool]
+    num_blocks: int
+    case: str  # names the call when it raises something else
+    not_refused: str
+    not_refused_hint: str
+    changed: str
+    changed_hint: str
+
+
+GET_NEW_BLOCKS_CASES = (
+    # 1. A fresh pool: blocks come from the head, with one reference each.
+    _Pop(lambda: BlockPool(6), 3, "3 blocks from a fresh pool of 6"),
+    # 2. The head block holds a cached prefix: popping it evicts it.
+    _Probe(
+        _cached_head, 1, CACHED_HEAD_MISTAKES, returns_list="get_new_blocks(pool, 1) with a cached block at the head"
+    ),
+    _Probe(_cached_head, 2, CACHED_HEAD_EVENT_MISTAKES, listened=True),
+    _Pop(_cached_head, 1, "a cached block at the head is popped"),
+    # 2b. A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group).
+    _Probe(_cached_for_group_1, 1, GROUP_1_MISTAKES, listened=True),
+    _Pop(_cached_for_group_1, 1, "a block cached for KV-cache group 1 (a hybrid model) is popped"),
+    # 3. Two blocks hold the same contents: evicting one must leave the other findable.
+    _Probe(_twins, 1, TWINS_MISTAKES),
+    _Pop(_twins, 1, "one of two blocks with the same hash is popped"),
+    # 4. Several blocks, cached and empty mixed.
+    _Pop(_mixed, 4, "4 blocks from a queue mixing empty and cached blocks"),
+    # 5. Asking for nothing, and asking for too much.
+    _Pop(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing"),
+    _TooMany(
+        _cached_head,
+        7,
+        "asked for 7 blocks from a pool with 6 free",
+        "asked for 7 blocks from a pool with 6 free, and no ValueError was raised",
+        "check pool.get_num_free_blocks() first and raise ValueError when it is too small",
+        "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
+        "check the count BEFORE popping anything: a failed request must leave the pool untouched "
+        "(the scheduler tries again next step)",
+    ),
+    # 6. A busy pool: 5 of 8 blocks in use, 3 free; asking for 4 must fail and change nothing.
+    _TooMany(
+        _busy,
+        4,
+        "a busy pool (8 blocks, 5 in use, 3 free)",
+        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
+        "compare with the FREE blocks, pool.get_num_free_blocks(), not with pool.num_blocks: blocks in use "
+        "cannot be handed out",
+        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
+        "popping blocks: the pool changed",
+        "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
+        "pool.num_blocks counts the blocks in use too",
+    ),
+    _Pop(_busy, 3, "a busy pool (5 of 8 in use): all 3 free blocks popped"),
+    # 7. A pool with prefix caching off: no block is cached, nothing to evict.
+    _Pop(lambda: _random_pool(4)[0].block_pool, 1, "a pool with prefix caching off"),
+)
+
+
+def _random_pops(num_cases: int = 80) -> list[_Pop]:
+    """Random pools (some with caching off), each asked for up to all of its free blocks."""
+    pops = []
+    for seed in range(num_cases):
+        rng = random.Random(1000 + seed)
+        num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
+        num_blocks = rng.randint(0, num_free)
+        pops.append(
+            _Pop(
+                lambda seed=seed: _random_pool(seed)[0].block_pool,
+                num_blocks,
+                f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped",
+            )
+        )
+    return pops
+
+
 @guarded_check(part="get_new_blocks")
 def check_get_new_blocks(get_new_blocks: Callable) -> None:
     """The learner's ``get_new_blocks(pool, num_blocks)``."""
     check = Checker("get_new_blocks")
     raw_get_new_blocks = get_new_blocks
+    get_new_blocks = check.wrap(get_new_blocks, "get_new_blocks", "a list of num_blocks blocks popped from the head")
 
     def raises_value_error(pool: BlockPool, num_blocks: int, case: str) -> bool:
         """True if the learner's get_new_blocks raised ValueError; another exception is reported."""
@@ -465,9 +809,8 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             ) from None
         return False
 
-    get_new_blocks = check.wrap(get_new_blocks, "get_new_blocks", "a list of num_blocks blocks popped from the head")
-
-    def run_both(build: Callable[[], BlockPool], num_blocks: int, case: str, hint: str = "", random_case=False):
+    def pop(row: _Pop, random_case: bool = False) -> None:
+        build, num_blocks, case, hint = row.build, row.num_blocks, row.case, row.hint
         pool, expected_pool = build(), build()
         got = get_new_blocks(pool, num_blocks)
         expected = _reference_get_new_blocks(expected_pool, num_blocks)
@@ -512,190 +855,33 @@ def check_get_new_blocks(get_new_blocks: Callable) -> None:
             "(an event carrying None names no prefix)",
             random_case=random_case,
         )
-        return pool, got
 
-    # 1. A fresh pool: blocks come from the head, with one reference each.
-    run_both(lambda: BlockPool(6), 3, "3 blocks from a fresh pool of 6")
+    def probe(row: _Probe) -> None:
+        pool = row.build()
+        if row.listened:
+            pool.enable_kv_cache_events = True
+        got = get_new_blocks(pool, row.num_blocks)
+        if row.returns_list:
+            got = check.expect_list(got, row.returns_list, KVCacheBlock, "KVCacheBlock")
+        check.expect_no_mistakes(row.mistakes, _Popped(pool, got))
 
-    # 2. The head block holds a cached prefix: popping it evicts it.
-    def cached_head() -> BlockPool:
-        pool = BlockPool(6)
-        _cache_free(pool, [0, 1])  # blocks 0 and 1: free, but still holding K/V some request may hit
-        return pool
+    def too_many(row: _TooMany) -> None:
+        pool = row.build()
+        before = pool_state(pool)
+        if not raises_value_error(pool, row.num_blocks, row.case):
+            check.fail(row.not_refused, row.not_refused_hint)
+        check.expect(pool_state(pool) == before, row.changed, row.changed_hint)
 
-    old_hash = _hash(0)
-    pool = cached_head()
-    got = check.expect_list(
-        get_new_blocks(pool, 1), "get_new_blocks(pool, 1) with a cached block at the head", KVCacheBlock, "KVCacheBlock"
-    )
-    block = pool.blocks[0]
-    check.expect(
-        [b.block_id for b in got] == [0],
-        f"blocks 0 and 1 are cached and free at the head: get_new_blocks(pool, 1) returned "
-        f"{[b.block_id for b in got] if isinstance(got, list) else got!r}",
-        "pop from the head even when the head block is cached: the queue order already is the eviction order",
-    )
-    stale = pool.get_cached_block(old_hash)
-    check.expect(
-        stale is None,
-        f"block 0 was popped for reuse, but pool.get_cached_block(its old hash) still returns block "
-        f"{stale.block_id if stale is not None else None}: a stale map entry",
-        "evict the popped block: pool.cached_block_hash_to_block.pop(block.block_hash, block.block_id). "
-        "Otherwise the next request with that prefix 'hits' a block whose K/V are being overwritten",
-    )
-    check.expect(
-        block.block_hash is None,
-        "block 0 was popped for reuse and left the map, but it still carries its old block_hash",
-        "clear it (block.block_hash = None): the block will hold other tokens now, and cache_full_blocks "
-        "refuses a block that already has a hash",
-    )
-    check.expect(
-        _in_map(pool, pool.blocks[1]) and pool.blocks[1].block_hash is not None,
-        "popping block 0 also evicted block 1, which stays in the free queue",
-        "evict only the blocks you pop: the others stay cached until their turn (lazy eviction)",
-    )
-    # An eviction is something the engine reports: its counter, and a KV event when someone listens.
-    check.expect(
-        pool.num_evictions == 1,
-        f"block 0's prefix was evicted, but pool.num_evictions is {pool.num_evictions} (expected 1)",
-        "count every eviction: pool.num_evictions += 1 (the engine's stats and vLLM's metrics report it)",
-    )
-    listened = cached_head()
-    listened.enable_kv_cache_events = True
-    get_new_blocks(listened, 2)
-    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
-    expected_events = [BlockRemoved(block_hashes=(_hash(0),), block_ids=(0,)), BlockRemoved((_hash(1),), (1,))]
-    cleared_first = bool(removed) and all(event.block_hashes == (None,) for event in removed)
-    not_tuples = any(not isinstance(e.block_hashes, tuple) or not isinstance(e.block_ids, tuple) for e in removed)
-    check.expect(
-        removed == expected_events,
-        f"with pool.enable_kv_cache_events on, popping the cached blocks 0 and 1 recorded {removed}",
-        "your events name the hash None: you queued them after clearing block.block_hash. Keep the hash "
-        "first (block_hash = block.block_hash), or queue the event before setting block.block_hash = None"
-        if cleared_first
-        else "block_hashes and block_ids are tuples of one entry each, (block_hash,) and (block.block_id,) (the "
-        "trailing comma makes the tuple): a list or a bare value is another event than the engine's"
-        if not_tuples
-        else "record each eviction when the pool records events: if pool.enable_kv_cache_events: "
-        f"pool.kv_event_queue.append({BLOCK_REMOVED}) (a router mirrors each replica's cache from these events; "
-        "read the block's hash and group before you clear them)",
-    )
-    run_both(cached_head, 1, "a cached block at the head is popped")
-
-    # 2b. A hybrid model's pool: the head block is cached for KV-cache group 1 (a sliding-window group).
-    def cached_for_group_1() -> BlockPool:
-        pool = BlockPool(6)
-        cache_block(pool, pool.blocks[0], _hash(0), kv_cache_group_id=1)
-        return pool
-
-    listened = cached_for_group_1()
-    listened.enable_kv_cache_events = True
-    get_new_blocks(listened, 1)
-    removed = [event for event in listened.kv_event_queue if isinstance(event, BlockRemoved)]
-    check.expect(
-        [event.group_idx for event in removed] == [1],
-        "a hybrid model's pool: block 0, cached for KV-cache group 1, was popped; its BlockRemoved events "
-        f"carry group_idx {[event.group_idx for event in removed]} (expected [1])",
-        "an event names the group the block was cached for, or a router mirroring that group's cache never "
-        f"drops it: {BLOCK_REMOVED}, read before you reset it",
-    )
-    check.expect(
-        listened.blocks[0].kv_cache_group_id == 0,
-        f"a hybrid model's pool: block 0 left the cache, but still says kv_cache_group_id "
-        f"{listened.blocks[0].kv_cache_group_id}",
-        "reset it with the hash (block.kv_cache_group_id = 0): a block's group means something only while "
-        "it holds a hash, and the next request may cache it for another group",
-    )
-    run_both(cached_for_group_1, 1, "a block cached for KV-cache group 1 (a hybrid model) is popped")
-
-    # 3. Two blocks hold the same contents: evicting one must leave the other findable.
-    def twins() -> BlockPool:
-        pool = BlockPool(6)
-        shared_hash = _hash(99)
-        _cache_free(pool, [0], shared_hash)
-        _take(pool, [3])
-        pool.blocks[3].block_hash = shared_hash
-        pool.cached_block_hash_to_block.insert(shared_hash, pool.blocks[3])
-        return pool
-
-    pool = twins()
-    get_new_blocks(pool, 1)
-    survivor = pool.get_cached_block(_hash(99))
-    check.expect(
-        survivor is pool.blocks[3],
-        "blocks 0 and 3 both hold one prefix; popping block 0 should leave block 3 in the map, but "
-        f"pool.get_cached_block(hash) returns {survivor.block_id if survivor is not None else None}",
-        "remove only the popped block from the map: pool.cached_block_hash_to_block.pop(hash, block.block_id)",
-    )
-    run_both(twins, 1, "one of two blocks with the same hash is popped")
-
-    # 4. Several blocks, cached and empty mixed.
-    def mixed() -> BlockPool:
-        pool = BlockPool(8)
-        _take(pool, [0, 1, 2])
-        BlockPool.free_blocks(pool, [pool.blocks[2]])  # an empty block at the head
-        _cache_free(pool, [5, 6])
-        return pool
-
-    run_both(mixed, 4, "4 blocks from a queue mixing empty and cached blocks")
-
-    # 5. Asking for nothing, and asking for too much.
-    run_both(lambda: BlockPool(4), 0, "0 blocks", "asking for 0 blocks returns [] and changes nothing")
-    pool = cached_head()
-    before = pool_state(pool)
-    if not raises_value_error(pool, 7, "asked for 7 blocks from a pool with 6 free"):
-        raise CheckFailure(
-            "get_new_blocks: asked for 7 blocks from a pool with 6 free, and no ValueError was raised\n"
-            "    hint: check pool.get_num_free_blocks() first and raise ValueError when it is too small"
-        )
-    check.expect(
-        pool_state(pool) == before,
-        "asked for 7 blocks with 6 free: ValueError was raised, but only after blocks were popped or evicted",
-        "check the count BEFORE popping anything: a failed request must leave the pool untouched "
-        "(the scheduler tries again next step)",
-    )
-
-    # 6. A busy pool: 5 of 8 blocks in use, 3 free; asking for 4 must fail and change nothing.
-    def busy() -> BlockPool:
-        pool = BlockPool(8)
-        _take(pool, [0, 1, 2, 3, 4], hashed=[0, 1])
-        _cache_free(pool, [6])
-        return pool
-
-    pool = busy()
-    before = pool_state(pool)
-    if not raises_value_error(pool, 4, "a busy pool (8 blocks, 5 in use, 3 free)"):
-        check.fail(
-            "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) did not raise ValueError",
-            "compare with the FREE blocks, pool.get_num_free_blocks(), not with pool.num_blocks: blocks in use "
-            "cannot be handed out",
-        )
-    check.expect(
-        pool_state(pool) == before,
-        "a busy pool (8 blocks, 5 in use, 3 free): get_new_blocks(pool, 4) raised ValueError, but only after "
-        "popping blocks: the pool changed",
-        "compare num_blocks with the FREE blocks, pool.get_num_free_blocks(), BEFORE popping anything; "
-        "pool.num_blocks counts the blocks in use too",
-    )
-    run_both(busy, 3, "a busy pool (5 of 8 in use): all 3 free blocks popped")
-
-    # 7. A pool with prefix caching off: no block is cached, nothing to evict.
-    run_both(lambda: _random_pool(4)[0].block_pool, 1, "a pool with prefix caching off")
+    run = {_Pop: pop, _Probe: probe, _TooMany: too_many}
+    for row in GET_NEW_BLOCKS_CASES:
+        run[type(row)](row)
 
     # 8. O(number of blocks popped): two blocks (one of them cached) from a pool of 20,000.
     pool, _, scans = _large_pool(0)
-    got = get_new_blocks(pool, 2)
+    get_new_blocks(pool, 2)
     _expect_constant_time(check, "2 blocks popped from a pool of 20,000", scans, 2)
 
     # 9. Random pools (some with caching off).
-    for seed in range(80):
-        rng = random.Random(1000 + seed)
-        num_free = _random_pool(seed)[0].block_pool.get_num_free_blocks()
-        num_blocks = rng.randint(0, num_free)
-        run_both(
-            lambda seed=seed: _random_pool(seed)[0].block_pool,
-            num_blocks,
-            f"random pool (seed {seed}), {num_blocks} of {num_free} free blocks popped",
-            random_case=True,
-        )
+    for row in _random_pops():
+        pop(row, random_case=True)
     check.passed()

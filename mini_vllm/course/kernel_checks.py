@@ -32,14 +32,16 @@ Both functions are extension points of the engine (``EngineParts.store_kv``,
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import mmap
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from ._harness import Checker, guarded_check, learner_error
+from ._harness import Checker, Mistake, guarded_check, learner_error
 
 GUARD_ROWS = 2
 """Rows of sentinel values before and after each cache in the store_kv check."""
@@ -137,6 +139,299 @@ class _GuardedCache:
         return None
 
 
+# What a wrong store shows, as tables of mistakes: for a token whose row is not in its slot
+# (TOKEN_MISTAKES, the first row that shows names the mistake), then for stores outside the tokens'
+# rows (STRAY_MISTAKES). Each table reads one observation, _WrongToken or _Strays.
+@dataclass
+class _Tile:
+    """The launcher's ``[HEADS_PAD, HEAD_DIM_PAD]`` tile over a token's ``[num_kv_heads, head_dim]`` row."""
+
+    num_kv_heads: int
+    head_dim: int
+    slots: list[int]
+
+    @property
+    def heads_pad(self) -> int:
+        return _next_power_of_2(self.num_kv_heads)
+
+    @property
+    def dims_pad(self) -> int:
+        return _next_power_of_2(self.head_dim)
+
+    @functools.cached_property
+    def padding_lanes(self) -> set[int]:
+        """The tile's lanes that are not part of a row, as element offsets: with the mask missing from the
+        store, each token writes them past its heads' last elements."""
+        row, lanes = self.num_kv_heads * self.head_dim, set()
+        for slot in self.slots:
+            if slot >= 0:
+                lanes.update(
+                    slot * row + head * self.head_dim + dim
+                    for head in range(self.heads_pad)
+                    for dim in range(self.dims_pad)
+                    if head >= self.num_kv_heads or dim >= self.head_dim
+                )
+        return lanes
+
+    @property
+    def mask_hint(self) -> str:
+        heads_pad, dims_pad, num_kv_heads, head_dim = self.heads_pad, self.dims_pad, self.num_kv_heads, self.head_dim
+        extra = []
+        if dims_pad > head_dim:
+            extra.append(f"dims {head_dim}..{dims_pad - 1} of every head: head_dim {head_dim} is padded to {dims_pad}")
+        if heads_pad > num_kv_heads:
+            extra.append(
+                f"head{'s' if heads_pad - num_kv_heads > 1 else ''} "
+                f"{', '.join(map(str, range(num_kv_heads, heads_pad)))}: {num_kv_heads} KV heads are padded to "
+                f"{heads_pad}"
+            )
+        return (
+            f"the tile has HEADS_PAD x HEAD_DIM_PAD = {heads_pad} x {dims_pad} lanes, but a token's row is only "
+            f"num_kv_heads x head_dim = {num_kv_heads} x {head_dim} elements. The extra lanes ({'; '.join(extra)}) "
+            "must be masked off, or they are stored too: past the end of each head's row, into the next slot's "
+            "row (or past the cache). Pass mask=in_tile, which bounds both (heads < num_kv_heads) & (dims < "
+            "head_dim), to both tl.store calls, and to the tl.loads (those lanes read past the token's row of key "
+            "and value)"
+        )
+
+
+@dataclass
+class _WrongToken:
+    """A token whose K or V row is not (exactly) in its slot, and what the caches hold instead."""
+
+    token: int
+    slot: int
+    block_size: int
+    tile: _Tile
+    k: _GuardedCache
+    v: _GuardedCache
+    want_k: torch.Tensor
+    want_v: torch.Tensor
+    cache_dtype: torch.dtype
+    magnitude: float
+    fused_qkv: bool
+    value_from_wider: bool
+
+    @property
+    def got_k(self) -> torch.Tensor:
+        return self.k.cache[divmod(self.slot, self.block_size)]
+
+    @property
+    def got_v(self) -> torch.Tensor:
+        return self.v.cache[divmod(self.slot, self.block_size)]
+
+    @property
+    def row(self) -> int:
+        return self.k.row
+
+    @property
+    def where(self) -> str:
+        block, offset = divmod(self.slot, self.block_size)
+        return f"token {self.token} (slot {self.slot} = block {block}, offset {offset})"
+
+    @property
+    def wrong_elements(self) -> set[int]:
+        return {
+            self.slot * self.row + j
+            for got, want in ((self.got_k, self.want_k), (self.got_v, self.want_v))
+            for j in (got.reshape(-1) != want.reshape(-1)).nonzero().flatten().tolist()
+        }
+
+    @property
+    def narrowed(self) -> list[torch.dtype]:
+        """The narrower dtypes a round trip through which gives the key stored."""
+        return [
+            narrow
+            for narrow in (torch.float16, torch.bfloat16)
+            if narrow != self.cache_dtype and torch.equal(self.got_k, self.want_k.to(narrow).to(self.cache_dtype))
+        ]
+
+    @property
+    def which(self) -> str:
+        """The wrong one of the two rows: the key's, unless only the value is wrong."""
+        return "key" if not torch.equal(self.got_k, self.want_k) else "value"
+
+    @functools.cached_property
+    def found(self) -> int | None:
+        """Where the wrong row's head 0 was written (an element offset from the cache's start), if anywhere."""
+        cache, want = (self.k, self.want_k) if self.which == "key" else (self.v, self.want_v)
+        return cache.find_row(want[0])
+
+
+def _nowhere_hint(seen: _WrongToken) -> str:
+    which = seen.which
+    hint = f"token {seen.token}'s {which} is nowhere in {which[0]}_cache"
+    if seen.fused_qkv:
+        source = f"{which} is a view into a fused qkv tensor here"
+        hint += f": {source}, so token t starts at t * stride_{which}_token, not t * num_kv_heads * head_dim"
+    elif which == "value":
+        hint += (
+            " (its key is right): load V from value_ptr with value's own strides (stride_value_token, "
+            "stride_value_head) and store it at the same cache offset as K, into v_cache_ptr"
+        )
+    return hint
+
+
+def _landed_elsewhere_hint(seen: _WrongToken) -> str:
+    block, offset = divmod(seen.slot, seen.block_size)
+    return (
+        f"token {seen.token}'s {seen.which} landed at element {seen.found} instead of {seen.slot * seen.row} "
+        f"(block {block} * {seen.block_size * seen.row} + offset {offset} * {seen.row})"
+    )
+
+
+def _not_in_slot(seen: _WrongToken) -> str:
+    return f"{seen.where} is not in its slot"
+
+
+TOKEN_MISTAKES = (
+    Mistake(
+        lambda seen: bool(seen.tile.padding_lanes) and seen.wrong_elements <= seen.tile.padding_lanes,
+        lambda seen: (
+            f"token {seen.token} (slot {seen.slot}) is not in its slot: elements of its row were "
+            "overwritten by another token's padding lanes"
+        ),
+        lambda seen: seen.tile.mask_hint,
+    ),
+    Mistake(
+        lambda seen: (
+            bool(seen.narrowed)
+            or (seen.magnitude > 1e4 and torch.isinf(seen.got_k).any() and not torch.isinf(seen.want_k).any())
+        ),
+        _not_in_slot,
+        lambda seen: (
+            f"the row went through {seen.narrowed[0] if seen.narrowed else 'a narrower dtype'} on its "
+            "way: its values were rounded (and large ones become inf: float16 holds at most 65504). Store in the "
+            "caches' own dtype; do not cast through float16"
+        ),
+    ),
+    Mistake(
+        lambda seen: torch.equal(seen.got_k, seen.want_v) or torch.equal(seen.got_v, seen.want_k),
+        _not_in_slot,
+        "K goes into k_cache and V into v_cache: one of them got the other's row",
+    ),
+    Mistake(
+        lambda seen: seen.value_from_wider and torch.equal(seen.got_k, seen.want_k),
+        _not_in_slot,
+        "the key is right but the value is not, and here value's strides differ from key's: load V "
+        "with its own strides (stride_value_token, stride_value_head), not the key's",
+    ),
+    Mistake(
+        lambda seen: torch.equal(seen.got_k[0], seen.want_k[0]) and not torch.equal(seen.got_k, seen.want_k),
+        _not_in_slot,
+        "head 0 is right but another head is not: offset each head by stride_key_head "
+        "(stride_value_head) in key/value and by the cache's head stride",
+    ),
+    # Then: where did the wrong row go?
+    Mistake(lambda seen: seen.found is None, _not_in_slot, _nowhere_hint),
+    Mistake(
+        lambda seen: seen.found == seen.slot * seen.row and seen.which == "value",
+        _not_in_slot,
+        lambda seen: (
+            f"token {seen.token}'s key is right and head 0 of its value is in place, but not the rest of "
+            "the value: load and store V with the same [heads, dims] tile and mask as K, with value's own "
+            "strides (stride_value_token, stride_value_head)"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.found in (seen.slot * seen.tile.head_dim, seen.slot),
+        _not_in_slot,
+        lambda seen: (
+            f"token {seen.token}'s {seen.which} landed at element {seen.found}, i.e. you used the slot as "
+            f"an element offset; a slot is a whole row of num_kv_heads * head_dim = {seen.row} elements: "
+            "split it into (block, offset) and multiply each by its stride"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.found == seen.slot * seen.block_size * seen.row,
+        _not_in_slot,
+        lambda seen: (
+            f"token {seen.token}'s {seen.which} landed at block {seen.slot}, i.e. you multiplied the slot "
+            "by the block stride: block = slot // BLOCK_SIZE, offset = slot % BLOCK_SIZE"
+        ),
+    ),
+    Mistake(lambda seen: True, _not_in_slot, _landed_elsewhere_hint),
+)
+
+
+@dataclass
+class _Strays:
+    """What changed outside the tokens' rows after a store."""
+
+    k: _GuardedCache
+    v: _GuardedCache
+    tile: _Tile
+    slots: list[int]
+    bait: int  # the slot that follows slot_mapping in memory (-1: none)
+
+    @functools.cached_property
+    def valid(self) -> set[int]:
+        return {slot for slot in self.slots if slot >= 0}
+
+    @functools.cached_property
+    def stray(self) -> list[int]:
+        """Slots no token has whose row changed, K's then V's."""
+        return self.k.stray_rows(self.valid) + self.v.stray_rows(self.valid)
+
+    @functools.cached_property
+    def in_bounds(self) -> bool:
+        return self.k.guards_untouched() and self.v.guards_untouched()
+
+    @property
+    def clean(self) -> bool:
+        return self.in_bounds and not self.stray
+
+    @functools.cached_property
+    def outside(self) -> set[int]:
+        """Changed element offsets outside the tokens' rows."""
+        row = self.k.row
+        rows = {slot * row + j for slot in self.valid for j in range(row)}
+        return (self.k.changed_offsets() | self.v.changed_offsets()) - rows
+
+
+STRAY_MISTAKES = (
+    Mistake(
+        lambda seen: not seen.clean and seen.bait >= 0 and seen.bait in seen.stray and seen.bait not in seen.valid,
+        lambda seen: (
+            f"slot {seen.bait} changed, but no token has it: it is the slot that follows slot_mapping's "
+            f"{len(seen.slots)} entries in memory, so your kernel stored a token past num_tokens"
+        ),
+        "launch one program per token (grid = (num_tokens,)) and let program i store token i only; a "
+        "program that handles several tokens must mask its loads and stores with tokens < num_tokens",
+    ),
+    Mistake(
+        lambda seen: (
+            not seen.clean
+            and bool(seen.tile.padding_lanes)
+            and bool(seen.outside)
+            and seen.outside <= seen.tile.padding_lanes
+        ),
+        lambda seen: (
+            f"your kernel wrote {len(seen.outside)} element(s) outside the tokens' rows, all of them right "
+            "after a head's row, where the tile's padding lanes fall: your store's mask lets them through (or "
+            "there is none)"
+        ),
+        lambda seen: seen.tile.mask_hint,
+    ),
+    Mistake(
+        lambda seen: -1 in seen.slots and not seen.clean,
+        "a token with slot -1 was written somewhere",
+        "slot -1 means 'no slot' (a padding token): that program must store nothing "
+        "(return early when slot < 0, or make the store's mask false everywhere)",
+    ),
+    Mistake(
+        lambda seen: not seen.in_bounds,
+        "your kernel wrote outside the cache",
+        "a slot is block_id * block_size + offset: write k_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE]",
+    ),
+    Mistake(
+        lambda seen: bool(seen.stray),
+        lambda seen: f"slots {sorted(set(seen.stray))} changed, but no token has them",
+        "only the slots in slot_mapping may change",
+    ),
+)
+
+
 def _store_case(
     store_kv: Callable,
     check: Checker,
@@ -156,6 +451,11 @@ def _store_case(
     seed: int = 0,
     random_case: bool = False,
 ) -> None:
+    """Store one batch with the learner's ``store_kv``: every token's row in its slot, nothing else changed.
+
+    A wrong store is named by the first row of TOKEN_MISTAKES (a token not in its slot) or
+    STRAY_MISTAKES (a store elsewhere) that shows; the case counts once, by its final comparison.
+    """
     from mini_vllm.kernels import reference
 
     device = _device()
@@ -204,160 +504,21 @@ def _store_case(
     expected_v = torch.full(v.shape, SENTINEL, dtype=cache_dtype, device=device)
     reference.store_kv(key, value, expected_k, expected_v, slot_mapping)
     where = f"{case} (block_size={block_size}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, slots={slots})"
-
-    def fail(problem: str, hint: str) -> None:
-        check.expect(False, f"{where}: {problem}", hint, random_case=random_case)
-
-    # The lanes of the [HEADS_PAD, HEAD_DIM_PAD] tile that are not part of a row: with the mask
-    # missing from the store, each token writes them past its heads' last elements.
-    heads_pad, dims_pad = _next_power_of_2(num_kv_heads), _next_power_of_2(head_dim)
-    row = k.row
-    padding_lanes: set[int] = set()
-    for slot in slots:
-        if slot >= 0:
-            padding_lanes.update(
-                slot * row + head * head_dim + dim
-                for head in range(heads_pad)
-                for dim in range(dims_pad)
-                if head >= num_kv_heads or dim >= head_dim
-            )
-    extra = []
-    if dims_pad > head_dim:
-        extra.append(f"dims {head_dim}..{dims_pad - 1} of every head: head_dim {head_dim} is padded to {dims_pad}")
-    if heads_pad > num_kv_heads:
-        extra.append(
-            f"head{'s' if heads_pad - num_kv_heads > 1 else ''} {', '.join(map(str, range(num_kv_heads, heads_pad)))}: "
-            f"{num_kv_heads} KV heads are padded to {heads_pad}"
-        )
-    mask_hint = (
-        f"the tile has HEADS_PAD x HEAD_DIM_PAD = {heads_pad} x {dims_pad} lanes, but a token's row is only "
-        f"num_kv_heads x head_dim = {num_kv_heads} x {head_dim} elements. The extra lanes ({'; '.join(extra)}) "
-        "must be masked off, or they are stored too: past the end of each head's row, into the next slot's row "
-        "(or past the cache). Pass mask=in_tile, which bounds both (heads < num_kv_heads) & (dims < head_dim), "
-        "to both tl.store calls, and to the tl.loads (those lanes read past the token's row of key and value)"
-    )
+    tile = _Tile(num_kv_heads, head_dim, slots)
 
     # Properties first: each names one mistake. Where did each token's row go?
     for token, slot in enumerate(slots):
         if slot < 0:
             continue
         block, offset = divmod(slot, block_size)
-        got_k = k.cache[block, offset]
-        got_v = v.cache[block, offset]
-        want_k = key[token].to(cache_dtype)
-        want_v = value[token].to(cache_dtype)
-        if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
+        want_k, want_v = key[token].to(cache_dtype), value[token].to(cache_dtype)
+        if torch.equal(k.cache[block, offset], want_k) and torch.equal(v.cache[block, offset], want_v):
             continue
-        wrong_elements = {
-            slot * row + j
-            for got, want in ((got_k, want_k), (got_v, want_v))
-            for j in (got.reshape(-1) != want.reshape(-1)).nonzero().flatten().tolist()
-        }
-        if padding_lanes and wrong_elements <= padding_lanes:
-            fail(
-                f"token {token} (slot {slot}) is not in its slot: elements of its row were overwritten by another "
-                "token's padding lanes",
-                mask_hint,
-            )
-        narrowed = [
-            narrow
-            for narrow in (torch.float16, torch.bfloat16)
-            if narrow != cache_dtype and torch.equal(got_k, want_k.to(narrow).to(cache_dtype))
-        ]
-        if narrowed or (magnitude > 1e4 and torch.isinf(got_k).any() and not torch.isinf(want_k).any()):
-            hint = (
-                f"the row went through {narrowed[0] if narrowed else 'a narrower dtype'} on its way: its values "
-                "were rounded (and large ones become inf: float16 holds at most 65504). Store in the caches' "
-                "own dtype; do not cast through float16"
-            )
-        elif torch.equal(got_k, want_v) or torch.equal(got_v, want_k):
-            hint = "K goes into k_cache and V into v_cache: one of them got the other's row"
-        elif value_from_wider and torch.equal(got_k, want_k):
-            hint = (
-                "the key is right but the value is not, and here value's strides differ from key's: load V "
-                "with its own strides (stride_value_token, stride_value_head), not the key's"
-            )
-        elif torch.equal(got_k[0], want_k[0]) and not torch.equal(got_k, want_k):
-            hint = (
-                "head 0 is right but another head is not: offset each head by stride_key_head "
-                "(stride_value_head) in key/value and by the cache's head stride"
-            )
-        else:
-            # Where did the wrong one of the two rows go (the key's, unless only the value is wrong)?
-            which, cache, want = ("key", k, want_k) if not torch.equal(got_k, want_k) else ("value", v, want_v)
-            source = f"{which} is a view into a fused qkv tensor here" if fused_qkv else ""
-            found = cache.find_row(want[0])
-            row = cache.row
-            if found is None:
-                hint = f"token {token}'s {which} is nowhere in {which[0]}_cache"
-                if source:
-                    hint += (
-                        f": {source}, so token t starts at t * stride_{which}_token, not t * num_kv_heads * head_dim"
-                    )
-                elif which == "value":
-                    hint += (
-                        " (its key is right): load V from value_ptr with value's own strides (stride_value_token, "
-                        "stride_value_head) and store it at the same cache offset as K, into v_cache_ptr"
-                    )
-            elif found == slot * row and which == "value":
-                hint = (
-                    f"token {token}'s key is right and head 0 of its value is in place, but not the rest of the "
-                    "value: load and store V with the same [heads, dims] tile and mask as K, with value's own "
-                    "strides (stride_value_token, stride_value_head)"
-                )
-            elif found == slot * head_dim or found == slot:
-                hint = (
-                    f"token {token}'s {which} landed at element {found}, i.e. you used the slot as an element "
-                    f"offset; a slot is a whole row of num_kv_heads * head_dim = {row} elements: "
-                    "split it into (block, offset) and multiply each by its stride"
-                )
-            elif found == slot * block_size * row:
-                hint = (
-                    f"token {token}'s {which} landed at block {slot}, i.e. you multiplied the slot by the "
-                    "block stride: block = slot // BLOCK_SIZE, offset = slot % BLOCK_SIZE"
-                )
-            else:
-                hint = (
-                    f"token {token}'s {which} landed at element {found} instead of {slot * row} "
-                    f"(block {block} * {block_size * row} + offset {offset} * {row})"
-                )
-        fail(f"token {token} (slot {slot} = block {block}, offset {offset}) is not in its slot", hint)
-    valid = {slot for slot in slots if slot >= 0}
-    stray_k, stray_v = k.stray_rows(valid), v.stray_rows(valid)
-    in_bounds = k.guards_untouched() and v.guards_untouched()
-    if stray_k or stray_v or not in_bounds:
-        rows = {slot * row + j for slot in valid for j in range(row)}
-        outside = (k.changed_offsets() | v.changed_offsets()) - rows
-        if bait >= 0 and bait in stray_k + stray_v and bait not in valid:
-            fail(
-                f"slot {bait} changed, but no token has it: it is the slot that follows slot_mapping's "
-                f"{num_tokens} entries in memory, so your kernel stored a token past num_tokens",
-                "launch one program per token (grid = (num_tokens,)) and let program i store token i only; a "
-                "program that handles several tokens must mask its loads and stores with tokens < num_tokens",
-            )
-        if padding_lanes and outside and outside <= padding_lanes:
-            fail(
-                f"your kernel wrote {len(outside)} element(s) outside the tokens' rows, all of them right after "
-                "a head's row, where the tile's padding lanes fall: your store's mask lets them through (or "
-                "there is none)",
-                mask_hint,
-            )
-    if -1 in slots and not (in_bounds and not stray_k and not stray_v):
-        fail(
-            "a token with slot -1 was written somewhere",
-            "slot -1 means 'no slot' (a padding token): that program must store nothing "
-            "(return early when slot < 0, or make the store's mask false everywhere)",
+        wrong = _WrongToken(
+            token, slot, block_size, tile, k, v, want_k, want_v, cache_dtype, magnitude, fused_qkv, value_from_wider
         )
-    if not in_bounds:
-        fail(
-            "your kernel wrote outside the cache",
-            "a slot is block_id * block_size + offset: write k_cache[slot // BLOCK_SIZE, slot % BLOCK_SIZE]",
-        )
-    if stray_k or stray_v:
-        fail(
-            f"slots {sorted(set(stray_k + stray_v))} changed, but no token has them",
-            "only the slots in slot_mapping may change",
-        )
+        check.expect_no_mistakes(TOKEN_MISTAKES, wrong, f"{where}: ", random_case, counted=False)
+    check.expect_no_mistakes(STRAY_MISTAKES, _Strays(k, v, tile, slots, bait), f"{where}: ", random_case, counted=False)
     # Then the whole caches, element by element.
     check.expect(
         torch.equal(k.cache, expected_k) and torch.equal(v.cache, expected_v),

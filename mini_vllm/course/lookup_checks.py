@@ -15,11 +15,12 @@ length), not O(pool size)).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..block_pool import BlockPool, KVCacheBlock
 from ..hashing import BlockHash, hash_request_tokens
 from ..kv_cache_manager import KVCacheManager, longest_cache_hit
-from ._harness import Checker, guarded_check
+from ._harness import Checker, Mistake, first_mistake, guarded_check
 from .fixtures import CountingBlock, cache_block, counting_pool, expect_hash_map_lookups, pool_state
 
 BLOCK_SIZE = 4
@@ -55,18 +56,6 @@ def _make_manager(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence
 def _make_pool(num_blocks: int, cached: Sequence[BlockHash], in_use: Sequence[int] = ()) -> BlockPool:
     """The pool of :func:`_make_manager` (for the fixed cases, whose answers are written out)."""
     return _make_manager(num_blocks, cached, in_use).block_pool
-
-
-class _RecordingPool(BlockPool):
-    """A :class:`BlockPool` that records the ``kv_cache_group_id`` of every ``get_cached_block`` call."""
-
-    def __init__(self, num_blocks: int) -> None:
-        super().__init__(num_blocks)
-        self.groups_asked: list[int] = []
-
-    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
-        self.groups_asked.append(kv_cache_group_id)
-        return super().get_cached_block(block_hash, kv_cache_group_id)
 
 
 def _describe(result) -> str:
@@ -153,128 +142,237 @@ def _fail_on_a_kept_miss(
     )
 
 
+# -- the fixed cases ------------------------------------------------------------------
+PROMPT_HASHES = _hashes(list(range(100, 116)))  # 16 tokens = 4 blocks of 4
+FULL_HASHES = _hashes(list(range(200, 212)))  # 12 tokens = 3 full blocks of 4
+
+
+@dataclass
+class _Looked:
+    """What one call of the learner's lookup left: the blocks it returned, and the pool it was given."""
+
+    result: list
+    pool: BlockPool
+
+
+class _RecordingPool(BlockPool):
+    """A :class:`BlockPool` that records the ``kv_cache_group_id`` of every ``get_cached_block`` call."""
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.groups_asked: list[int] = []
+
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        self.groups_asked.append(kv_cache_group_id)
+        return super().get_cached_block(block_hash, kv_cache_group_id)
+
+
+def _all_cached() -> _RecordingPool:
+    """Every hash of the prompt cached, in a pool that records the groups it is asked for."""
+    pool = _RecordingPool(8)
+    for block_id, block_hash in enumerate(PROMPT_HASHES):
+        cache_block(pool, pool.blocks[block_id], block_hash)
+    return pool
+
+
+ALL_CACHED = "all four hashes are in the map: return their blocks, in order"
+ALL_CACHED_HINTS = (  # 4 cached blocks, max_num_blocks=4: why the blocks returned are not all four
+    Mistake(
+        lambda seen: any(seen.pool.groups_asked),
+        hint=lambda seen: (
+            f"{ALL_CACHED}; you asked get_cached_block for KV-cache group "
+            f"{next(group for group in seen.pool.groups_asked if group)}: a model with full attention only has "
+            "group 0, the default: block_pool.get_cached_block(block_hash)"
+        ),
+    ),
+    Mistake(
+        lambda seen: len(seen.result) == 3,
+        hint=f"{ALL_CACHED}; you stopped one block early: range(max_num_blocks - 1), or a cap of your own such as "
+        "len(block_hashes) - 1? max_num_blocks IS the cap (the caller applied the last-token rule): stop "
+        "after max_num_blocks blocks, no earlier",
+    ),
+    Mistake(
+        lambda seen: not seen.result and len(seen.pool.groups_asked) < len(PROMPT_HASHES),
+        hint=lambda seen: (
+            f"{ALL_CACHED}; you looked up {len(seen.pool.groups_asked)} of the 4 hashes in this "
+            "pool. Does your function remember answers from the earlier call (a dict of lookups kept between "
+            "calls)? What is cached changes between calls: look every hash up in the pool you are given, every time"
+        ),
+    ),
+)
+
+
+def _cap_mistakes(cap: int) -> tuple[Mistake, ...]:
+    """Four blocks cached, at most ``cap`` allowed: the hint for a hit of another length."""
+    return (
+        Mistake(
+            lambda seen: len(seen.result) > cap,
+            hint=lambda seen: (
+                "return at most max_num_blocks blocks: the caller passes (num_tokens - 1) // "
+                f"block_size so the last prompt token is always computed; you returned {len(seen.result)}"
+                + (" (off by one: stop when len(hits) == max_num_blocks)" if len(seen.result) == cap + 1 else "")
+            ),
+        ),
+        Mistake(
+            lambda seen: len(seen.result) < cap,
+            hint=lambda seen: f"off by one? {cap} blocks are allowed and cached, you returned {len(seen.result)}",
+        ),
+    )
+
+
+def _cached_twice() -> BlockPool:
+    """The same contents computed twice: blocks 0 and 5 hold block 0's hash (0 inserted first)."""
+    pool = _make_pool(8, PROMPT_HASHES[:2])
+    cache_block(pool, pool.blocks[5], PROMPT_HASHES[0])
+    return pool
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """Look ``hashes`` up in ``build()``'s pool, at most ``max_num_blocks``; ``case`` names the call.
+
+    ``mistakes``: rows read from what the call left (:class:`_Looked`), each counted; then, when
+    ``expected`` is set, the blocks returned must be it (the message names ``shown``, else ``case``):
+    the first of ``hints`` that shows explains a difference, else ``hint``; then the rows of ``then``.
+    """
+
+    build: Callable[[], BlockPool]
+    hashes: list[BlockHash]
+    max_num_blocks: int
+    case: str
+    expected: str = ""
+    hint: str = ""
+    mistakes: tuple[Mistake, ...] = ()
+    hints: tuple[Mistake, ...] = ()
+    then: tuple[Mistake, ...] = ()
+    shown: str = ""
+
+
+LOOKUPS = (
+    # 1. Nothing cached: no hit.
+    _Lookup(
+        lambda: _make_pool(8, []),
+        PROMPT_HASHES,
+        3,
+        "an empty cache",
+        "blocks []",
+        "no block is cached, so the hit is empty",
+    ),
+    # 2. Everything cached, no cap: every block, the pool's own objects.
+    _Lookup(
+        _all_cached,
+        PROMPT_HASHES,
+        4,
+        "4 cached blocks, max_num_blocks=4",
+        "blocks [0, 1, 2, 3]",
+        ALL_CACHED,
+        hints=ALL_CACHED_HINTS,
+        then=(
+            Mistake(
+                lambda seen: not all(got is seen.pool.blocks[i] for i, got in enumerate(seen.result)),
+                "4 cached blocks: the returned blocks are not the pool's block objects",
+                "return what block_pool.get_cached_block(hash) gives you, not a new KVCacheBlock",
+            ),
+        ),
+    ),
+    # 3. A miss in the middle: block 2 was evicted, block 3 is still cached.
+    _Lookup(
+        lambda: _make_pool(8, [PROMPT_HASHES[0], PROMPT_HASHES[1], _hashes([7] * 12)[2], PROMPT_HASHES[3]]),
+        PROMPT_HASHES,
+        4,
+        "a miss at block 2",
+        "blocks [0, 1]",
+        "blocks 0 and 1 are cached and come before the miss",
+        mistakes=(
+            Mistake(
+                lambda seen: len(seen.result) > 2,
+                lambda seen: (
+                    f"a miss at block 2: block 2 is not cached, but your function returned {_describe(seen.result)}"
+                ),
+                "stop at the first miss (break, not continue): a hit must be a prefix of the request. Block 3 is "
+                "cached, but " + PREFIX_RULE,
+            ),
+        ),
+    ),
+    # 4. A miss at block 0: nothing after it counts, however much is cached.
+    _Lookup(
+        lambda: _make_pool(8, [_hashes([9] * 4)[0]] + PROMPT_HASHES[1:]),
+        PROMPT_HASHES,
+        4,
+        "a miss at block 0",
+        mistakes=(
+            Mistake(
+                lambda seen: seen.result != [],
+                lambda seen: (
+                    f"a miss at block 0: block 0 is not cached, but your function returned {_describe(seen.result)}"
+                ),
+                "stop at the first miss, even when it is the very first block",
+            ),
+        ),
+    ),
+    # 5. The cap: the last-block rule gives max_num_blocks < len(block_hashes).
+    *(
+        _Lookup(
+            lambda: _make_pool(8, PROMPT_HASHES),
+            PROMPT_HASHES,
+            cap,
+            f"4 cached blocks, max_num_blocks={cap}",
+            f"blocks {list(range(cap))}",
+            hints=_cap_mistakes(cap),
+        )
+        for cap in (0, 1, 2, 3)
+    ),
+    # 6. A 12-token prompt (3 full blocks of 4), fully cached: the rule (12 - 1) // 4 = 2.
+    _Lookup(
+        lambda: _make_pool(6, FULL_HASHES),
+        FULL_HASHES,
+        (12 - 1) // BLOCK_SIZE,
+        "a fully cached 12-token prompt",
+        "blocks [0, 1]",
+        "block 2 is cached too, but the cap leaves it to be recomputed: the last token's logits are needed",
+        shown="a fully cached 12-token prompt (max_num_blocks = (12 - 1) // 4 = 2)",
+    ),
+    # 7. Blocks in use (ref_cnt > 0) are hits too; the lookup takes no reference.
+    _Lookup(
+        lambda: _make_pool(8, PROMPT_HASHES, in_use=[0, 1]),
+        PROMPT_HASHES,
+        4,
+        "blocks 0 and 1 in use by another request",
+        "blocks [0, 1, 2, 3]",
+        "a cached block is a hit whether another request holds it (ref_cnt > 0) or it sits in the free queue",
+    ),
+    # 8. The same contents computed twice: lookup returns the block inserted first.
+    _Lookup(
+        _cached_twice,
+        PROMPT_HASHES,
+        4,
+        "two blocks hold block 0's contents",
+        "blocks [0, 1]",
+        "use block_pool.get_cached_block(hash): with duplicates it returns the first block inserted",
+        shown="two blocks (0 and 5) hold block 0's contents",
+    ),
+)
+
+
 @guarded_check(part="find_longest_cache_hit")
 def check_find_longest_cache_hit(find_longest_cache_hit: Callable) -> None:
     """The learner's ``find_longest_cache_hit(block_pool, block_hashes, max_num_blocks)``."""
     check = Checker("find_longest_cache_hit")
     fn = find_longest_cache_hit
-    prompt = list(range(100, 116))  # 16 tokens = 4 blocks of 4
-    hashes = _hashes(prompt)
+    hashes = PROMPT_HASHES
 
-    # 1. Nothing cached: no hit.
-    pool = _make_pool(8, [])
-    result = _run(check, fn, pool, hashes, 3, "an empty cache")
-    check.expect_equal(_describe(result), "blocks []", "an empty cache", "no block is cached, so the hit is empty")
+    def look_up(row: _Lookup) -> None:
+        pool = row.build()
+        seen = _Looked(_run(check, fn, pool, row.hashes, row.max_num_blocks, row.case), pool)
+        check.expect_no_mistakes(row.mistakes, seen)
+        if row.expected:
+            explained = first_mistake(row.hints, seen)
+            hint = explained.hint_for(seen) if explained else row.hint
+            check.expect_equal(_describe(seen.result), row.expected, row.shown or row.case, hint)
+        check.expect_no_mistakes(row.then, seen)
 
-    # 2. Everything cached, no cap: every block, the pool's own objects.
-    pool = _RecordingPool(8)
-    for block_id, block_hash in enumerate(hashes):
-        cache_block(pool, pool.blocks[block_id], block_hash)
-    groups_asked = pool.groups_asked
-    result = _run(check, fn, pool, hashes, 4, "4 cached blocks, max_num_blocks=4")
-    if any(groups_asked):
-        why = (
-            f"; you asked get_cached_block for KV-cache group {next(g for g in groups_asked if g)}: a model with "
-            "full attention only has group 0, the default: block_pool.get_cached_block(block_hash)"
-        )
-    elif len(result) == 3:
-        why = (
-            "; you stopped one block early: range(max_num_blocks - 1), or a cap of your own such as "
-            "len(block_hashes) - 1? max_num_blocks IS the cap (the caller applied the last-token rule): stop "
-            "after max_num_blocks blocks, no earlier"
-        )
-    elif not result and len(groups_asked) < len(hashes):
-        why = (
-            f"; you looked up {len(groups_asked)} of the 4 hashes in this pool. Does your function remember "
-            "answers from the earlier call (a dict of lookups kept between calls)? What is cached changes "
-            "between calls: look every hash up in the pool you are given, every time"
-        )
-    else:
-        why = ""
-    check.expect_equal(
-        _describe(result),
-        "blocks [0, 1, 2, 3]",
-        "4 cached blocks, max_num_blocks=4",
-        "all four hashes are in the map: return their blocks, in order" + why,
-    )
-    check.expect(
-        all(got is pool.blocks[i] for i, got in enumerate(result)),
-        "4 cached blocks: the returned blocks are not the pool's block objects",
-        "return what block_pool.get_cached_block(hash) gives you, not a new KVCacheBlock",
-    )
-
-    # 3. A miss in the middle: block 2 was evicted, block 3 is still cached.
-    pool = _make_pool(8, [hashes[0], hashes[1], _hashes([7] * 12)[2], hashes[3]])
-    result = _run(check, fn, pool, hashes, 4, "a miss at block 2")
-    check.expect(
-        len(result) <= 2,
-        f"a miss at block 2: block 2 is not cached, but your function returned {_describe(result)}",
-        "stop at the first miss (break, not continue): a hit must be a prefix of the request. Block 3 is cached, "
-        "but " + PREFIX_RULE,
-    )
-    check.expect_equal(
-        _describe(result), "blocks [0, 1]", "a miss at block 2", "blocks 0 and 1 are cached and come before the miss"
-    )
-
-    # 4. A miss at block 0: nothing after it counts, however much is cached.
-    pool = _make_pool(8, [_hashes([9] * 4)[0]] + hashes[1:])
-    result = _run(check, fn, pool, hashes, 4, "a miss at block 0")
-    check.expect(
-        result == [],
-        f"a miss at block 0: block 0 is not cached, but your function returned {_describe(result)}",
-        "stop at the first miss, even when it is the very first block",
-    )
-
-    # 5. The cap: the last-block rule gives max_num_blocks < len(block_hashes).
-    for cap in (0, 1, 2, 3):
-        pool = _make_pool(8, hashes)
-        case = f"4 cached blocks, max_num_blocks={cap}"
-        result = _run(check, fn, pool, hashes, cap, case)
-        if len(result) > cap:
-            hint = (
-                f"return at most max_num_blocks blocks: the caller passes (num_tokens - 1) // block_size so the "
-                f"last prompt token is always computed; you returned {len(result)}"
-                + (" (off by one: stop when len(hits) == max_num_blocks)" if len(result) == cap + 1 else "")
-            )
-        elif len(result) < cap:
-            hint = f"off by one? {cap} blocks are allowed and cached, you returned {len(result)}"
-        else:
-            hint = ""
-        check.expect_equal(_describe(result), f"blocks {list(range(cap))}", case, hint)
-
-    # 6. A 12-token prompt (3 full blocks of 4), fully cached: the rule (12 - 1) // 4 = 2.
-    full = list(range(200, 212))
-    full_hashes = _hashes(full)
-    pool = _make_pool(6, full_hashes)
-    max_blocks = (len(full) - 1) // BLOCK_SIZE
-    result = _run(check, fn, pool, full_hashes, max_blocks, "a fully cached 12-token prompt")
-    check.expect_equal(
-        _describe(result),
-        "blocks [0, 1]",
-        "a fully cached 12-token prompt (max_num_blocks = (12 - 1) // 4 = 2)",
-        "block 2 is cached too, but the cap leaves it to be recomputed: the last token's logits are needed",
-    )
-
-    # 7. Blocks in use (ref_cnt > 0) are hits too; the lookup takes no reference.
-    pool = _make_pool(8, hashes, in_use=[0, 1])
-    result = _run(check, fn, pool, hashes, 4, "blocks 0 and 1 in use by another request")
-    check.expect_equal(
-        _describe(result),
-        "blocks [0, 1, 2, 3]",
-        "blocks 0 and 1 in use by another request",
-        "a cached block is a hit whether another request holds it (ref_cnt > 0) or it sits in the free queue",
-    )
-
-    # 8. The same contents computed twice: lookup returns the block inserted first.
-    pool = _make_pool(8, hashes[:2])
-    cache_block(pool, pool.blocks[5], hashes[0])
-    result = _run(check, fn, pool, hashes, 4, "two blocks hold block 0's contents")
-    check.expect_equal(
-        _describe(result),
-        "blocks [0, 1]",
-        "two blocks (0 and 5) hold block 0's contents",
-        "use block_pool.get_cached_block(hash): with duplicates it returns the first block inserted",
-    )
+    for row in LOOKUPS:
+        look_up(row)
 
     # 9. State kept between calls: the same lookup twice must give the same answer.
     pool = _make_pool(8, hashes[:2])

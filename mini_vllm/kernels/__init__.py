@@ -16,8 +16,12 @@ Where they run:
   (``TRITON_INTERPRET=1``): slow, but it executes every line of the kernel with
   NumPy, so the course and the tests run on a laptop. The variable has to be set
   before Triton decides how to build ``@triton.jit`` functions, which happens
-  when the kernel modules below are imported; we set it here, first thing, and
-  only when it is not already set (a user may ask for the interpreter on a GPU).
+  when Triton and the kernel modules below are imported; we set it here, first
+  thing, and only when it is not already set (a user may ask for the interpreter
+  on a GPU).
+- Triton itself loads only when it is needed (it takes seconds): when a kernel or
+  :data:`TRITON_AVAILABLE` is first read. :mod:`mini_vllm.kernels.reference` and
+  the ``torch`` attention backend never load it.
 - Where Triton is not installed (it is Linux-only), ``from mini_vllm import kernels`` still
   works: :data:`TRITON_AVAILABLE` is ``False``, the reference functions work, and
   calling a kernel raises a :class:`RuntimeError` that says to use the ``torch``
@@ -39,10 +43,14 @@ Where the code lives, and why it is imported by this name:
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import os
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,33 +71,27 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
-def _prepare_triton() -> bool:
-    """Choose compiled or interpreted kernels, then report whether Triton imports."""
+def _choose_interpreter() -> None:
+    """Ask for interpreted kernels where there is no GPU, before Triton is imported (it is not, here)."""
     if importlib.util.find_spec("triton") is None:
-        return False
-    imported_before = "triton" in sys.modules
+        return
     if not torch.cuda.is_available():
         # No GPU to compile for: interpret. setdefault keeps an explicit choice.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    try:
-        import triton  # noqa: F401  (imported for its side effect of being checked)
-    except ImportError:
-        return False
-    if imported_before:
+    if "triton" in sys.modules:  # someone imported Triton before this package could choose
         _interpret_triton_language()
-    return True
 
 
 def _interpret_triton_language() -> None:
     """Make Triton's own ``@triton.jit`` helpers (``tl.zeros``, ``tl.max``, ...) interpretable.
 
     Triton decides compiled or interpreted when a function is decorated, and it
-    decorates its standard library when it is first imported. PyTorch imports
-    Triton on its own (building any ``nn.Module`` loads ``torch._dynamo``), so an
-    engine on the torch backend, made before this package is imported, leaves
-    ``tl.zeros`` compiled-only: a kernel run in the interpreter then fails with
-    "Cannot call @triton.jit'd outside of the scope of a kernel". When we
-    interpret, each such helper is wrapped as Triton itself would have wrapped it.
+    decorates its standard library when it is first imported. A program that
+    imports Triton before this package (``import triton``, or ``torch._dynamo``,
+    which PyTorch loads for ``torch.compile``) leaves ``tl.zeros`` compiled-only:
+    a kernel run in the interpreter then fails with "Cannot call @triton.jit'd
+    outside of the scope of a kernel". When we interpret, each such helper is
+    wrapped as Triton itself would have wrapped it.
     """
     if not _interpreting():
         return
@@ -103,11 +105,18 @@ def _interpret_triton_language() -> None:
                     setattr(module, attribute, InterpretedFunction(value.fn))
 
 
-TRITON_AVAILABLE: bool = _prepare_triton()
-"""True when Triton is installed and importable (compiled or interpreted)."""
+_choose_interpreter()
 
-TRITON_INTERPRETED: bool = TRITON_AVAILABLE and _interpreting()
-"""True when the kernels run in Triton's interpreter rather than compiled for a GPU."""
+
+@functools.cache
+def _triton_imports() -> bool:
+    """Import Triton (once, on first need) and report whether it imports."""
+    try:
+        import triton  # noqa: F401  (imported for its side effect of being checked)
+    except ImportError:
+        return False
+    return True
+
 
 UNAVAILABLE_MESSAGE = (
     "Triton is not installed, so the Triton kernels cannot run (Triton is Linux-only). "
@@ -115,26 +124,46 @@ UNAVAILABLE_MESSAGE = (
     "plain PyTorch functions in mini_vllm.kernels.reference instead."
 )
 
-if TRITON_AVAILABLE:
-    # Imported only now: these modules define @triton.jit functions, and Triton
-    # reads TRITON_INTERPRET when they are defined.
-    from .paged_attention import paged_attention
-    from .store_kv import store_kv
-    from .unified_attention import unified_attention
-else:
+_KERNELS = ("paged_attention", "store_kv", "unified_attention")
+"""The kernels: each is the function of the same name in the module of the same name."""
 
-    def store_kv(*args, **kwargs):  # type: ignore[no-redef]
-        """Unavailable without Triton: see :data:`UNAVAILABLE_MESSAGE`."""
-        raise RuntimeError(UNAVAILABLE_MESSAGE)
 
-    def paged_attention(*args, **kwargs):  # type: ignore[no-redef]
-        """Unavailable without Triton: see :data:`UNAVAILABLE_MESSAGE`."""
-        raise RuntimeError(UNAVAILABLE_MESSAGE)
+def _unavailable(*args, **kwargs):
+    """A kernel without Triton: see :data:`UNAVAILABLE_MESSAGE`."""
+    raise RuntimeError(UNAVAILABLE_MESSAGE)
 
-    def unified_attention(*args, **kwargs):  # type: ignore[no-redef]
-        """Unavailable without Triton: see :data:`UNAVAILABLE_MESSAGE`."""
-        raise RuntimeError(UNAVAILABLE_MESSAGE)
 
+class _KernelsPackage(types.ModuleType):
+    """This package's module object: its Triton names are looked up when first read.
+
+    - ``TRITON_AVAILABLE``: True when Triton is installed and importable (compiled or interpreted).
+    - ``TRITON_INTERPRETED``: True when the kernels run in Triton's interpreter rather than
+      compiled for a GPU.
+    - ``store_kv``, ``paged_attention``, ``unified_attention``: the kernels (they import Triton;
+      without it, functions that raise :data:`UNAVAILABLE_MESSAGE`).
+    """
+
+    def __getattr__(self, name: str) -> Any:  # called only for names not set yet
+        if name == "TRITON_AVAILABLE":
+            return _triton_imports()
+        if name == "TRITON_INTERPRETED":
+            return _triton_imports() and _interpreting()
+        if name in _KERNELS:
+            if not _triton_imports():
+                return _unavailable
+            importlib.import_module(f"{__name__}.{name}")  # binds the name: see __setattr__
+            return vars(self)[name]
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing kernels/store_kv.py (by us, or by anyone) sets the package's `store_kv` to
+        # that module; the package's name is the kernel, the module's function of that name.
+        if name in _KERNELS and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _KernelsPackage
 
 __all__ = [
     "TRITON_AVAILABLE",

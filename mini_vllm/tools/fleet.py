@@ -101,6 +101,30 @@ class Replica:
         }
 
 
+def router_command(policy: str, replicas: list[Replica], *, host: str, port: int, block_size: int) -> list[str]:
+    """``vllm-router``'s command line for ``policy`` in front of ``replicas``, listening on ``host:port``."""
+    if policy not in ROUTER_POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ROUTER_POLICIES)}")
+    binary = router_binary()
+    if binary is None:
+        raise RuntimeError(router_missing_reason())
+    command = [
+        binary, "--host", host, "--port", str(port),
+        "--worker-urls", *(replica.url for replica in replicas),
+        "--policy", policy,
+        # A dead replica is noticed within a second or two, not the default minute.
+        "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+        "--log-level", "warning",
+        "--prometheus-port", str(free_port()),  # its own metrics; the default port may be taken
+    ]  # fmt: skip
+    if policy == "kv_aware":
+        for replica in replicas:
+            command += ["--kv-event-source", f"{replica.url}={replica.events_endpoint}"]
+            command += ["--kv-event-replay-source", f"{replica.url}={replica.replay_endpoint}"]
+        command += ["--kv-event-block-size", str(block_size), "--kv-event-model", SERVED_MODEL_NAME]
+    return command
+
+
 class Fleet:
     """Replicas and the router in front of them; ``with Fleet(2) as fleet: fleet.start_router("kv_aware")``."""
 
@@ -152,35 +176,15 @@ class Fleet:
         replica.server = start(self.spec, self.log_dir, args, port=replica.port, env=self._environment())
 
     # -- the router ----------------------------------------------------------------------------
-    def router_command(self, policy: str) -> list[str]:
-        """``vllm-router``'s command line for ``policy`` in front of every replica."""
-        if policy not in ROUTER_POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(ROUTER_POLICIES)}")
-        binary = router_binary()
-        if binary is None:
-            raise RuntimeError(router_missing_reason())
-        command = [
-            binary, "--host", self.router_host, "--port", str(self.router_port),
-            "--worker-urls", *(replica.url for replica in self.replicas),
-            "--policy", policy,
-            # A dead replica is noticed within a second or two, not the default minute.
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-            "--log-level", "warning",
-            "--prometheus-port", str(free_port()),  # its own metrics; the default port may be taken
-        ]  # fmt: skip
-        if policy == "kv_aware":
-            for replica in self.replicas:
-                command += ["--kv-event-source", f"{replica.url}={replica.events_endpoint}"]
-                command += ["--kv-event-replay-source", f"{replica.url}={replica.replay_endpoint}"]
-            command += ["--kv-event-block-size", str(self.spec.block_size), "--kv-event-model", SERVED_MODEL_NAME]
-        return command
-
     def start_router(self, policy: str, timeout_s: float = 60) -> None:
         """(Re)start ``vllm-router`` with ``policy``; returns once it answers."""
         self.stop_router()
         env = dict(os.environ, VLLM_ROUTER_TOKENIZER=self.spec.model, **self._environment())
         log = open(self.log_dir / f"router_{policy}.log", "w")
-        self.router = subprocess.Popen(self.router_command(policy), env=env, stdout=log, stderr=subprocess.STDOUT)
+        command = router_command(
+            policy, self.replicas, host=self.router_host, port=self.router_port, block_size=self.spec.block_size
+        )
+        self.router = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.policy = policy
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -19,6 +19,7 @@ from mini_vllm.tools.fleet import (
     Fleet,
     read_counters,
     router_binary,
+    router_command,
     router_missing_reason,
     run_chat_workload,
     run_course_router,
@@ -103,9 +104,7 @@ def test_the_course_router_fed_by_the_same_zmq_streams_keeps_each_tenant_on_one_
 
 def test_the_router_listens_where_it_is_told(tmp_path):
     # make fleet FLEET_ARGS="2 --host 0.0.0.0 --port 8000": a room reaches the router, not just this machine.
-    fleet = Fleet.__new__(Fleet)  # its command line only: no replica started
-    fleet.replicas, fleet.router_host, fleet.router_port = [], "0.0.0.0", 8000
-    command = fleet.router_command("round_robin")
+    command = router_command("round_robin", [], host="0.0.0.0", port=8000, block_size=32)  # no replica started
     assert command[command.index("--host") + 1 :][:3] == ["0.0.0.0", "--port", "8000"]
 
 

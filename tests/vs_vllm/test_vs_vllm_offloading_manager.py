@@ -40,6 +40,7 @@ import pytest
 from mini_vllm.kv_offload import ARCCachePolicy, CPUOffloadingManager, LRUCachePolicy, ReqContext, make_offload_key
 from mini_vllm.kv_offload.cpu_manager import CACHE_POLICIES
 from mini_vllm.tools import paths
+from mini_vllm.tools.vllm_side.offloading_manager_driver import apply_op
 from prerequisites import missing, under_ci
 from test_vs_vllm_kv_cache_manager import VLLM_PYTHON, DriverRun, release_source
 
@@ -59,42 +60,8 @@ class MiniSide:
         self.contexts: dict[str, ReqContext] = {}
 
     def apply(self, op: dict):
-        manager, name = self.manager, op["op"]
-        keys = [bytes.fromhex(key) for key in op.get("keys", [])]
-        context = self.contexts.get(op.get("rid"))
-        if name == "new":
-            context = self.contexts[op["rid"]] = ReqContext(op["rid"])
-            for key, position in op["positions"].items():
-                context.set_offload_key_position(bytes.fromhex(key), position)
-            return manager.on_new_request(context)
-        if name == "lookup":
-            return [manager.lookup(key, context).name for key in keys]
-        if name == "prepare_load":
-            return manager.prepare_load(keys, context).chunk_ids
-        if name == "touch":
-            return manager.touch(keys, context)
-        if name == "complete_load":
-            return manager.complete_load(keys, context)
-        if name == "prepare_store":
-            output = manager.prepare_store(keys, context)
-            if output is None:
-                return None
-            return {
-                "keys_to_store": [key.hex() for key in output.keys_to_store],
-                "chunk_ids": output.store_spec.chunk_ids,
-                "evicted_keys": [key.hex() for key in output.evicted_keys],
-            }
-        if name == "complete_store":
-            return manager.complete_store(keys, context, success=op["success"])
-        if name == "finish":
-            return manager.on_request_finished(context)
-        if name == "events":
-            return [
-                [[k.hex() for k in e.keys], e.medium.value, e.removed, e.metadata_only] for e in manager.take_events()
-            ]
-        if name == "reset":
-            return manager.reset_cache()
-        raise ValueError(f"unknown op {name!r}")
+        """The driver's own dispatch (``apply_op``), on mini-vLLM's manager."""
+        return apply_op(self.manager, self.contexts, op, ReqContext, lambda spec: spec.chunk_ids)
 
     def snapshot(self, result) -> dict:
         policy = self.manager.policy

@@ -20,7 +20,8 @@ keys written in hex:
   ``{"op": "complete_store", "rid", "keys", "success"}``, ``{"op": "finish", "rid"}``
   (``on_request_finished``), ``{"op": "events"}`` (``take_events``), ``{"op": "reset"}``.
 
-It prints one JSON list per workload, a snapshot after every op: the call's
+The calls are made by :func:`apply_op`, which the test also runs on mini-vLLM's manager (one
+dispatch for both sides). It prints one JSON list per workload, a snapshot after every op: the call's
 result, every resident key's chunk id and ref_cnt, and the policy's own order
 (LRU: each key's rank; ARC: its four lists and ``target_t1_size``).
 """
@@ -29,20 +30,27 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 
 def _hex(keys) -> list[str]:
     return [bytes(key).hex() for key in keys]
 
 
-def _result(manager, contexts: dict, op: dict):
-    from vllm.v1.kv_offload.base import ReqContext
+def apply_op(manager, contexts: dict, op: dict, new_context, chunk_ids) -> Any:
+    """Make ``op``'s call on ``manager``; return its result as the JSON both sides compare.
 
+    One dispatch for both managers: the test applies the same ops to mini-vLLM's
+    ``CPUOffloadingManager`` with this function. Where the two differ, the caller says how:
+    ``new_context(req_id=...)`` makes a request's ``ReqContext``, ``chunk_ids(spec)`` reads a
+    load or store spec's chunk ids (vLLM calls them ``block_ids``, mini-vLLM ``chunk_ids``).
+    ``contexts`` maps each request id to its ``ReqContext``.
+    """
     name = op["op"]
     keys = [bytes.fromhex(key) for key in op.get("keys", [])]
     context = contexts.get(op.get("rid"))
     if name == "new":
-        context = contexts[op["rid"]] = ReqContext(req_id=op["rid"])
+        context = contexts[op["rid"]] = new_context(req_id=op["rid"])
         for key, position in op["positions"].items():
             context.set_offload_key_position(bytes.fromhex(key), position)
         manager.on_new_request(context)
@@ -50,7 +58,7 @@ def _result(manager, contexts: dict, op: dict):
     if name == "lookup":
         return [manager.lookup(key, context).name for key in keys]
     if name == "prepare_load":
-        return [int(chunk_id) for chunk_id in manager.prepare_load(keys, context).block_ids]
+        return chunk_ids(manager.prepare_load(keys, context))
     if name == "touch":
         return manager.touch(keys, context)
     if name == "complete_load":
@@ -61,7 +69,7 @@ def _result(manager, contexts: dict, op: dict):
             return None
         return {
             "keys_to_store": _hex(output.keys_to_store),
-            "chunk_ids": [int(chunk_id) for chunk_id in output.store_spec.block_ids],
+            "chunk_ids": chunk_ids(output.store_spec),
             "evicted_keys": _hex(output.evicted_keys),
         }
     if name == "complete_store":
@@ -73,6 +81,10 @@ def _result(manager, contexts: dict, op: dict):
     if name == "reset":
         return manager.reset_cache()
     raise ValueError(f"unknown op {name!r}")
+
+
+def _vllm_chunk_ids(spec) -> list[int]:
+    return [int(chunk_id) for chunk_id in spec.block_ids]
 
 
 def _snapshot(manager, result) -> dict:
@@ -96,12 +108,14 @@ def _snapshot(manager, result) -> dict:
 def run_workload(workload: dict) -> list[dict]:
     from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
+    from vllm.v1.kv_offload.base import ReqContext
+
     manager = CPUOffloadingManager(workload["num_chunks"], cache_policy=workload["cache_policy"], enable_events=True)
     contexts: dict = {}
     snapshots = []
     for op in workload["ops"]:
         try:
-            result = _result(manager, contexts, op)
+            result = apply_op(manager, contexts, op, ReqContext, _vllm_chunk_ids)
         except Exception as error:  # an invalid call: recorded, and the workload stops here
             snapshots.append({"error": f"{type(error).__name__}: {error}"})
             break
