@@ -213,6 +213,14 @@ class LLMEngine:
     def _make_offloading_connector(self) -> OffloadingConnector:
         """The CPU tier of ``kv_offloading_size`` GiB: as many chunks of one pool block as fit."""
         config = self.config
+        if self.parts.schedule_waiting is not Scheduler.schedule_waiting:
+            # The lookup past the pool's hit into the tier is the engine's own schedule_waiting's: another
+            # one would never read the tier, and every request would silently recompute its prefix.
+            raise ValueError(
+                "kv_offloading_size: the offloading tier is looked up by the engine's own schedule_waiting, "
+                "and this engine's parts replace it (EngineParts.schedule_waiting, exercise 08): build the "
+                "engine without that part, or without kv_offloading_size"
+            )
         if len(self.kv_cache_config.kv_cache_groups) > 1:
             raise ValueError(
                 "kv_offloading_size: KV-cache offloading is built for one KV-cache group, not a hybrid model"

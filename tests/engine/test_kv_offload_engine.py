@@ -150,3 +150,19 @@ def test_a_hybrid_model_is_refused_a_tier():
 def test_a_tier_too_small_for_one_block_is_refused():
     with pytest.raises(ValueError, match="holds no block of this model"):
         make_llm(kv_offloading_size=1e-9)
+
+
+def test_a_replaced_schedule_waiting_is_refused_a_tier():
+    """The tier's lookup is in the engine's own ``schedule_waiting``: with another one (exercise 08's part), the
+    engine would build, never read the tier, and recompute every prefix. It refuses instead, naming the part."""
+    from mini_vllm.engine_parts import EngineParts
+    from mini_vllm.scheduler import Scheduler
+
+    def schedule_waiting(scheduler, token_budget, output):
+        return Scheduler.schedule_waiting(scheduler, token_budget, output)
+
+    parts = EngineParts(schedule_waiting=schedule_waiting)
+    with pytest.raises(ValueError, match=r"kv_offloading_size: .*own schedule_waiting.*EngineParts.schedule_waiting"):
+        make_llm(kv_offloading_size=0.01, parts=parts)
+    make_llm(parts=parts)  # the same part without a tier is fine
+    assert make_llm(kv_offloading_size=0.01, parts=EngineParts()).llm_engine.scheduler.connector is not None
