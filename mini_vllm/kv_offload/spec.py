@@ -14,7 +14,10 @@ mini-vLLM takes the same two spellings (``serve --kv-transfer-config``,
 has: the eviction policy. What it does not build is refused by name, not
 ignored: another connector or role, vLLM's other extra keys
 (``store_threshold``, ``cache_policy_module_path``, ...) and the other
-``KVTransferConfig`` fields (those of disaggregated serving).
+``KVTransferConfig`` fields (those of disaggregated serving). One of them,
+``kv_load_failure_policy``, is taken when it says what the tier does: a
+failed load is recomputed (``"recompute"``); vLLM 0.33's default, ``"fail"``
+(the request ends with an error), is not built here.
 
 vLLM equivalent: ``vllm/config/kv_transfer.py`` (``KVTransferConfig``),
 ``VllmConfig._post_init_kv_transfer_config`` (``vllm/config/vllm.py``) and
@@ -33,6 +36,8 @@ DEFAULT_EVICTION_POLICY = "lru"  # vLLM 0.33's CPUOffloadingSpec default
 
 # What kv_offloading_size makes vLLM set (VllmConfig._post_init_kv_transfer_config): given, they must say the same.
 OFFLOADING_VALUES = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
+# What the tier does with a failed load (OffloadingConnector.load_kv): given, it must say so.
+TIER_VALUES = {"kv_load_failure_policy": "recompute"}
 EXTRA_CONFIG = "kv_connector_extra_config"
 EXTRA_KEYS = ("eviction_policy",)
 
@@ -50,16 +55,17 @@ def eviction_policy(kv_transfer_config: dict[str, Any] | None) -> str:
             f"kv_transfer_config must be a dict (vLLM's KVTransferConfig fields), got "
             f"{type(kv_transfer_config).__name__} {kv_transfer_config!r}"
         )
-    unknown = sorted(set(kv_transfer_config) - {*OFFLOADING_VALUES, EXTRA_CONFIG})
+    unknown = sorted(set(kv_transfer_config) - {*OFFLOADING_VALUES, *TIER_VALUES, EXTRA_CONFIG})
     if unknown:
         raise ValueError(
             f"kv_transfer_config: {unknown} not built here: mini-vLLM's only connector is the offloading "
             f"tier, configured by {EXTRA_CONFIG} (its keys: {list(EXTRA_KEYS)})"
         )
-    for name, value in OFFLOADING_VALUES.items():
+    for name, value in {**OFFLOADING_VALUES, **TIER_VALUES}.items():
         given = kv_transfer_config.get(name)
         if given is not None and given != value:
-            raise ValueError(f"kv_transfer_config: {name} must be {value!r} (the offloading tier), got {given!r}")
+            what = "a failed load is recomputed here" if name in TIER_VALUES else "the offloading tier"
+            raise ValueError(f"kv_transfer_config: {name} must be {value!r} ({what}), got {given!r}")
     extra = kv_transfer_config.get(EXTRA_CONFIG) or {}
     if not isinstance(extra, dict):
         raise TypeError(f"kv_transfer_config: {EXTRA_CONFIG} must be a dict, got {type(extra).__name__} {extra!r}")

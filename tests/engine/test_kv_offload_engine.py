@@ -204,6 +204,10 @@ def test_arc_is_chosen_with_vllms_kv_connector_extra_config_and_survives_a_scan(
         ({"kv_connector_extra_config": {"store_threshold": 2}}, r"key\(s\) \['store_threshold'\] not built here"),
         ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector must be 'OffloadingConnector'"),
         ({"kv_port": 14579}, r"\['kv_port'\] not built here"),
+        (
+            {"kv_load_failure_policy": "fail"},
+            r"kv_load_failure_policy must be 'recompute' \(a failed load is recomputed",
+        ),
         ({"kv_connector_extra_config": ["arc"]}, "kv_connector_extra_config must be a dict"),
         ('{"kv_connector_extra_config": {}}', "kv_transfer_config must be a dict"),
     ],
@@ -222,6 +226,7 @@ def test_a_kv_transfer_config_needs_the_tier_and_arc_refuses_a_replaced_lru_evic
     EngineConfig(
         kv_offloading_size=0.01, kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
     )
+    EngineConfig(kv_offloading_size=0.01, kv_transfer_config={"kv_load_failure_policy": "recompute"})
 
     def mine(policy, n, protected):
         return lru_evict(policy, n, protected)
