@@ -15,6 +15,7 @@ from typing import Any
 
 from .attention import attention_backend_names
 from .hashing import HASH_FUNCTIONS
+from .kv_offload.spec import eviction_policy
 from .validation import check_block_size, check_positive_int, one_of
 
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV-cache block; vLLM's default on GPUs too
@@ -78,6 +79,10 @@ class EngineConfig:
             ``--cpu-offload-gb``, which moves model weights.
         kv_offloading_backend: "native", the CPU tier (vLLM's default; its "lmcache"
             is not built here).
+        kv_transfer_config: vLLM's ``KVTransferConfig`` as a dict, for the tier's
+            eviction policy: ``{"kv_connector_extra_config": {"eviction_policy":
+            "arc"}}`` ("lru" when left out); only with ``kv_offloading_size``
+            (``mini_vllm/kv_offload/spec.py`` says what else is refused).
     """
 
     device: str = "auto"
@@ -94,6 +99,7 @@ class EngineConfig:
     seed: int = 0
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
+    kv_transfer_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
@@ -111,6 +117,11 @@ class EngineConfig:
         if self.kv_offloading_backend != "native":
             raise ValueError(
                 f"kv_offloading_backend must be 'native' (the CPU tier), got {self.kv_offloading_backend!r}"
+            )
+        eviction_policy(self.kv_transfer_config)  # a TypeError / ValueError naming what the tier does not have
+        if self.kv_transfer_config is not None and self.kv_offloading_size is None:
+            raise ValueError(
+                "kv_transfer_config configures the KV-cache offloading tier here: give kv_offloading_size too"
             )
         if not isinstance(self.enable_prefix_caching, bool):
             raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")

@@ -135,7 +135,9 @@ class EngineParts:
             look up the prefix (``get_computed_blocks``) and allocate
             (``allocate_slots``) through the manager; set ``RUNNING`` and, on a
             first admission, ``num_cached_tokens``; put each admission in the
-            step through ``scheduler.schedule_request``.
+            step through ``scheduler.schedule_request``. An engine with an
+            offloading tier (``kv_offloading_size``) refuses a replacement:
+            the lookup into the tier is the engine's own method's.
         find_sliding_window_cache_hit: ``(block_pool, block_hashes,
             max_num_blocks, num_contiguous_blocks, kv_cache_group_id) ->
             list[KVCacheBlock]``, a sliding-window group's hit (hybrid models

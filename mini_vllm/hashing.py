@@ -173,15 +173,19 @@ def hash_new_full_blocks(
     lora_name: str | None = None,
     hash_fn: Callable[[bytes], bytes] = sha256,
     lora_path: str | None = None,
+    *,
+    none_hash: BlockHash | None = None,
 ) -> list[BlockHash]:
     """Hash the full blocks of ``token_ids`` that ``block_hashes`` does not cover yet.
 
     ``block_hashes`` are the hashes already computed for the first blocks; only
     blocks after them are hashed, so a request that grows by one token pays for
-    at most one hash, never for its whole prompt again.
+    at most one hash, never for its whole prompt again. ``none_hash``: the first
+    block's parent (None: this process's ``NONE_HASH``; a router hashing for
+    replicas started with another ``PYTHONHASHSEED`` passes theirs, ``none_hash_for``).
     """
     new_hashes: list[BlockHash] = []
-    parent = block_hashes[-1] if block_hashes else None
+    parent = block_hashes[-1] if block_hashes else none_hash
     first_block = len(block_hashes)
     num_full_blocks = len(token_ids) // block_size
     for index in range(first_block, num_full_blocks):
@@ -201,18 +205,22 @@ def hash_request_tokens(
     lora_name: str | None = None,
     hash_algo: str = "sha256",
     lora_path: str | None = None,
+    *,
+    none_hash: BlockHash | None = None,
 ) -> list[BlockHash]:
     """One chained hash per *full* block of ``token_ids`` (a partial tail gets none).
 
     ``lora_name`` / ``lora_path`` hash as vLLM does for a request served
     through a LoRA adapter (``block_extra_keys``); mini-vLLM's engine serves
-    no adapters, so its requests never set them.
+    no adapters, so its requests never set them. ``none_hash``: the first
+    block's parent, as in ``hash_new_full_blocks`` (None: ``NONE_HASH``).
     """
     from .validation import check_block_size  # here, not at the top: this module loads alone (standard library only)
 
     check_block_size(block_size)
+    hash_fn = get_hash_function(hash_algo)
     return hash_new_full_blocks(
-        token_ids, block_size, [], cache_salt, lora_name, get_hash_function(hash_algo), lora_path
+        token_ids, block_size, [], cache_salt, lora_name, hash_fn, lora_path, none_hash=none_hash
     )
 
 

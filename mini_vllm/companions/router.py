@@ -38,14 +38,7 @@ from typing import Any, Protocol
 
 from ..config import DEFAULT_BLOCK_SIZE
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from ..hashing import (
-    BlockHash,
-    block_extra_keys,
-    hash_block_tokens,
-    hash_new_full_blocks,
-    hash_request_tokens,
-    none_hash_for,
-)
+from ..hashing import BlockHash, hash_request_tokens, none_hash_for
 from ..kv_cache_manager import KVCacheManager, longest_cache_hit
 from ..request import Request
 from ..scheduler import schedule_whole_prompt
@@ -224,12 +217,7 @@ class CacheAwareRouter:
 
     def cached_prefix_blocks(self, token_ids: Sequence[int], cache_salt: str | None = None) -> list[int]:
         """For each replica: how many leading blocks of the prompt it holds (as far as the router knows)."""
-        token_ids = list(token_ids)
-        if self.none_hash is None or len(token_ids) < self.block_size:
-            hashes = hash_request_tokens(token_ids, self.block_size, cache_salt=cache_salt)
-        else:  # the first block chained to the replicas' NONE_HASH, the rest as always
-            first = hash_block_tokens(self.none_hash, token_ids[: self.block_size], block_extra_keys(0, cache_salt))
-            hashes = [first, *hash_new_full_blocks(token_ids, self.block_size, [first], cache_salt)]
+        hashes = hash_request_tokens(list(token_ids), self.block_size, cache_salt, none_hash=self.none_hash)
         if self.block_key is not None:
             hashes = [self.block_key(h) for h in hashes]
         return [len(longest_cache_hit(hashes, held.get)) for held in self.cached]

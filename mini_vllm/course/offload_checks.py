@@ -13,7 +13,9 @@ and compares after every call what each returned and what the policy holds.
 Each hand-built case carries one mistake people make (a protected or busy
 chunk evicted, the most recent evicted instead of the least, a request's head
 before its tail, a partial eviction, keys returned instead of pairs, a change
-left behind by a refusal); random policies get several calls in a row.
+left behind by a refusal); random policies get several calls in a row, with
+loads and stores starting and finishing between them, as in the tier: which
+chunks are idle changes from call to call, and ``policy.evictable`` says which.
 """
 
 from __future__ import annotations
@@ -58,9 +60,12 @@ def make_policy(chunks: Sequence[Spec]) -> LRUCachePolicy:
 
 
 def policy_state(policy: LRUCachePolicy) -> dict:
-    """What the policy holds, comparable between two policies built alike."""
+    """What the policy holds, comparable between two policies built alike (and printed when they differ)."""
     return {
-        "chunks": {key.decode(): (chunk.chunk_id, chunk.ref_cnt) for key, chunk in sorted(policy.chunks.items())},
+        "chunks": {
+            key.decode(): f"chunk_id {chunk.chunk_id}, ref_cnt {chunk.ref_cnt}"
+            for key, chunk in sorted(policy.chunks.items())
+        },
         "ranks": {key.decode(): rank for key, rank in sorted(policy.ranks.items())},
         "evictable": sorted(key.decode() for key in policy.evictable),
     }
@@ -68,6 +73,11 @@ def policy_state(policy: LRUCachePolicy) -> dict:
 
 def _names(keys) -> list[str]:
     return [key.decode() if isinstance(key, bytes) else repr(key) for key in keys]
+
+
+def _set_text(keys) -> str:
+    """A set of keys as a set of names, ``{'a', 'c'}`` (``set()`` when empty): what ``protected`` is."""
+    return "{" + ", ".join(map(repr, sorted(_names(keys)))) + "}" if keys else "set()"
 
 
 # -- one call, compared -----------------------------------------------------------------
@@ -82,8 +92,9 @@ class _EvictCheck:
         """Call the learner's function on ``mine`` and the reference on ``reference`` (built alike); compare."""
         check = self.check
         before = policy_state(mine)
+        ref_cnts = {key: chunk.ref_cnt for key, chunk in mine.chunks.items()}  # what a busy chunk was doing
         candidates = [key for key in mine.evictable if key not in protected]
-        asked = f"{case}: lru_evict(policy, n={n}, protected={sorted(_names(protected))})"
+        asked = f"{case}: lru_evict(policy, n={n}, protected={_set_text(protected)})"
         protected_given = set(protected)
         got = check.call(
             self.evict,
@@ -103,7 +114,7 @@ class _EvictCheck:
         if expected is None:
             self._refused(got, mine, before, n, candidates, asked, random_case)
         else:
-            self._evicted(got, expected, mine, before, protected, asked, random_case)
+            self._evicted(got, expected, mine, before, ref_cnts, protected, asked, random_case)
         check.expect_equal(
             policy_state(mine),
             policy_state(reference),
@@ -136,7 +147,7 @@ class _EvictCheck:
             random_case=random_case,
         )
 
-    def _evicted(self, got, expected, mine, before, protected, asked, random_case) -> None:
+    def _evicted(self, got, expected, mine, before, ref_cnts, protected, asked, random_case) -> None:
         check = self.check
         if got is None:
             check.fail(
@@ -156,7 +167,6 @@ class _EvictCheck:
                 check.fail(f"{asked}: the list holds {item!r:.100}, not a (key, chunk) pair")
         keys = [key for key, _ in got]
         expected_keys = [key for key, _ in expected]
-        states = before["chunks"]
         for key in keys:
             name = key.decode() if isinstance(key, bytes) else key
             if key in protected:
@@ -165,8 +175,11 @@ class _EvictCheck:
                     "a protected key (one the same store offers) must still be in the tier afterwards: skip "
                     "every key in protected",
                 )
-            if name in states and states[name][1] != 0:
-                what = "being stored (ref_cnt -1)" if states[name][1] == STORE_IN_FLIGHT else "being loaded"
+            if name in before["chunks"] and name not in before["evictable"]:
+                ref_cnt = ref_cnts[key]
+                what = (
+                    "being stored (ref_cnt -1)" if ref_cnt == STORE_IN_FLIGHT else f"being loaded (ref_cnt {ref_cnt})"
+                )
                 check.fail(
                     f"{asked}: evicted {name!r}, which is {what}",
                     "only idle chunks go: the candidates are the keys in policy.evictable (ref_cnt 0)",
@@ -246,6 +259,12 @@ FIXED_CASES: list[tuple[str, list[Spec], int, set[str]]] = [
     ),
     ("nothing to evict (n=0): an empty list, not None", [("a", (1, 0), IDLE)], 0, set()),
     (
+        "every chunk busy (two loads, one store): nothing can go",
+        [("a", (1, 0), LOADING), ("b", (2, 0), 1), ("c", (3, -16), STORE_IN_FLIGHT)],
+        1,
+        set(),
+    ),
+    (
         "every idle chunk goes (n = the number of candidates)",
         [("a", (2, 0), IDLE), ("b", (1, 0), IDLE), ("c", (3, 0), LOADING)],
         2,
@@ -264,6 +283,24 @@ def _random_specs(rng: random.Random) -> list[Spec]:
     return specs
 
 
+def _transfers_start_and_finish(rng: random.Random, policies: Sequence[LRUCachePolicy]) -> None:
+    """Between two calls, as in the tier (``CPUOffloadingManager``): some loads start (``ref_cnt`` + 1; an idle
+    chunk leaves ``policy.evictable``), some loads and stores finish (back to 0: evictable again); alike in each
+    policy (they hold the same keys: the comparison after each call says so)."""
+    changes = [(key, rng.choice(("load", "finish"))) for key in sorted(policies[0].chunks) if rng.random() < 0.3]
+    for policy in policies:
+        for key, change in changes:
+            chunk = policy.chunks[key]
+            if change == "load" and chunk.ref_cnt >= 0:
+                if chunk.ref_cnt == 0:
+                    policy.mark_non_evictable(key)
+                chunk.ref_cnt += 1
+            elif change == "finish" and chunk.ref_cnt != 0:
+                chunk.ref_cnt = 0 if chunk.ref_cnt == STORE_IN_FLIGHT else chunk.ref_cnt - 1
+                if chunk.ref_cnt == 0:
+                    policy.mark_evictable(key)
+
+
 @guarded_check(part="lru_evict")
 def check_lru_evict(lru_evict: Callable) -> None:
     """The learner's ``lru_evict(policy, n, protected)`` against the reference, on hand-built and random policies."""
@@ -275,7 +312,9 @@ def check_lru_evict(lru_evict: Callable) -> None:
     for trial in range(150):
         specs = _random_specs(rng)
         mine, reference = make_policy(specs), make_policy(specs)
-        for call in range(3):  # several calls in a row on the same policy
+        for call in range(3):  # several calls in a row on the same policy, transfers in between
+            if call:
+                _transfers_start_and_finish(rng, [mine, reference])
             names = [name for name, _, _ in specs]
             protected = {key_of(name) for name in names if rng.random() < 0.25}
             n = rng.randint(0, max(len(reference.evictable) + 1, 1))

@@ -365,9 +365,9 @@ def _source_of(obj: Any, name: str) -> tuple[str, dict, list[types.CodeType]]:
     """(source, globals, code objects) of a function, a Triton kernel or a class."""
     if inspect.isfunction(getattr(obj, "fn", None)):  # a @triton.jit kernel (compiled or interpreted)
         fn = obj.fn
-        return textwrap.dedent(inspect.getsource(fn)), fn.__globals__, [fn.__code__]
+        return _function_source(fn), fn.__globals__, [fn.__code__]
     if inspect.isfunction(obj):
-        return textwrap.dedent(inspect.getsource(obj)), obj.__globals__, [obj.__code__]
+        return _function_source(obj), obj.__globals__, [obj.__code__]
     if inspect.isclass(obj):
         functions = [v for v in vars(obj).values() if inspect.isfunction(v)]
         functions += [v.fget for v in vars(obj).values() if isinstance(v, property) and v.fget]
@@ -375,6 +375,17 @@ def _source_of(obj: Any, name: str) -> tuple[str, dict, list[types.CodeType]]:
             raise _CannotFreeze(f"class {name} has no methods to find its source by")
         return _class_source(obj, functions[0]), functions[0].__globals__, [f.__code__ for f in functions]
     raise _CannotFreeze(f"{name} is a {type(obj).__name__}, not a function or a class")
+
+
+def _function_source(fn: types.FunctionType) -> str:
+    """A function's source, from its cell or file; a function made by ``exec`` (or typed at a prompt) has none."""
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except OSError:  # inspect finds no file or cell holding its code
+        raise _CannotFreeze(
+            f"{fn.__name__} has no source to keep (it was made by exec(...) or typed at a prompt, so no cell or file "
+            f"holds its code): define it with def {fn.__name__}(...) in a cell and run the check again"
+        ) from None
 
 
 def _class_source(cls: type, method: types.FunctionType) -> str:

@@ -467,16 +467,24 @@ class KVEventSubscriber:
         Reads batches until none comes for ``settle_s``. A gap in the sequence numbers (batches sent
         before this subscriber connected: a PUB socket keeps nothing for a late subscriber) is filled
         from the replay socket first, as vLLM's subscribers do; without one, the gap stays a gap.
+
+        A sequence number below the expected one is a new stream: the replica restarted, its
+        publisher numbers from 0 again, and the cache it had is gone. Its events come after an
+        ``AllBlocksCleared``, so that a router's mirror of that replica forgets the old cache too,
+        and the count starts over (a restart is seen only if the new stream has not yet sent as
+        many batches as the old one had when this subscriber last read it).
         """
-        batches: list[tuple[int, KVEventBatch]] = []
+        batches: list[KVEventBatch] = []
         while (received := self.receive(settle_s)) is not None:
             seq, batch = received
+            if seq < self._next_seq:  # a restarted replica's new stream
+                batches.append(KVEventBatch(ts=batch.ts, events=[AllBlocksCleared()]))
+                self._next_seq = 0
             if seq > self._next_seq and self.replay_endpoint is not None:
-                batches += [(s, b) for s, b in self.replay(self._next_seq) if self._next_seq <= s < seq]
-            if seq >= self._next_seq:
-                batches.append((seq, batch))
-                self._next_seq = seq + 1
-        return [from_wire(event) for _, batch in batches for event in batch.events]
+                batches += [b for s, b in self.replay(self._next_seq) if self._next_seq <= s < seq]
+            batches.append(batch)
+            self._next_seq = seq + 1
+        return [from_wire(event) for batch in batches for event in batch.events]
 
     def close(self) -> None:
         self._sub.close(linger=0)

@@ -10,6 +10,8 @@ loads those blocks back instead of recomputing them.
   (``OffloadingManager``);
 * ``cpu_manager.py``: the CPU tier's bookkeeping (``CPUOffloadingManager``);
 * ``cache_policy.py``, ``lru.py``, ``arc.py``: its eviction policies;
+* ``spec.py``: which policy the settings choose (vLLM's ``kv_transfer_config``,
+  ``{"kv_connector_extra_config": {"eviction_policy": "arc"}}``);
 * ``connector.py``: the tier in the engine (``OffloadingConnector``): the
   lookup past the pool's hit at admission, the loads before the forward
   pass, the stores after it (``LLM(kv_offloading_size=...)``).

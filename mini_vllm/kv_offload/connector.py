@@ -17,7 +17,8 @@ only keeps books) to the engine, in the three places vLLM's
    returns False) is recomputed: the request's step is moved back to start at
    that block, so this very forward pass computes its tokens again (a step
    may then compute more tokens than its budget; vLLM recomputes them in a
-   later step instead).
+   later step instead, with ``kv_load_failure_policy="recompute"``: its
+   default, ``"fail"``, ends the request with an error).
 3. **Store, after the forward pass**: ``save_kv`` offers the tier every
    prompt block the step has just filled (vLLM's default
    ``offload_prompt_only``; blocks the request found cached are not offered

@@ -397,6 +397,10 @@ def run_course_router(
     ``PYTHONHASHSEED``), looked up in each replica's mirror (kept from its ``BlockStored`` /
     ``BlockRemoved`` / ``AllBlocksCleared`` on ZMQ, in vLLM's wire form), sent to the longest hit.
     Each result also names the replica it went to.
+
+    A replica's cache changes only when it serves a request (rendering caches nothing) or resets:
+    every mirror is brought up to date after the resets, then only the replica that answered,
+    after its answer (reading a stream waits for it to fall silent, ``take_events``' ``settle_s``).
     """
     import httpx
 
@@ -408,13 +412,13 @@ def run_course_router(
     )
     subscribers = [KVEventSubscriber(r.events_endpoint, r.replay_endpoint) for r in fleet.replicas]
 
-    def observe() -> None:
-        for index, subscriber in enumerate(subscribers):
-            router.observe(index, subscriber.take_events())
+    def observe(index: int) -> None:
+        router.observe(index, subscribers[index].take_events())
 
     try:
         fleet.reset_prefix_caches()
-        observe()
+        for index in range(len(subscribers)):  # each replica's AllBlocksCleared
+            observe(index)
         before = fleet.counters()
         results = []
         with httpx.Client(timeout=300, trust_env=False) as client:
@@ -425,7 +429,7 @@ def run_course_router(
                 index = router.route(rendered.json()["token_ids"])
                 result = stream_one(client, fleet.replicas[index].url, messages, max_tokens)
                 results.append({**result, "replica": index})
-                observe()
+                observe(index)  # what serving it stored, and evicted, there
         after = fleet.counters()
     finally:
         for subscriber in subscribers:

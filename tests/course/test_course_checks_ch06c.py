@@ -117,3 +117,62 @@ def test_the_wrong_chunk_with_the_right_key_is_named():
 def test_another_order_is_named_with_the_order_to_sort_by():
     wrong = make_lru_evict(order=lambda policy, key: policy.chunks[key].chunk_id)  # the order they were stored in
     rejects(check_lru_evict, wrong, "sort the candidates by (policy.ranks[key], key) and evict the first n")
+
+
+def test_protected_is_shown_as_the_set_it_is():
+    wrong = make_lru_evict(candidates=lambda policy, protected: list(policy.evictable))
+    message = rejects(check_lru_evict, wrong, "protected={'a'})")
+    assert "protected=['a']" not in message
+    assert "protected=set())" in rejects(check_lru_evict, make_lru_evict(newest_first=True), "most recently used")
+
+
+def test_the_chunks_printed_say_which_number_is_which():
+    message = rejects(check_lru_evict, make_lru_evict(remove=False), "policy.remove(key) does all three")
+    assert "'a': 'chunk_id 1, ref_cnt 0'" in message, message
+
+
+def test_between_random_calls_loads_and_stores_start_and_finish_in_policy_evictable():
+    """The check's random policies change between calls as the tier's do: a chunk is in ``policy.evictable``
+    exactly when its ref_cnt is 0, and chunks go busy and idle again from one call to the next."""
+    import random
+
+    from mini_vllm.course.offload_checks import _random_specs, _transfers_start_and_finish, make_policy
+
+    rng, went_busy, went_idle = random.Random(0), 0, 0
+    for _ in range(50):
+        specs = _random_specs(rng)
+        policies = [make_policy(specs), make_policy(specs)]
+        before = set(policies[0].evictable)
+        _transfers_start_and_finish(rng, policies)
+        for policy in policies:
+            assert policy.evictable == {key for key, chunk in policy.chunks.items() if chunk.ref_cnt == 0}
+        assert policies[0].evictable == policies[1].evictable
+        went_busy += len(before - policies[0].evictable)
+        went_idle += len(policies[0].evictable - before)
+    assert went_busy > 0 and went_idle > 0
+
+
+def test_a_part_made_by_exec_is_not_kept_and_says_why(tmp_path, monkeypatch, capsys):
+    # exec(...) in a notebook makes a function no cell holds the source of: inspect raised OSError from keep().
+    from mini_vllm.course import kept_parts
+    from mini_vllm.course.parts import PARTS_ENV
+
+    monkeypatch.setenv(PARTS_ENV, str(tmp_path / "parts"))
+    notebook = {"__name__": "__main__"}  # a notebook's globals: its functions are the learner's
+    exec(
+        "def lru_evict(policy, n, protected):\n"
+        "    candidates = sorted((policy.ranks[k], k) for k in policy.evictable if k not in protected)\n"
+        "    if len(candidates) < n:\n"
+        "        return None\n"
+        "    evicted = [(k, policy.chunks[k]) for _, k in candidates[:n]]\n"
+        "    for k, _ in evicted:\n"
+        "        policy.remove(k)\n"
+        "    return evicted\n",
+        notebook,
+    )
+    check_lru_evict(notebook["lru_evict"])
+    out = capsys.readouterr().out
+    assert "✓ lru_evict" in out
+    assert "not kept as your part 'lru_evict': lru_evict has no source to keep (it was made by exec(...)" in out, out
+    assert "define it with def lru_evict(...) in a cell" in out
+    assert kept_parts() == []

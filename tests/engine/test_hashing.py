@@ -236,3 +236,22 @@ def test_golden_hashes_catch_a_wrong_serialization():
     assert untagged_salt.hex() != GOLDEN_BLOCK_HASHES["salt"][0]
     lora_without_path = hash_block_tokens(bytes.fromhex(GOLDEN_NONE_HASH), tokens, (("lora", "pirate"),))
     assert lora_without_path.hex() != GOLDEN_BLOCK_HASHES["lora"][0]
+
+
+def test_none_hash_keyword_hashes_as_a_process_with_that_seed():
+    """``none_hash=none_hash_for(seed)`` gives the hashes of a process started with ``PYTHONHASHSEED=seed``
+    (a router hashing for its replicas); left out, this process's ``NONE_HASH``."""
+    tokens, seed = list(range(40)), "7"
+    code = (
+        "import importlib.util as u; "
+        f"s = u.spec_from_file_location('h', {hashing.__file__!r}); "
+        "m = u.module_from_spec(s); s.loader.exec_module(m); "
+        f"print(*[h.hex() for h in m.hash_new_full_blocks({tokens!r}, 16, [], 'tenant')])"
+    )
+    env = dict(os.environ, PYTHONHASHSEED=seed)
+    theirs = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    mine = hash_request_tokens(tokens, 16, "tenant", none_hash=hashing.none_hash_for(seed))
+    assert [h.hex() for h in mine] == theirs.stdout.split()
+    assert mine != hash_request_tokens(tokens, 16, "tenant")  # the seed's NONE_HASH is not this process's
+    assert hash_request_tokens(tokens, 16, none_hash=None) == hash_request_tokens(tokens, 16)
+    assert hashing.hash_new_full_blocks(tokens, 16, [], none_hash=NONE_HASH) == hash_request_tokens(tokens, 16)

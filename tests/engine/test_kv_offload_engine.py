@@ -150,3 +150,87 @@ def test_a_hybrid_model_is_refused_a_tier():
 def test_a_tier_too_small_for_one_block_is_refused():
     with pytest.raises(ValueError, match="holds no block of this model"):
         make_llm(kv_offloading_size=1e-9)
+
+
+def test_a_replaced_schedule_waiting_is_refused_a_tier():
+    """The tier's lookup is in the engine's own ``schedule_waiting``: with another one (exercise 08's part), the
+    engine would build, never read the tier, and recompute every prefix. It refuses instead, naming the part."""
+    from mini_vllm.engine_parts import EngineParts
+    from mini_vllm.scheduler import Scheduler
+
+    def schedule_waiting(scheduler, token_budget, output):
+        return Scheduler.schedule_waiting(scheduler, token_budget, output)
+
+    parts = EngineParts(schedule_waiting=schedule_waiting)
+    with pytest.raises(ValueError, match=r"kv_offloading_size: .*own schedule_waiting.*EngineParts.schedule_waiting"):
+        make_llm(kv_offloading_size=0.01, parts=parts)
+    make_llm(parts=parts)  # the same part without a tier is fine
+    assert make_llm(kv_offloading_size=0.01, parts=EngineParts()).llm_engine.scheduler.connector is not None
+
+
+ARC = {"kv_connector_extra_config": {"eviction_policy": "arc"}}  # vLLM's spelling (its CPUOffloadingSpec reads it)
+
+
+def scan_after_a_reuse(**settings) -> list[int]:
+    """A prompt ``S`` stored, evicted from the pool, hit in the tier; then four one-off prompts (a scan) through a
+    tier of 16 chunks; then ``S`` again: the cached tokens of each request."""
+    rng = random.Random(1)
+    s, a, b, c, x, y, z, w = ([rng.randrange(100, 1000) for _ in range(PREFIX + SUFFIX)] for _ in range(8))
+    tier_of_16_chunks = 16.5 * 64 * 1024 / 2**30  # one chunk: a block of the bundled model, 64 KiB
+    llm = make_llm(kv_offloading_size=tier_of_16_chunks, **settings)
+    greedy = SamplingParams(max_tokens=1, temperature=0)
+    prompts = [s, a, b, c, s, x, y, z, w, s]
+    return [llm.generate([{"prompt_token_ids": p}], greedy, use_tqdm=False)[0].num_cached_tokens for p in prompts]
+
+
+def test_arc_is_chosen_with_vllms_kv_connector_extra_config_and_survives_a_scan():
+    from mini_vllm.kv_offload import ARCCachePolicy, LRUCachePolicy
+
+    policy = make_llm(kv_offloading_size=0.01, kv_transfer_config=ARC).llm_engine.scheduler.connector.manager.policy
+    assert isinstance(policy, ARCCachePolicy)
+    assert isinstance(make_llm(kv_offloading_size=0.01).llm_engine.scheduler.connector.manager.policy, LRUCachePolicy)
+    # S's tier hit moved it to ARC's frequency list: the scan evicts the one-off prompts, not S. LRU (the default)
+    # evicts S, the least recently used, and the last request computes it again.
+    lru = scan_after_a_reuse()
+    assert lru == scan_after_a_reuse(kv_transfer_config={"kv_connector_extra_config": {"eviction_policy": "lru"}})
+    assert lru == [0, 0, 0, 0, PREFIX, 0, 0, 0, 0, 0]
+    assert scan_after_a_reuse(kv_transfer_config=ARC) == [0, 0, 0, 0, PREFIX, 0, 0, 0, 0, PREFIX]
+
+
+@pytest.mark.parametrize(
+    "kv_transfer_config, message",
+    [
+        ({"kv_connector_extra_config": {"eviction_policy": "lfu"}}, "eviction_policy must be 'lru' or 'arc'"),
+        ({"kv_connector_extra_config": {"store_threshold": 2}}, r"key\(s\) \['store_threshold'\] not built here"),
+        ({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, "kv_connector must be 'OffloadingConnector'"),
+        ({"kv_port": 14579}, r"\['kv_port'\] not built here"),
+        (
+            {"kv_load_failure_policy": "fail"},
+            r"kv_load_failure_policy must be 'recompute' \(a failed load is recomputed",
+        ),
+        ({"kv_connector_extra_config": ["arc"]}, "kv_connector_extra_config must be a dict"),
+        ('{"kv_connector_extra_config": {}}', "kv_transfer_config must be a dict"),
+    ],
+)
+def test_a_kv_transfer_config_the_tier_cannot_follow_is_refused_by_name(kv_transfer_config, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        EngineConfig(kv_offloading_size=0.01, kv_transfer_config=kv_transfer_config)
+
+
+def test_a_kv_transfer_config_needs_the_tier_and_arc_refuses_a_replaced_lru_evict():
+    from mini_vllm.engine_parts import EngineParts
+    from mini_vllm.kv_offload.lru import lru_evict
+
+    with pytest.raises(ValueError, match="give kv_offloading_size too"):
+        EngineConfig(kv_transfer_config=ARC)
+    EngineConfig(
+        kv_offloading_size=0.01, kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both"}
+    )
+    EngineConfig(kv_offloading_size=0.01, kv_transfer_config={"kv_load_failure_policy": "recompute"})
+
+    def mine(policy, n, protected):
+        return lru_evict(policy, n, protected)
+
+    with pytest.raises(ValueError, match="eviction_policy 'arc', but this engine's parts replace lru_evict"):
+        make_llm(kv_offloading_size=0.01, kv_transfer_config=ARC, parts=EngineParts(lru_evict=mine))
+    make_llm(kv_offloading_size=0.01, parts=EngineParts(lru_evict=mine))  # LRU runs it

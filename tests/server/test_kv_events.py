@@ -277,3 +277,61 @@ def test_a_late_subscriber_takes_what_it_missed_from_the_replay_socket(engine_an
     assert isinstance(events[0], engine_events.AllBlocksCleared), events  # the reset, replayed
     assert stored[0].block_hashes == tuple(external_block_hash(h) for h in hash_request_tokens(prompt, 16))
     assert len(stored) == 2 and stored[1].token_ids == tuple(range(1100, 1116))  # then the live batch
+
+
+def _publisher_on(config: KVEventsConfig, timeout_s: float = 5.0):
+    """A new publisher on ``config``'s ports, once the closed one's sockets have let them go."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return make_publisher(config)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_restarted_replicas_new_stream_clears_the_mirror_and_is_read(monkeypatch):
+    # A replica restarts: a new publisher on the same endpoint numbers its batches from 0 again. The
+    # subscriber takes a number below the expected one as a new stream: an AllBlocksCleared first (the old
+    # cache is gone), then the new batches, the one it missed while reconnecting filled from the replay socket.
+    from mini_vllm import events as engine_events
+    from mini_vllm.companions.router import CacheAwareRouter
+    from mini_vllm.distributed.kv_events import KVEventBatch
+
+    def stored(block_hash: int) -> KVEventBatch:
+        event = BlockStored(
+            block_hashes=[block_hash], parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+            medium="CPU", lora_name=None,
+        )  # fmt: skip
+        return KVEventBatch(ts=time.time(), events=[event])
+
+    port, replay_port = free_port(), free_port()
+    config = KVEventsConfig(
+        enable_kv_cache_events=True, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}"
+    )
+    subscriber = KVEventSubscriber(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}")
+    router = CacheAwareRouter(1)
+    publisher = make_publisher(config)
+    try:
+        time.sleep(0.5)  # the subscriber joins
+        for block_hash in (1, 2, 3):
+            publisher.publish(stored(block_hash))
+        before = subscriber.take_events(settle_s=0.5)
+        router.observe(0, before)
+        assert [e.block_hashes for e in before] == [(1,), (2,), (3,)]
+        publisher.shutdown()
+        publisher = _publisher_on(config)  # the replica restarted
+        after, published = [], []
+        for block_hash in range(4, 100):  # a batch sent before the subscriber has reconnected reaches only the replay
+            publisher.publish(stored(block_hash))
+            published.append(block_hash)
+            if after := subscriber.take_events(settle_s=0.3):
+                break
+        router.observe(0, after)
+    finally:
+        subscriber.close()
+        publisher.shutdown()
+    assert isinstance(after[0], engine_events.AllBlocksCleared), after
+    assert [e.block_hashes for e in after[1:]] == [(h,) for h in published]  # seq 0, 1, ...: none lost
+    assert set(router.cached[0]) == set(published)  # the mirror forgot the blocks of the replica's first life

@@ -97,3 +97,28 @@ def test_serve_refuses_bad_offloading_flags_by_name(flags, message, monkeypatch,
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert message in error and "Traceback" not in error, error
+
+
+def test_serve_takes_the_eviction_policy_as_vllm_does():
+    # vllm serve --kv-offloading-size N --kv-transfer-config '{"kv_connector_extra_config": {"eviction_policy": "arc"}}'
+    parser = make_arg_parser(argparse.ArgumentParser())
+    arc = '{"kv_connector_extra_config": {"eviction_policy": "arc"}}'
+    settings = engine_settings(parser.parse_args(["--kv-offloading-size", "0.01", "--kv-transfer-config", arc]))
+    assert settings["kv_transfer_config"] == {"kv_connector_extra_config": {"eviction_policy": "arc"}}
+    assert type(
+        LLM(device="cpu", num_blocks=12, **settings).llm_engine.scheduler.connector.manager.policy
+    ).__name__ == ("ARCCachePolicy")
+    assert "kv_transfer_config" not in engine_settings(parser.parse_args([]))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--kv-offloading-size=0.01", '--kv-transfer-config={"eviction_policy": "arc"}'], "not built here"),
+        (["--kv-offloading-size=0.01", "--kv-transfer-config=arc"], "--kv-transfer-config: not valid JSON"),
+        (["--kv-offloading-size=0.01", "--kv-transfer-config=[1]"], "expected a JSON object"),
+        (['--kv-transfer-config={"kv_connector_extra_config": {}}'], "give kv_offloading_size too"),
+    ],
+)
+def test_serve_refuses_a_kv_transfer_config_it_cannot_follow(flags, message, monkeypatch, capsys):
+    test_serve_refuses_bad_offloading_flags_by_name(flags, message, monkeypatch, capsys)

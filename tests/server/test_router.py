@@ -128,3 +128,21 @@ def test_http_replicas_report_what_the_bookkeeping_replicas_do():
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_router_with_the_replicas_hash_seed_hashes_as_they_do():
+    """Replicas started with ``PYTHONHASHSEED=7`` chain their first block to that seed's ``NONE_HASH``: a
+    router told the seed finds their blocks (salted or not); one hashing with its own ``NONE_HASH`` finds none."""
+    from mini_vllm.events import BlockStored
+    from mini_vllm.hashing import hash_request_tokens, none_hash_for
+
+    prompt = list(range(200, 250))
+    for salt in (None, "tenant-a"):
+        theirs = hash_request_tokens(prompt, 16, salt, none_hash=none_hash_for("7"))
+        stored = BlockStored(block_hashes=tuple(theirs), parent_block_hash=None, token_ids=(), block_size=16)
+        told, blind = CacheAwareRouter(1, 16, hash_seed="7"), CacheAwareRouter(1, 16)
+        for router in (told, blind):
+            router.observe(0, [stored])
+        assert told.cached_prefix_blocks(prompt, salt) == [3]
+        assert blind.cached_prefix_blocks(prompt, salt) == [0]
+        assert told.cached_prefix_blocks(prompt[:15], salt) == [0]  # no full block: nothing to look up

@@ -11,6 +11,7 @@ vLLM equivalent: ``vllm/entrypoints/openai/cli_args.py`` (``make_arg_parser``,
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 
@@ -24,6 +25,17 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"must be an integer from 0 to 65535, got {port}")
     return port
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """``--kv-transfer-config``: a JSON object (vLLM parses its config flags so); anything else is an argparse error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -60,6 +72,14 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "which moves weights)",
     )
     parser.add_argument("--kv-offloading-backend", default=None, help="native: the CPU tier (the only one here)")
+    parser.add_argument(
+        "--kv-transfer-config",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="vLLM's KVTransferConfig; here the offloading tier's eviction policy, e.g. "
+        '\'{"kv_connector_extra_config": {"eviction_policy": "arc"}}\' (default: lru)',
+    )
     parser.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -110,6 +130,7 @@ ENGINE_FLAGS = {
     "seed": "seed",
     "kv_offloading_size": "kv_offloading_size",
     "kv_offloading_backend": "kv_offloading_backend",
+    "kv_transfer_config": "kv_transfer_config",
 }
 """Server flag (argparse dest) -> ``EngineConfig`` field."""
 
