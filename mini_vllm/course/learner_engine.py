@@ -115,6 +115,8 @@ def learner_engine(
                     f"  note: your {' and '.join(left_out)} stay out of this engine: Triton runs in its interpreter "
                     "on this machine, about 20 times slower (learner_engine(..., kernels=True) runs them)"
                 )
+    if parts is None:
+        _leave_out_what_the_tier_replaces(chosen, mine or {}, llm_kwargs)
     chosen.update(mine or {})
     kept = set(kept_parts()) if mine else set()  # only what is given as mine needs the folder's listing again
     for key, fn in (mine or {}).items():
@@ -130,6 +132,31 @@ def learner_engine(
     if not quiet:
         print(parts_line(llm))
     return llm
+
+
+def _leave_out_what_the_tier_replaces(chosen: dict[str, Any], mine: dict[str, Any], llm_kwargs: dict) -> None:
+    """Drop the kept parts an engine with an offloading tier cannot run, with a line saying so.
+
+    The tier is looked up by the engine's own ``schedule_waiting`` (exercise 08's
+    part would skip it), and a tier whose policy is not LRU never calls
+    ``lru_evict`` (exercise 06c's part): ``LLMEngine`` refuses either pairing,
+    so the learner's engine leaves those parts out instead, unless the notebook
+    at hand gives them as ``mine``.
+    """
+    config = llm_kwargs.get("config")
+    size = llm_kwargs.get("kv_offloading_size", getattr(config, "kv_offloading_size", None))
+    if not size:
+        return
+    from ..kv_offload.spec import eviction_policy
+
+    transfer = llm_kwargs.get("kv_transfer_config", getattr(config, "kv_transfer_config", None))
+    left_out = {"schedule_waiting": "the tier is looked up by the engine's own schedule_waiting"}
+    if eviction_policy(transfer) != "lru":
+        left_out["lru_evict"] = "only the LRU policy calls it"
+    for key, why in left_out.items():
+        if key in chosen and key not in mine:
+            del chosen[key]
+            print(f"  note: your {PARTS_BY_KEY[key].name} stays out of this engine with an offloading tier: {why}")
 
 
 def _triton_interpreted() -> bool:

@@ -783,3 +783,33 @@ def test_a_kept_lru_evict_is_what_the_learners_tier_runs(parts_folder, tmp_path,
     newest_first = newest_first.replace("check_lru_evict(lru_evict)", "")
     wrong = _play_notebook(tmp_path, newest_first)["lru_evict"]
     assert _offload_rounds(learner_engine(**args, parts={"lru_evict": wrong}, quiet=True)) != reference
+
+
+def test_kept_parts_an_offloading_tier_cannot_run_stay_out_of_its_engine_with_a_note(parts_folder, capsys, monkeypatch):
+    import importlib
+
+    from mini_vllm.course import learner_engine as build
+    from mini_vllm.kv_offload.lru import lru_evict as reference_lru_evict
+    from mini_vllm.scheduler import Scheduler
+
+    module = importlib.import_module("mini_vllm.course.learner_engine")
+
+    def schedule_waiting(self, token_budget, output):  # a kept exercise-08 part (the engine's own arithmetic)
+        return Scheduler.schedule_waiting(self, token_budget, output)
+
+    def lru_evict(policy, n, protected):  # a kept exercise-06c part
+        return reference_lru_evict(policy, n, protected)
+
+    monkeypatch.setattr(module, "learner_parts", lambda: {"schedule_waiting": schedule_waiting, "lru_evict": lru_evict})
+    tier = dict(device="cpu", num_blocks=24, kv_offloading_size=0.01)
+    arc = {"kv_connector_extra_config": {"eviction_policy": "arc"}}
+    assert build(**_engine_args()).course_parts["schedule_waiting"] == "yours"  # no tier: it runs
+    assert "stays out" not in capsys.readouterr().out
+    parts = build(**tier).course_parts  # LLMEngine refuses a replaced schedule_waiting beside a tier
+    assert (parts["schedule_waiting"], parts["lru_evict"]) == ("reference", "yours")
+    assert "your schedule_waiting stays out of this engine with an offloading tier" in capsys.readouterr().out
+    parts = build(**tier, kv_transfer_config=arc).course_parts  # and an ARC tier a replaced lru_evict
+    assert (parts["schedule_waiting"], parts["lru_evict"]) == ("reference", "reference")
+    assert "only the LRU policy calls it" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="schedule_waiting"):  # given as mine, it goes in: the engine says why not
+        build(mine={"schedule_waiting": schedule_waiting}, **tier)
