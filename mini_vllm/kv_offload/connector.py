@@ -21,9 +21,21 @@ only keeps books) to the engine, in the three places vLLM's
    default, ``"fail"``, ends the request with an error).
 3. **Store, after the forward pass**: ``save_kv`` offers the tier every
    prompt block the step has just filled (vLLM's default
-   ``offload_prompt_only``; blocks the request found cached are not offered
-   again), and copies the ones the tier wants (``prepare_store``) into their
-   chunks.
+   ``offload_prompt_only``), and copies the ones the tier wants
+   (``prepare_store``) into their chunks. A request that loaded from the
+   tier offers only the blocks after its hits; one that did not offers its
+   pool hit too, so a prefix the pool kept and the tier lost goes back to
+   the tier (vLLM's ``next_stored_chunk_idx``).
+
+The step ends in vLLM's order (its ``build_connector_meta``, then the
+workers' reports): every request's ``prepare_store``, then the requests
+finished since the last step (their prompt blocks the tier refused so far
+offered once more, from a copy taken at finish, then
+``on_request_finished``), then the step's loads and stores complete. So a
+chunk loaded or stored in a step is not evicted by a later store of the
+same step, and a finished request's accesses count after the next step's
+stores, or at once when nothing else runs (vLLM's engine then takes one
+more, empty, step).
 
 On a CPU both tiers live in host memory; what a tier hit saves is the
 forward pass over its tokens, at the price of a copy. The copies are
@@ -81,6 +93,17 @@ class _RequestState:
     # Pinned by update_state_after_alloc, copied by load_kv: (block index in the request, pool block, chunk).
     loads: list[tuple[int, int, int]] = field(default_factory=list)
     load_keys: list[OffloadKey] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)  # its block table, as of its last step
+
+
+@dataclass
+class _FinishedRequest:
+    """A finished request, until the next step's end: its prompt blocks the tier refused so far are offered once
+    more, from a copy taken at finish (its pool blocks are freed), then the tier learns its accesses."""
+
+    context: ReqContext
+    keys: list[OffloadKey]
+    blocks: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]  # per key: (its pool block, its K/V per layer)
 
 
 class OffloadingConnector:
@@ -90,6 +113,8 @@ class OffloadingConnector:
         self.manager = manager
         self.block_size = block_size
         self.requests: dict[str, _RequestState] = {}
+        # Finished requests, offered and forgotten by the tier after the next step's stores (vLLM's order).
+        self.finished: list[_FinishedRequest] = []
         self.prefix_cache_stats = PrefixCacheStats()  # the external hits (vLLM: connector_prefix_cache_stats)
         # The tier's copies: per layer of the pool, a (K, V) pair shaped like the pool's with one chunk per block.
         self.host_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -129,8 +154,9 @@ class OffloadingConnector:
             if self.manager.lookup(key, state.context) is not LookupResult.HIT:
                 break
             num_hits += 1
-        # Restarting from this lookup (a new request, or a preempted one): blocks up to the hit are offered no more.
-        state.next_block_to_store = first + num_hits
+        # Restarting from this lookup (a new request, or a preempted one): every block is offered again, the
+        # pool's hit too (a prefix the tier lost comes back to it), unless the tier's hit is loaded (below).
+        state.next_block_to_store = 0
         return num_hits * self.block_size
 
     def update_state_after_alloc(
@@ -149,6 +175,7 @@ class OffloadingConnector:
         spec = self.manager.prepare_load(keys, state.context)
         state.loads = [(index, block_ids[index], chunk) for index, chunk in zip(indices, spec.chunk_ids)]
         state.load_keys = keys
+        state.next_block_to_store = indices.stop  # the pool's hit and the tier's are offered no more
 
     def request_finished(self, request: Request) -> None:
         state = self.requests.pop(request.request_id, None)
@@ -156,7 +183,40 @@ class OffloadingConnector:
             return
         if state.load_keys:  # finished before its step ran: its chunks must not stay pinned
             self.manager.complete_load(state.load_keys, state.context)
-        self.manager.on_request_finished(state.context)
+        # Its prompt blocks the tier refused so far (vLLM's store jobs of a finished request): copied now.
+        num_full = request.num_prompt_tokens // self.block_size
+        keys = self._keys(request, state.next_block_to_store, num_full)
+        for index, key in enumerate(keys, start=state.next_block_to_store):
+            state.context.set_offload_key_position(key, (index + 1) * self.block_size)
+        blocks = [
+            (block_id, [(pool_k[block_id].clone(), pool_v[block_id].clone()) for pool_k, pool_v in self.pool_caches])
+            for block_id in state.block_ids[state.next_block_to_store : num_full]
+        ]
+        self.finished.append(_FinishedRequest(state.context, keys[: len(blocks)], blocks))
+        if not self.requests:  # nothing else runs: vLLM's engine takes one more, empty, step for it now
+            self.end_idle_step()
+
+    def end_idle_step(self) -> None:
+        """What an empty step does: offer the finished requests' blocks, forget them, end the stores."""
+        stored: list[tuple[list[OffloadKey], ReqContext]] = []
+        self._forget_finished(stored)
+        for keys, context in stored:
+            self.manager.complete_store(keys, context)
+
+    def _forget_finished(self, stored: list[tuple[list[OffloadKey], ReqContext]]) -> None:
+        """The requests finished since the last step: their refused prompt blocks offered once more, after the
+        step's own stores (``stored`` gets what the tier took), then ``on_request_finished``."""
+        for finished in self.finished:
+            output = self.manager.prepare_store(finished.keys, finished.context) if finished.keys else None
+            if output is not None:
+                block_of = dict(zip(finished.keys, finished.blocks))
+                for key, chunk_id in zip(output.keys_to_store, output.store_spec.chunk_ids):
+                    block_id, kv = block_of[key]
+                    self.copy_to_tier(block_id, chunk_id, kv)
+                stored.append((output.keys_to_store, finished.context))
+        for finished in self.finished:
+            self.manager.on_request_finished(finished.context)
+        self.finished.clear()
 
     # -- the events, with their medium ---------------------------------------------------------
     def set_kv_cache_events(self, enabled: bool) -> None:
@@ -200,10 +260,15 @@ class OffloadingConnector:
             pool_v[block_id].copy_(host_v[chunk_id])
         return True
 
-    def copy_to_tier(self, block_id: int, chunk_id: int) -> None:
-        for (host_k, host_v), (pool_k, pool_v) in zip(self.host_caches, self.pool_caches):
-            host_k[chunk_id].copy_(pool_k[block_id])
-            host_v[chunk_id].copy_(pool_v[block_id])
+    def copy_to_tier(
+        self, block_id: int, chunk_id: int, kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> None:
+        """Copy pool block ``block_id`` into a chunk of the tier (from ``kv``, its copy, once the block is freed)."""
+        sources = self.pool_caches if kv is None else [(k[None], v[None]) for k, v in kv]
+        index = block_id if kv is None else 0
+        for (host_k, host_v), (source_k, source_v) in zip(self.host_caches, sources):
+            host_k[chunk_id].copy_(source_k[index])
+            host_v[chunk_id].copy_(source_v[index])
 
     def load_kv(self, scheduler_output: SchedulerOutput) -> None:
         """Before the forward pass: fill the pool blocks of this step's tier hits; recompute what fails to load."""
@@ -212,8 +277,7 @@ class OffloadingConnector:
             if state is None or not state.loads:
                 continue
             failed = [index for index, block_id, chunk_id in state.loads if not self.copy_to_pool(chunk_id, block_id)]
-            self.manager.complete_load(state.load_keys, state.context)
-            state.loads, state.load_keys = [], []
+            state.loads = []  # copied; their chunks stay pinned until save_kv, as a load job ends after the step
             if failed:  # compute from the first block that did not load, in this step
                 start = min(failed) * self.block_size
                 scheduled.num_new_tokens += scheduled.num_computed_tokens - start
@@ -222,12 +286,22 @@ class OffloadingConnector:
                     scheduled.request.num_cached_tokens = min(scheduled.request.num_cached_tokens, start)
 
     def save_kv(self, scheduler_output: SchedulerOutput) -> None:
-        """After the forward pass: offer the tier the prompt blocks this step filled, and copy what it takes."""
+        """After the forward pass: offer the tier the prompt blocks this step filled, copy what it takes; end the step.
+
+        In vLLM's order: every request's ``prepare_store`` first (a chunk
+        stored or loaded in this step cannot be evicted by the next request's
+        store: its job has not ended), then the accesses of the requests
+        finished since the last step (``on_request_finished``), then the
+        step's transfers end, its loads and then its stores, as vLLM's
+        workers report them when the step is over.
+        """
+        stored: list[tuple[list[OffloadKey], ReqContext]] = []
         for scheduled in scheduler_output.scheduled:
             request = scheduled.request
             state = self.requests.get(request.request_id)
             if state is None:
                 continue
+            state.block_ids = list(scheduled.block_ids)
             end = min(scheduled.num_computed_tokens + scheduled.num_new_tokens, request.num_prompt_tokens)
             num_full = end // self.block_size
             if num_full <= state.next_block_to_store:
@@ -242,5 +316,13 @@ class OffloadingConnector:
             block_of = dict(zip(keys, scheduled.block_ids[first:num_full]))
             for key, chunk_id in zip(output.keys_to_store, output.store_spec.chunk_ids):
                 self.copy_to_tier(block_of[key], chunk_id)
-            self.manager.complete_store(output.keys_to_store, state.context)
+            stored.append((output.keys_to_store, state.context))
             state.next_block_to_store = num_full
+        self._forget_finished(stored)
+        for scheduled in scheduler_output.scheduled:
+            state = self.requests.get(scheduled.request.request_id)
+            if state is not None and state.load_keys:
+                self.manager.complete_load(state.load_keys, state.context)
+                state.load_keys = []
+        for keys, context in stored:
+            self.manager.complete_store(keys, context)
