@@ -37,8 +37,9 @@ from typing import Any
 from ..tools import paths
 from .parts import PARTS_BY_KEY, keep
 
-Hint = str | dict[type[BaseException], str]
-"""The likely mistake behind a learner's exception: one for all, or one per exception type."""
+Hint = str | dict[type[BaseException], str] | Callable[[BaseException], str]
+"""The likely mistake behind a learner's exception: one for all, one per exception type, or one read from the
+exception (a function of it; "" leaves the general guess)."""
 
 _PACKAGE_DIRS = tuple(
     str(path)
@@ -376,6 +377,8 @@ def learner_error(name: str, what: str, error: BaseException, expected: str = ""
     root = _innermost(error)
     if isinstance(hint, dict):  # a hint for some kinds of exception; the general guess for the others
         hint = next((text for kind, text in hint.items() if isinstance(root, kind)), "")
+    elif callable(hint):  # a hint read from the exception itself (its message names what went wrong)
+        hint = hint(root)
     lines = [f"{name}: {what} raised {type(root).__name__}: {_first_line(root)}"]
     if expected:
         lines.append(f"    expected: {expected}")
