@@ -1171,91 +1171,13 @@ def _decode_case(
             )
         check.expect(True, where, random_case=random_case)
         return
-    hint = "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"
-    extreme = case.very_negative or (scale is not None and scale >= 10)
-    full_blocks = case.seq_len // case.block_size * case.block_size  # the tokens in full blocks
-    if case.seq_len % case.block_size == 0 and _first_tokens_only(got, case, used_scale, full_blocks - case.block_size):
-        hint = (
-            f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
-            f"{case.block_size}), and your loop took none of its tokens"
-            + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
-            + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
-            "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
-        )
-    elif case.seq_len % case.block_size and _first_tokens_only(got, case, used_scale, full_blocks):
-        hint = (
-            f"you left out the partial last block: its {case.seq_len - full_blocks} token(s) (positions "
-            f"{full_blocks}..{case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
-            f"{math.ceil(case.seq_len / case.block_size)} blocks (math.ceil, or (seq_len + block_size - 1) // "
-            f"block_size), not seq_len // block_size = {case.seq_len // case.block_size}"
-        )
-    elif (num_read := _leading_blocks_read(got, case, used_scale)) is not None:
-        num_blocks = math.ceil(case.seq_len / case.block_size)
-        hint = (
-            f"your loop read only the sequence's first {num_read} block(s) ({num_read * case.block_size} tokens) "
-            f"of its {num_blocks}: walk ceil(seq_len / block_size) blocks"
-        )
-        if case.block_size != 16 and num_read == math.ceil(case.seq_len / 16):
-            hint += (
-                f", with this cache's block_size ({case.block_size}, k_cache.shape[1]): {num_read} is the number "
-                "of blocks a block_size of 16 gives. The engine's caches have other block sizes; never write 16"
-            )
-    elif case.seq_len % case.block_size and _close(got, _every_block_partial(case, used_scale)):
-        valid = case.seq_len % case.block_size
-        hint = (
-            f"you took {valid} token(s) (seq_len % block_size) from EVERY block; only the last block is "
-            f"partial: block i holds min(block_size, seq_len - i * block_size) of the sequence's tokens, "
-            "so every block before the last is full"
-        )
-    elif scale is None and _close(got, case.dense(1.0 / case.head_dim)):
-        hint = (
-            f"your default scale is 1/head_dim (1/{case.head_dim}); with scale=None the scores are multiplied "
-            f"by 1/sqrt(head_dim) = {case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
-        )
-    elif extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
-        hint = (
-            "the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
-            "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
-            "max before exp (exp(score - max) is 1 for the largest score), which keeps every term finite "
-            "and the sum positive whatever the scores"
-        )
-    elif torch.isnan(got).any():
-        hint = (
-            "NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
-            "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
-            "V by a weight of 0, because 0 * NaN = NaN: drop those rows (slice to the valid length) "
-            "or select with torch.where"
-        )
-    elif _close(got, case.dense(1.0)):
-        hint = "your scores are not scaled: multiply q @ k by 1/sqrt(head_dim) (or by `scale` when it is given)"
-    elif scale is not None and _close(got, case.dense(case.head_dim**-0.5)):
-        hint = "you ignored the `scale` argument: use it when it is given, 1/sqrt(head_dim) only when it is None"
-    elif case.num_q_heads != case.num_kv_heads and _close(got, case.dense(used_scale, lambda h: h % case.num_kv_heads)):
-        group = case.num_q_heads // case.num_kv_heads
-        hint = (
-            f"grouped-query attention: query head h reads KV head h // {group} (num_q_heads // num_kv_heads), "
-            "consecutive query heads share a KV head; you used h % num_kv_heads"
-        )
-    elif case.seq_len % case.block_size and _close(got, _unmasked_output(case, used_scale)):
-        valid = case.seq_len % case.block_size
-        hint = (
-            f"the last block holds only {valid} of the sequence's tokens (seq_len % block_size); you also "
-            f"attended to its {case.block_size - valid} unused slots: mask them (or slice them off)"
-        )
-    elif (rescale := _missing_rescale(paged_decode, case, used_scale, kwargs, got)) is not None:
-        hint = rescale
-    else:
-        logical = _logical_block_output(case, used_scale)
-        if logical is not None and _close(got, logical):
-            hint = (
-                "you read the blocks in logical order (block i of the sequence = k_cache[i]); "
-                "the sequence's i-th block lives in physical block block_table[i]"
-            )
+    seen = _WrongOutput(paged_decode, case, got, scale, kwargs)
+    mistake = first_mistake(OUTPUT_MISTAKES, seen)
     check.expect(
         False,
         f"{where}: your output differs from the reference by up to "
         f"{(got.float() - want.float()).abs().max().item():.3g}",
-        hint,
+        mistake.hint_for(seen) if mistake else OUTPUT_HINT,
         random_case=random_case,
     )
 
@@ -1413,6 +1335,166 @@ def _logical_block_output(case: _DecodeCase, scale) -> torch.Tensor | None:
     if torch.isnan(keys).any() or torch.isnan(values).any():
         return torch.full((case.num_q_heads, case.head_dim), float("nan"))
     return case.dense(scale, keys=keys, values=values)
+
+
+@dataclass
+class _WrongOutput:
+    """A paged_decode output that is not the reference's, and the case it was computed on."""
+
+    paged_decode: Callable
+    case: _DecodeCase
+    got: torch.Tensor
+    scale: float | None  # the scale passed (None: the default)
+    kwargs: dict
+
+    @property
+    def used_scale(self) -> float:
+        return self.case.head_dim**-0.5 if self.scale is None else self.scale
+
+    @property
+    def extreme(self) -> bool:
+        return self.case.very_negative or (self.scale is not None and self.scale >= 10)
+
+    @property
+    def full_blocks(self) -> int:
+        """The sequence's tokens in full blocks."""
+        return self.case.seq_len // self.case.block_size * self.case.block_size
+
+    @property
+    def partial(self) -> int:
+        """The tokens in the partial last block (0: the last block is full)."""
+        return self.case.seq_len % self.case.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return math.ceil(self.case.seq_len / self.case.block_size)
+
+    def attends_to(self, output: torch.Tensor | None) -> bool:
+        return output is not None and _close(self.got, output)
+
+    def first_tokens_only(self, num_tokens: int) -> bool:
+        return _first_tokens_only(self.got, self.case, self.used_scale, num_tokens)
+
+    @functools.cached_property
+    def leading_blocks_read(self) -> int | None:
+        return _leading_blocks_read(self.got, self.case, self.used_scale)
+
+    @functools.cached_property
+    def unmasked(self) -> torch.Tensor:
+        return _unmasked_output(self.case, self.used_scale)
+
+    @functools.cached_property
+    def missing_rescale(self) -> str | None:
+        return _missing_rescale(self.paged_decode, self.case, self.used_scale, self.kwargs, self.got)
+
+
+def _last_full_block_hint(seen: _WrongOutput) -> str:
+    case = seen.case
+    return (
+        f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
+        f"{case.block_size}), and your loop took none of its tokens"
+        + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
+        + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
+        "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
+    )
+
+
+def _leading_blocks_hint(seen: _WrongOutput) -> str:
+    case, num_read = seen.case, seen.leading_blocks_read
+    hint = (
+        f"your loop read only the sequence's first {num_read} block(s) ({num_read * case.block_size} tokens) "
+        f"of its {seen.num_blocks}: walk ceil(seq_len / block_size) blocks"
+    )
+    if case.block_size != 16 and num_read == math.ceil(case.seq_len / 16):
+        hint += (
+            f", with this cache's block_size ({case.block_size}, k_cache.shape[1]): {num_read} is the number "
+            "of blocks a block_size of 16 gives. The engine's caches have other block sizes; never write 16"
+        )
+    return hint
+
+
+OUTPUT_HINT = "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"
+"""The hint for a wrong output that no row of OUTPUT_MISTAKES explains."""
+
+# What a wrong output is, as a table of mistakes: the first row that shows gives the hint (each row
+# compares the output with what one mistake computes on the case).
+OUTPUT_MISTAKES = (
+    Mistake(
+        lambda seen: seen.partial == 0 and seen.first_tokens_only(seen.full_blocks - seen.case.block_size),
+        hint=_last_full_block_hint,
+    ),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.first_tokens_only(seen.full_blocks),
+        hint=lambda seen: (
+            f"you left out the partial last block: its {seen.partial} token(s) (positions "
+            f"{seen.full_blocks}..{seen.case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
+            f"{seen.num_blocks} blocks (math.ceil, or (seq_len + block_size - 1) // "
+            f"block_size), not seq_len // block_size = {seen.case.seq_len // seen.case.block_size}"
+        ),
+    ),
+    Mistake(lambda seen: seen.leading_blocks_read is not None, hint=_leading_blocks_hint),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.attends_to(_every_block_partial(seen.case, seen.used_scale)),
+        hint=lambda seen: (
+            f"you took {seen.partial} token(s) (seq_len % block_size) from EVERY block; only the last block is "
+            f"partial: block i holds min(block_size, seq_len - i * block_size) of the sequence's tokens, "
+            "so every block before the last is full"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.scale is None and seen.attends_to(seen.case.dense(1.0 / seen.case.head_dim)),
+        hint=lambda seen: (
+            f"your default scale is 1/head_dim (1/{seen.case.head_dim}); with scale=None the scores are multiplied "
+            f"by 1/sqrt(head_dim) = {seen.case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.extreme and not torch.isfinite(seen.got.float()).all() and not seen.attends_to(seen.unmasked),
+        hint="the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
+        "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
+        "max before exp (exp(score - max) is 1 for the largest score), which keeps every term finite "
+        "and the sum positive whatever the scores",
+    ),
+    Mistake(
+        lambda seen: bool(torch.isnan(seen.got).any()),
+        hint="NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
+        "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
+        "V by a weight of 0, because 0 * NaN = NaN: drop those rows (slice to the valid length) "
+        "or select with torch.where",
+    ),
+    Mistake(
+        lambda seen: seen.attends_to(seen.case.dense(1.0)),
+        hint="your scores are not scaled: multiply q @ k by 1/sqrt(head_dim) (or by `scale` when it is given)",
+    ),
+    Mistake(
+        lambda seen: seen.scale is not None and seen.attends_to(seen.case.dense(seen.case.head_dim**-0.5)),
+        hint="you ignored the `scale` argument: use it when it is given, 1/sqrt(head_dim) only when it is None",
+    ),
+    Mistake(
+        lambda seen: (
+            seen.case.num_q_heads != seen.case.num_kv_heads
+            and seen.attends_to(seen.case.dense(seen.used_scale, lambda h: h % seen.case.num_kv_heads))
+        ),
+        hint=lambda seen: (
+            f"grouped-query attention: query head h reads KV head h // "
+            f"{seen.case.num_q_heads // seen.case.num_kv_heads} (num_q_heads // num_kv_heads), "
+            "consecutive query heads share a KV head; you used h % num_kv_heads"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.attends_to(seen.unmasked),
+        hint=lambda seen: (
+            f"the last block holds only {seen.partial} of the sequence's tokens (seq_len % block_size); you also "
+            f"attended to its {seen.case.block_size - seen.partial} unused slots: mask them (or slice them off)"
+        ),
+    ),
+    Mistake(lambda seen: seen.missing_rescale is not None, hint=lambda seen: seen.missing_rescale),
+    Mistake(
+        lambda seen: seen.attends_to(_logical_block_output(seen.case, seen.used_scale)),
+        hint="you read the blocks in logical order (block i of the sequence = k_cache[i]); "
+        "the sequence's i-th block lives in physical block block_table[i]",
+    ),
+)
 
 
 @guarded_check(part="paged_decode")
