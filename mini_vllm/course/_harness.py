@@ -98,6 +98,12 @@ class Mistake:
         return self.hint(seen) if callable(self.hint) else self.hint
 
 
+def unequal(case: str, expected: Any, got: Any) -> str:
+    """``case`` followed by what was expected and what came, as :meth:`Checker.expect_equal` words a failure
+    (a row of mistakes whose problem is a wrong value writes its problem with it)."""
+    return f"{case}\n    expected: {_short(expected)}\n    got:      {_short(got)}"
+
+
 def first_mistake(mistakes: Iterable[Mistake], seen: Any) -> Mistake | None:
     """The first row whose mistake shows in ``seen`` (the most telling explanation comes first), else None."""
     return next((mistake for mistake in mistakes if mistake.shows(seen)), None)
@@ -121,7 +127,7 @@ class Checker:
         """Fail with a helpful message unless ``got == expected``."""
         self._count(random_case)
         if got != expected:
-            message = f"{self.name}: {case}\n    expected: {_short(expected)}\n    got:      {_short(got)}"
+            message = f"{self.name}: {unequal(case, expected, got)}"
             if hint:
                 message += f"\n    hint: {hint}"
             raise CheckFailure(message)
