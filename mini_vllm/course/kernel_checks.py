@@ -1083,7 +1083,7 @@ DECODE_ERRORS = (
         ),
     ),
     Mistake(
-        lambda seen: seen.grouped and (seen.k_heads is not None or isinstance(seen.error, ZeroDivisionError)),
+        lambda seen: seen.grouped and (seen.k_heads is not None or "ZeroDivisionError" in repr(seen.error)),
         hint=_group_hint,
     ),
 )
