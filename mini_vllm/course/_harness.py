@@ -37,8 +37,9 @@ from typing import Any
 from ..tools import paths
 from .parts import PARTS_BY_KEY, keep
 
-Hint = str | dict[type[BaseException], str]
-"""The likely mistake behind a learner's exception: one for all, or one per exception type."""
+Hint = str | dict[type[BaseException], str] | Callable[[BaseException], str]
+"""The likely mistake behind a learner's exception: one for all, one per exception type, or one read from the
+exception (a function of it; "" leaves the general guess)."""
 
 _PACKAGE_DIRS = tuple(
     str(path)
@@ -97,6 +98,12 @@ class Mistake:
         return self.hint(seen) if callable(self.hint) else self.hint
 
 
+def unequal(case: str, expected: Any, got: Any) -> str:
+    """``case`` followed by what was expected and what came, as :meth:`Checker.expect_equal` words a failure
+    (a row of mistakes whose problem is a wrong value writes its problem with it)."""
+    return f"{case}\n    expected: {_short(expected)}\n    got:      {_short(got)}"
+
+
 def first_mistake(mistakes: Iterable[Mistake], seen: Any) -> Mistake | None:
     """The first row whose mistake shows in ``seen`` (the most telling explanation comes first), else None."""
     return next((mistake for mistake in mistakes if mistake.shows(seen)), None)
@@ -120,7 +127,7 @@ class Checker:
         """Fail with a helpful message unless ``got == expected``."""
         self._count(random_case)
         if got != expected:
-            message = f"{self.name}: {case}\n    expected: {_short(expected)}\n    got:      {_short(got)}"
+            message = f"{self.name}: {unequal(case, expected, got)}"
             if hint:
                 message += f"\n    hint: {hint}"
             raise CheckFailure(message)
@@ -376,6 +383,8 @@ def learner_error(name: str, what: str, error: BaseException, expected: str = ""
     root = _innermost(error)
     if isinstance(hint, dict):  # a hint for some kinds of exception; the general guess for the others
         hint = next((text for kind, text in hint.items() if isinstance(root, kind)), "")
+    elif callable(hint):  # a hint read from the exception itself (its message names what went wrong)
+        hint = hint(root)
     lines = [f"{name}: {what} raised {type(root).__name__}: {_first_line(root)}"]
     if expected:
         lines.append(f"    expected: {expected}")

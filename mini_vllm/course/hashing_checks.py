@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from ..hashing import NONE_HASH, block_extra_keys
 from ..hashing import hash_block_tokens as reference_hash_block_tokens
 from ..hashing import hash_request_tokens as reference_hash_request_tokens
-from ._harness import CheckFailure, Checker, guarded_check, snapshot
+from ._harness import CheckFailure, Checker, Mistake, guarded_check, snapshot, unequal
 
 EXACT_HINT = (
     "hash hashlib.sha256(pickle.dumps((parent, tuple(token_ids), extra_keys), protocol=5)).digest(), "
@@ -305,6 +305,148 @@ def _loop_is_right_with(hash_request_tokens: Callable, hash_block_tokens: Callab
     return True
 
 
+class _Properties:
+    """The learner's hash_request_tokens on the prompts that show its properties (48 tokens, block_size 16).
+
+    Each call is made once, when a row of PROPERTY_MISTAKES first needs its result, so the rows call
+    the learner in the order they are read.
+    """
+
+    def __init__(self, hash_request_tokens: Callable, tokens: list[int]) -> None:
+        self.hash_request_tokens = hash_request_tokens
+        self.tokens = tokens
+        self._full: dict[int, list] = {}
+
+    @functools.cached_property
+    def once(self) -> list:
+        return self.hash_request_tokens(list(range(32)), 16, None, None)
+
+    @functools.cached_property
+    def twice(self) -> list:
+        """The same 32 tokens again: state kept between calls (a mutable default, a global list) adds the last
+        call's hashes."""
+        return self.hash_request_tokens(list(range(32)), 16, None, None)
+
+    def full(self, num_tokens: int) -> list:
+        """The hashes of the prompt 0..num_tokens-1."""
+        if num_tokens not in self._full:
+            self._full[num_tokens] = self.hash_request_tokens(list(range(num_tokens)), 16, None, None)
+        return self._full[num_tokens]
+
+    def count(self, num_tokens: int) -> int | None:
+        """How many hashes ``num_tokens`` tokens got (None: not a list)."""
+        got = self.full(num_tokens)
+        return len(got) if isinstance(got, list) else None
+
+    @functools.cached_property
+    def repeated(self) -> list:
+        return self.hash_request_tokens([5] * 32, 16, None, None)
+
+    @functools.cached_property
+    def first(self) -> bytes:
+        """Block 0's hash."""
+        return self.hash_request_tokens(self.tokens, 16, None, None)[0]
+
+    @functools.cached_property
+    def unsalted(self) -> list:
+        return self.hash_request_tokens(self.tokens, 16, None, None)
+
+    @functools.cached_property
+    def other_start(self) -> list:
+        """The same prompt with another block 0."""
+        return self.hash_request_tokens([t + 1 for t in self.tokens[:16]] + self.tokens[16:], 16, None, None)
+
+    @functools.cached_property
+    def later_blocks_differ(self) -> bool:
+        """True when every block after block 0 has another hash once block 0 changes."""
+        unsalted, other_start = self.unsalted, self.other_start
+        return all(a != b for a, b in zip(other_start[1:], unsalted[1:]))
+
+    @functools.cached_property
+    def salted(self) -> list:
+        return self.hash_request_tokens(self.tokens, 16, "tenant-a", None)
+
+    @functools.cached_property
+    def salted_unchanged(self) -> list[int]:
+        """The blocks whose hash a cache_salt leaves unchanged."""
+        return [i for i, (a, b) in enumerate(zip(self.salted, self.unsalted)) if a == b]
+
+
+def _full_blocks_row(num_tokens: int) -> Mistake:
+    """A row of PROPERTY_MISTAKES: ``num_tokens`` tokens with block_size 16 get one hash per FULL block."""
+    num_full = num_tokens // 16
+    return Mistake(
+        lambda seen: seen.count(num_tokens) != num_full,
+        lambda seen: (
+            f"{num_tokens} tokens with block_size 16 make {num_full} FULL blocks, but you returned "
+            f"{seen.count(num_tokens) if seen.count(num_tokens) is not None else repr(seen.full(num_tokens))} "
+            "hashes"
+        ),
+        lambda seen: (
+            "one hash short: every full block gets one, the last full block too: range(len(token_ids) // "
+            "block_size), without a - 1"
+            if seen.count(num_tokens) == num_full - 1
+            else "only FULL blocks get a hash (len(token_ids) // block_size of them); a partial tail may still "
+            "change, so it gets none"
+        ),
+    )
+
+
+# hash_request_tokens's properties, as a table of mistakes: each row is one of the check's cases, read in
+# order before the exact bytes are compared.
+PROPERTY_MISTAKES = (
+    Mistake(
+        lambda seen: seen.once != seen.twice,
+        lambda seen: (
+            f"the same 32 tokens hashed twice gave {len(seen.once)} and then {len(seen.twice)} hashes"
+            + (" (the second call returned the first call's hashes too)" if len(seen.twice) > len(seen.once) else "")
+        ),
+        "build a fresh list in every call (hashes = [] inside the function): a mutable default argument "
+        "(def hash_request_tokens(..., hashes=[])) or a module-level list keeps the previous call's hashes",
+    ),
+    *(_full_blocks_row(num_tokens) for num_tokens in (0, 15, 16, 47, 48, 49)),
+    Mistake(
+        lambda seen: seen.repeated[0] == seen.repeated[1],
+        "the same 16 tokens in block 0 and in block 1 got the same hash",
+        "chain each block to the previous block's hash: equal tokens at another position (after another "
+        "prefix) have other K/V, so they must have another hash",
+    ),
+    Mistake(
+        lambda seen: seen.first != reference_hash_block_tokens(None, seen.tokens[:16]),
+        lambda seen: unequal(
+            "block 0 of a prompt without extra keys", reference_hash_block_tokens(None, seen.tokens[:16]), seen.first
+        ),
+        lambda seen: _block_zero_hint(seen.first, seen.tokens),
+    ),
+    Mistake(
+        lambda seen: not seen.later_blocks_differ,
+        "two prompts that differ only in block 0 got the same hash for a later block",
+        "pass each block's parent, the previous block's hash, to hash_block_tokens: a hash must name the "
+        "whole prefix, because a block's K/V depend on every token before it",
+    ),
+    Mistake(
+        lambda seen: bool(seen.salted_unchanged),
+        lambda seen: f"a cache_salt leaves the hashes of blocks {seen.salted_unchanged} unchanged",
+        lambda seen: (
+            "the salt changed no hash: pass each block's extra keys, block_extra_keys(i, cache_salt, lora_name), "
+            "to hash_block_tokens"
+            if len(seen.salted_unchanged) == len(seen.salted)
+            else "block 0's hash changed with the salt but later ones did not: hash each later block with its "
+            "parent, the previous block's hash (hash_block_tokens(parent, ...)); that is how the salt in block 0's "
+            "extra keys reaches every later hash"
+        ),
+    ),
+    Mistake(
+        lambda seen: (
+            seen.hash_request_tokens(seen.tokens, 16, "x", None)[0]
+            == seen.hash_request_tokens(seen.tokens, 16, None, "x")[0]
+        ),
+        "a cache_salt 'x' and a LoRA adapter named 'x' give block 0 the same hash",
+        "tag each key with its kind: use block_extra_keys(index, cache_salt, lora_name)",
+    ),
+)
+
+
 def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
     check = Checker("hash_request_tokens")
     learner = check.wrap(hash_request_tokens, "hash_request_tokens", "a list with one hash per full block")
@@ -325,72 +467,7 @@ def _check_hash_request_tokens(hash_request_tokens: Callable) -> None:
         return result
 
     tokens = list(range(48))
-    # State kept between calls (a mutable default, a global list) adds the last call's hashes.
-    once = hash_request_tokens(list(range(32)), 16, None, None)
-    twice = hash_request_tokens(list(range(32)), 16, None, None)
-    check.expect(
-        once == twice,
-        f"the same 32 tokens hashed twice gave {len(once)} and then {len(twice)} hashes"
-        + (" (the second call returned the first call's hashes too)" if len(twice) > len(once) else ""),
-        "build a fresh list in every call (hashes = [] inside the function): a mutable default argument "
-        "(def hash_request_tokens(..., hashes=[])) or a module-level list keeps the previous call's hashes",
-    )
-
-    # Properties first.
-    for num_tokens in (0, 15, 16, 47, 48, 49):
-        got = hash_request_tokens(list(range(num_tokens)), 16, None, None)
-        num_full = num_tokens // 16
-        count = len(got) if isinstance(got, list) else None
-        check.expect(
-            count == num_full,
-            f"{num_tokens} tokens with block_size 16 make {num_full} FULL blocks, but you returned "
-            f"{count if count is not None else repr(got)} hashes",
-            "one hash short: every full block gets one, the last full block too: range(len(token_ids) // "
-            "block_size), without a - 1"
-            if count == num_full - 1
-            else "only FULL blocks get a hash (len(token_ids) // block_size of them); a partial tail may still "
-            "change, so it gets none",
-        )
-    repeated = hash_request_tokens([5] * 32, 16, None, None)
-    check.expect(
-        repeated[0] != repeated[1],
-        "the same 16 tokens in block 0 and in block 1 got the same hash",
-        "chain each block to the previous block's hash: equal tokens at another position (after another "
-        "prefix) have other K/V, so they must have another hash",
-    )
-    first = reference_hash_block_tokens(None, tokens[:16])
-    got_first = hash_request_tokens(tokens, 16, None, None)[0]
-    check.expect_equal(
-        got_first,
-        first,
-        "block 0 of a prompt without extra keys",
-        _block_zero_hint(got_first, tokens) if got_first != first else "",
-    )
-    unsalted = hash_request_tokens(tokens, 16, None, None)
-    other_start = hash_request_tokens([t + 1 for t in tokens[:16]] + tokens[16:], 16, None, None)
-    check.expect(
-        all(a != b for a, b in zip(other_start[1:], unsalted[1:])),
-        "two prompts that differ only in block 0 got the same hash for a later block",
-        "pass each block's parent, the previous block's hash, to hash_block_tokens: a hash must name the "
-        "whole prefix, because a block's K/V depend on every token before it",
-    )
-    salted = hash_request_tokens(tokens, 16, "tenant-a", None)
-    unchanged = [i for i, (a, b) in enumerate(zip(salted, unsalted)) if a == b]
-    check.expect(
-        not unchanged,
-        f"a cache_salt leaves the hashes of blocks {unchanged} unchanged",
-        "the salt changed no hash: pass each block's extra keys, block_extra_keys(i, cache_salt, lora_name), "
-        "to hash_block_tokens"
-        if len(unchanged) == len(salted)
-        else "block 0's hash changed with the salt but later ones did not: hash each later block with its parent, "
-        "the previous block's hash (hash_block_tokens(parent, ...)); that is how the salt in block 0's extra "
-        "keys reaches every later hash",
-    )
-    check.expect(
-        hash_request_tokens(tokens, 16, "x", None)[0] != hash_request_tokens(tokens, 16, None, "x")[0],
-        "a cache_salt 'x' and a LoRA adapter named 'x' give block 0 the same hash",
-        "tag each key with its kind: use block_extra_keys(index, cache_salt, lora_name)",
-    )
+    check.expect_no_mistakes(PROPERTY_MISTAKES, _Properties(hash_request_tokens, tokens))
     # Then the exact bytes, block by block.
     cases = [
         ("48 tokens: three blocks", (tokens, 16, None, None), "chain each block to the previous block's hash"),

@@ -14,13 +14,16 @@
   ``num_tokens`` writes there (and is named) instead of at a garbage address.
   Two caches that are views with other strides (K and V side by side in one
   tensor; each head's slots together) catch strides worked out from the shape.
+  In Triton's interpreter every ``tl.load``'s addresses are recorded, so loads
+  without the mask (behind masked stores, which keep the caches right) are
+  named: compiled, they read past the end of ``key`` and ``value``.
 * :func:`check_paged_decode` compares your PyTorch
   ``paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None)``
   with :func:`mini_vllm.kernels.reference.paged_attention` for one sequence, float16
   and bfloat16 included (the output keeps the query's dtype, within 1 ulp of
   the float32 result: arithmetic in float16/bfloat16 is several ulps off),
-  with scores all far below 0, and checks that the inputs (the shared caches)
-  are unchanged. An output that an online softmax without the rescale by
+  with scores all far below 0, and checks that the inputs (the query, the shared
+  caches) are unchanged. An output that an online softmax without the rescale by
   ``exp(old_max - new_max)`` gives, or one that is right only when the
   running max never changes (the same keys reordered), is named as such.
 
@@ -31,17 +34,20 @@ Both functions are extension points of the engine (``EngineParts.store_kv``,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
 import mmap
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ._harness import Checker, Mistake, guarded_check, learner_error
+from ._harness import Checker, Mistake, first_mistake, guarded_check, learner_error
 
 GUARD_ROWS = 2
 """Rows of sentinel values before and after each cache in the store_kv check."""
@@ -77,6 +83,48 @@ def _is_stub(error: BaseException) -> bool:
     return False
 
 
+@dataclass
+class _KernelError:
+    """An exception raised while Triton traced or ran the learner's kernel, as Triton words it."""
+
+    error: BaseException
+
+    @functools.cached_property
+    def store_shapes(self) -> tuple[list[int], list[int]] | None:
+        """(the value's shape, the address tile's shape) when a tl.store's addresses do not cover its value."""
+        match = re.search(r"Expected pointer argument to have shape (.+?) but got (.+)", str(self.error))
+        if match is None:
+            return None
+        value, address = ([int(n) for n in re.findall(r"\d+", shape)] for shape in match.groups())
+        return value, address
+
+
+# The kernel errors whose hint is known, as a table of mistakes (first_mistake picks the hint;
+# the others get the general guess from the exception).
+KERNEL_ERRORS = (
+    Mistake(
+        lambda seen: (
+            seen.store_shapes is not None
+            and len(seen.store_shapes[1]) == 2
+            and seen.store_shapes[1][0] == 1
+            and seen.store_shapes[0][0] > 1
+        ),
+        hint=lambda seen: (
+            f"the address tile is [1, HEAD_DIM_PAD] = {seen.store_shapes[1]} but the value is [HEADS_PAD, "
+            f"HEAD_DIM_PAD] = {seen.store_shapes[0]}: the address lacks heads * stride_cache_head. A token's row "
+            "in the cache is block * stride_cache_block + offset * stride_cache_offset + heads * stride_cache_head "
+            "+ dims, one address per lane of the tile"
+        ),
+    ),
+)
+
+
+def _kernel_error_hint(error: BaseException) -> str:
+    seen = _KernelError(error)
+    mistake = first_mistake(KERNEL_ERRORS, seen)
+    return mistake.hint_for(seen) if mistake else ""
+
+
 def _call_kernel_launcher(fn: Callable, *args, what: str = "store_kv(...)") -> None:
     try:
         fn(*args)
@@ -88,6 +136,7 @@ def _call_kernel_launcher(fn: Callable, *args, what: str = "store_kv(...)") -> N
             what,
             error,
             expected="each token's K/V row stored in its slot, nothing else changed",
+            hint=_kernel_error_hint,
         ) from None
 
 
@@ -251,6 +300,11 @@ class _WrongToken:
         """The wrong one of the two rows: the key's, unless only the value is wrong."""
         return "key" if not torch.equal(self.got_k, self.want_k) else "value"
 
+    @property
+    def untouched(self) -> bool:
+        """True when nothing was stored in the token's slot (both rows still hold the sentinel)."""
+        return bool((self.got_k == SENTINEL).all() and (self.got_v == SENTINEL).all())
+
     @functools.cached_property
     def found(self) -> int | None:
         """Where the wrong row's head 0 was written (an element offset from the cache's start), if anywhere."""
@@ -323,6 +377,12 @@ TOKEN_MISTAKES = (
         "(stride_value_head) in key/value and by the cache's head stride",
     ),
     # Then: where did the wrong row go?
+    Mistake(
+        lambda seen: seen.slot == 0 and seen.untouched,
+        _not_in_slot,
+        "slot 0 is a real slot; only negative slots are skipped: slot -1 marks a padding token, so skip "
+        "the token when slot < 0 (not slot <= 0, which drops the first slot of block 0)",
+    ),
     Mistake(lambda seen: seen.found is None, _not_in_slot, _nowhere_hint),
     Mistake(
         lambda seen: seen.found == seen.slot * seen.row and seen.which == "value",
@@ -348,6 +408,15 @@ TOKEN_MISTAKES = (
         lambda seen: (
             f"token {seen.token}'s {seen.which} landed at block {seen.slot}, i.e. you multiplied the slot "
             "by the block stride: block = slot // BLOCK_SIZE, offset = slot % BLOCK_SIZE"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.found == seen.token * seen.row,
+        _not_in_slot,
+        lambda seen: (
+            f"token {seen.token}'s {seen.which} landed where slot {seen.token} goes: address by "
+            f"slot_mapping[token] (here slot {seen.slot}), not the program id: slot = tl.load(slot_mapping_ptr "
+            "+ token)"
         ),
     ),
     Mistake(lambda seen: True, _not_in_slot, _landed_elsewhere_hint),
@@ -432,6 +501,81 @@ STRAY_MISTAKES = (
 )
 
 
+@dataclass
+class _Reads:
+    """What the learner's kernel read (as byte addresses, with the load's mask true) outside what it needs."""
+
+    read: np.ndarray  # every address loaded
+    allowed: np.ndarray  # the elements of the tokens' rows of key and value, and slot_mapping's entries
+    ends: dict[str, int]  # the address of the last element of key and of value
+
+    @functools.cached_property
+    def outside(self) -> np.ndarray:
+        return np.setdiff1d(self.read, self.allowed)
+
+    @property
+    def past_the_end(self) -> str | None:
+        """key or value, when a read went past the address of its last element."""
+        return next((name for name, end in self.ends.items() if (self.outside > end).any()), None)
+
+
+READ_MISTAKES = (
+    Mistake(
+        lambda seen: seen.outside.size > 0,
+        lambda seen: (
+            "your tl.load has no mask: lanes outside in_tile read past the token's row"
+            + (
+                f" (past the end of {seen.past_the_end} for the last token: an illegal address on a GPU)"
+                if seen.past_the_end
+                else ""
+            )
+        ),
+        "the stores are masked, but the loads must be too: pass mask=in_tile to both tl.load calls (a lane "
+        "masked off reads nothing). Compiled for a GPU, an unmasked load of the last token's padding lanes "
+        "reads past the end of key and value, an illegal memory access",
+    ),
+)
+
+
+@contextlib.contextmanager
+def _loads_recorded() -> Iterator[list[np.ndarray]]:
+    """The byte addresses every tl.load reads (its mask true) while the block runs, one array per load.
+
+    Triton's interpreter loads through ``interpreter_builder.create_masked_load`` (``tl.load``
+    without a mask too); it is wrapped for the block's duration. A kernel compiled for a GPU reads
+    where no check can see: the list stays empty.
+    """
+    loads: list[np.ndarray] = []
+    from mini_vllm import kernels
+
+    if not kernels.TRITON_INTERPRETED:
+        yield loads
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    load = builder.create_masked_load
+
+    def recorded(ptrs, mask, *args, **kwargs):
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)
+        loads.append(addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)])
+        return load(ptrs, mask, *args, **kwargs)
+
+    builder.create_masked_load = recorded
+    try:
+        yield loads
+    finally:
+        del builder.create_masked_load  # the class's method again
+
+
+def _element_addresses(tensor: torch.Tensor) -> np.ndarray:
+    """The byte address of every element of ``tensor`` (a view: its strides, not its shape, place them)."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        offsets = offsets[..., None] + torch.arange(size) * stride
+    return (tensor.data_ptr() + offsets.reshape(-1).numpy() * tensor.element_size()).astype(np.uint64)
+
+
 def _store_case(
     store_kv: Callable,
     check: Checker,
@@ -489,16 +633,17 @@ def _store_case(
     if not (fused_qkv or value_from_wider):
         value = _followed_by_zeros(value)
 
-    _call_kernel_launcher(
-        store_kv,
-        key,
-        value,
-        k.cache,
-        v.cache,
-        slot_mapping,
-        what=f"{case}: store_kv(key {key_dtype}, cache {cache_dtype}, slots={slots}, block_size={block_size}, "
-        f"num_kv_heads={num_kv_heads}, head_dim={head_dim})",
-    )
+    with _loads_recorded() as loads:
+        _call_kernel_launcher(
+            store_kv,
+            key,
+            value,
+            k.cache,
+            v.cache,
+            slot_mapping,
+            what=f"{case}: store_kv(key {key_dtype}, cache {cache_dtype}, slots={slots}, block_size={block_size}, "
+            f"num_kv_heads={num_kv_heads}, head_dim={head_dim})",
+        )
 
     expected_k = torch.full(k.shape, SENTINEL, dtype=cache_dtype, device=device)
     expected_v = torch.full(v.shape, SENTINEL, dtype=cache_dtype, device=device)
@@ -519,6 +664,13 @@ def _store_case(
         )
         check.expect_no_mistakes(TOKEN_MISTAKES, wrong, f"{where}: ", random_case, counted=False)
     check.expect_no_mistakes(STRAY_MISTAKES, _Strays(k, v, tile, slots, bait), f"{where}: ", random_case, counted=False)
+    needed = [_element_addresses(tensor) for tensor in (key, value, slot_mapping)]
+    reads = _Reads(
+        np.concatenate(loads) if loads else np.zeros(0, dtype=np.uint64),
+        np.concatenate(needed),
+        {"key": int(needed[0].max()), "value": int(needed[1].max())},
+    )
+    check.expect_no_mistakes(READ_MISTAKES, reads, f"{where}: ", random_case, counted=False)
     # Then the whole caches, element by element.
     check.expect(
         torch.equal(k.cache, expected_k) and torch.equal(v.cache, expected_v),
@@ -882,6 +1034,85 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(torch.allclose(got.float(), want.float(), rtol=tolerance[0], atol=tolerance[1]))
 
 
+@dataclass
+class _DecodeError:
+    """An exception the learner's paged_decode raised on a case."""
+
+    case: _DecodeCase
+    error: BaseException
+
+    @property
+    def grouped(self) -> bool:
+        return self.case.num_q_heads != self.case.num_kv_heads
+
+    @functools.cached_property
+    def k_heads(self) -> int | None:
+        """The heads of the learner's K when an einsum with the query failed on them (as torch words it)."""
+        match = re.search(
+            r"has size (\d+) for operand 1 which does not broadcast with previously seen size (\d+)", str(self.error)
+        )
+        if match is None or int(match.group(2)) != self.case.num_q_heads:
+            return None
+        return int(match.group(1))
+
+
+def _group_hint(seen: _DecodeError) -> str:
+    case = seen.case
+    told = (
+        f"your K has {seen.k_heads} heads where the query has {case.num_q_heads}"
+        if seen.k_heads is not None
+        else f"here {case.num_q_heads} query heads share {case.num_kv_heads} KV heads"
+    )
+    return (
+        f"{told}: group = num_q_heads // num_kv_heads = {case.num_q_heads // case.num_kv_heads} (num_kv_heads // "
+        f"num_q_heads is {case.num_kv_heads // case.num_q_heads}); query head h reads KV head h // group, so "
+        "repeat each KV head group times (k.repeat_interleave(group, dim=1)) to give K the query's heads"
+    )
+
+
+# The crashes whose hint is known, as a table of mistakes (first_mistake picks the hint; the others get
+# the general guess from the exception).
+DECODE_ERRORS = (
+    Mistake(
+        lambda seen: isinstance(seen.error, IndexError),
+        hint=lambda seen: (
+            "an index past the end of the block table or of a block: the sequence has "
+            f"ceil(seq_len / block_size) = {math.ceil(seen.case.seq_len / seen.case.block_size)} blocks here, and "
+            "the block table may hold no entry after them; walk exactly that many, and take block_size from the "
+            "cache (k_cache.shape[1])"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.grouped and (seen.k_heads is not None or "ZeroDivisionError" in repr(seen.error)),
+        hint=_group_hint,
+    ),
+)
+
+
+def _decode_error_hint(seen: _DecodeError) -> str:
+    mistake = first_mistake(DECODE_ERRORS, seen)
+    return mistake.hint_for(seen) if mistake else ""
+
+
+@dataclass
+class _ChangedInputs:
+    """Which of paged_decode's inputs it changed."""
+
+    query: bool
+    k_cache: bool
+    v_cache: bool
+
+
+CHANGED_INPUTS = (
+    Mistake(
+        lambda seen: seen.query and not (seen.k_cache or seen.v_cache),
+        "your paged_decode changed the query it was given",
+        "the query is the caller's tensor (the model reads it again): scale a copy, q = query.float() * scale, "
+        "not query.mul_(scale) or query *= scale, which write into it",
+    ),
+)
+
+
 def _decode_case(
     paged_decode: Callable, check: Checker, case: _DecodeCase, name: str, scale=None, random_case: bool = False
 ) -> None:
@@ -896,14 +1127,11 @@ def _decode_case(
         **kwargs,
         what=f"{where}: paged_decode(...)",
         expected=f"a tensor [num_q_heads, head_dim] = [{case.num_q_heads}, {case.head_dim}]",
-        hint={
-            IndexError: "an index past the end of the block table or of a block: the sequence has "
-            f"ceil(seq_len / block_size) = {math.ceil(case.seq_len / case.block_size)} blocks here, and the block "
-            "table may hold no entry after them; walk exactly that many, and take block_size from the cache "
-            "(k_cache.shape[1])"
-        },
+        hint=lambda error: _decode_error_hint(_DecodeError(case, error)),
     )
     want = case.expected(scale)
+    changed = _ChangedInputs(*(not _same(a, b) for a, b in zip(given, (case.query, case.k_cache, case.v_cache))))
+    check.expect_no_mistakes(CHANGED_INPUTS, changed, f"{where}: ", random_case, counted=False)
     check.expect(
         all(_same(a, b) for a, b in zip(given, (case.query, case.k_cache, case.v_cache, case.block_table))),
         f"{where}: your paged_decode changed its inputs (the query, the caches or the block table)",
@@ -943,91 +1171,13 @@ def _decode_case(
             )
         check.expect(True, where, random_case=random_case)
         return
-    hint = "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"
-    extreme = case.very_negative or (scale is not None and scale >= 10)
-    full_blocks = case.seq_len // case.block_size * case.block_size  # the tokens in full blocks
-    if case.seq_len % case.block_size == 0 and _first_tokens_only(got, case, used_scale, full_blocks - case.block_size):
-        hint = (
-            f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
-            f"{case.block_size}), and your loop took none of its tokens"
-            + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
-            + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
-            "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
-        )
-    elif case.seq_len % case.block_size and _first_tokens_only(got, case, used_scale, full_blocks):
-        hint = (
-            f"you left out the partial last block: its {case.seq_len - full_blocks} token(s) (positions "
-            f"{full_blocks}..{case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
-            f"{math.ceil(case.seq_len / case.block_size)} blocks (math.ceil, or (seq_len + block_size - 1) // "
-            f"block_size), not seq_len // block_size = {case.seq_len // case.block_size}"
-        )
-    elif (num_read := _leading_blocks_read(got, case, used_scale)) is not None:
-        num_blocks = math.ceil(case.seq_len / case.block_size)
-        hint = (
-            f"your loop read only the sequence's first {num_read} block(s) ({num_read * case.block_size} tokens) "
-            f"of its {num_blocks}: walk ceil(seq_len / block_size) blocks"
-        )
-        if case.block_size != 16 and num_read == math.ceil(case.seq_len / 16):
-            hint += (
-                f", with this cache's block_size ({case.block_size}, k_cache.shape[1]): {num_read} is the number "
-                "of blocks a block_size of 16 gives. The engine's caches have other block sizes; never write 16"
-            )
-    elif case.seq_len % case.block_size and _close(got, _every_block_partial(case, used_scale)):
-        valid = case.seq_len % case.block_size
-        hint = (
-            f"you took {valid} token(s) (seq_len % block_size) from EVERY block; only the last block is "
-            f"partial: block i holds min(block_size, seq_len - i * block_size) of the sequence's tokens, "
-            "so every block before the last is full"
-        )
-    elif scale is None and _close(got, case.dense(1.0 / case.head_dim)):
-        hint = (
-            f"your default scale is 1/head_dim (1/{case.head_dim}); with scale=None the scores are multiplied "
-            f"by 1/sqrt(head_dim) = {case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
-        )
-    elif extreme and not torch.isfinite(got.float()).all() and not _close(got, _unmasked_output(case, used_scale)):
-        hint = (
-            "the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
-            "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
-            "max before exp (exp(score - max) is 1 for the largest score), which keeps every term finite "
-            "and the sum positive whatever the scores"
-        )
-    elif torch.isnan(got).any():
-        hint = (
-            "NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
-            "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
-            "V by a weight of 0, because 0 * NaN = NaN: drop those rows (slice to the valid length) "
-            "or select with torch.where"
-        )
-    elif _close(got, case.dense(1.0)):
-        hint = "your scores are not scaled: multiply q @ k by 1/sqrt(head_dim) (or by `scale` when it is given)"
-    elif scale is not None and _close(got, case.dense(case.head_dim**-0.5)):
-        hint = "you ignored the `scale` argument: use it when it is given, 1/sqrt(head_dim) only when it is None"
-    elif case.num_q_heads != case.num_kv_heads and _close(got, case.dense(used_scale, lambda h: h % case.num_kv_heads)):
-        group = case.num_q_heads // case.num_kv_heads
-        hint = (
-            f"grouped-query attention: query head h reads KV head h // {group} (num_q_heads // num_kv_heads), "
-            "consecutive query heads share a KV head; you used h % num_kv_heads"
-        )
-    elif case.seq_len % case.block_size and _close(got, _unmasked_output(case, used_scale)):
-        valid = case.seq_len % case.block_size
-        hint = (
-            f"the last block holds only {valid} of the sequence's tokens (seq_len % block_size); you also "
-            f"attended to its {case.block_size - valid} unused slots: mask them (or slice them off)"
-        )
-    elif (rescale := _missing_rescale(paged_decode, case, used_scale, kwargs, got)) is not None:
-        hint = rescale
-    else:
-        logical = _logical_block_output(case, used_scale)
-        if logical is not None and _close(got, logical):
-            hint = (
-                "you read the blocks in logical order (block i of the sequence = k_cache[i]); "
-                "the sequence's i-th block lives in physical block block_table[i]"
-            )
+    seen = _WrongOutput(paged_decode, case, got, scale, kwargs)
+    mistake = first_mistake(OUTPUT_MISTAKES, seen)
     check.expect(
         False,
         f"{where}: your output differs from the reference by up to "
         f"{(got.float() - want.float()).abs().max().item():.3g}",
-        hint,
+        mistake.hint_for(seen) if mistake else OUTPUT_HINT,
         random_case=random_case,
     )
 
@@ -1185,6 +1335,166 @@ def _logical_block_output(case: _DecodeCase, scale) -> torch.Tensor | None:
     if torch.isnan(keys).any() or torch.isnan(values).any():
         return torch.full((case.num_q_heads, case.head_dim), float("nan"))
     return case.dense(scale, keys=keys, values=values)
+
+
+@dataclass
+class _WrongOutput:
+    """A paged_decode output that is not the reference's, and the case it was computed on."""
+
+    paged_decode: Callable
+    case: _DecodeCase
+    got: torch.Tensor
+    scale: float | None  # the scale passed (None: the default)
+    kwargs: dict
+
+    @property
+    def used_scale(self) -> float:
+        return self.case.head_dim**-0.5 if self.scale is None else self.scale
+
+    @property
+    def extreme(self) -> bool:
+        return self.case.very_negative or (self.scale is not None and self.scale >= 10)
+
+    @property
+    def full_blocks(self) -> int:
+        """The sequence's tokens in full blocks."""
+        return self.case.seq_len // self.case.block_size * self.case.block_size
+
+    @property
+    def partial(self) -> int:
+        """The tokens in the partial last block (0: the last block is full)."""
+        return self.case.seq_len % self.case.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return math.ceil(self.case.seq_len / self.case.block_size)
+
+    def attends_to(self, output: torch.Tensor | None) -> bool:
+        return output is not None and _close(self.got, output)
+
+    def first_tokens_only(self, num_tokens: int) -> bool:
+        return _first_tokens_only(self.got, self.case, self.used_scale, num_tokens)
+
+    @functools.cached_property
+    def leading_blocks_read(self) -> int | None:
+        return _leading_blocks_read(self.got, self.case, self.used_scale)
+
+    @functools.cached_property
+    def unmasked(self) -> torch.Tensor:
+        return _unmasked_output(self.case, self.used_scale)
+
+    @functools.cached_property
+    def missing_rescale(self) -> str | None:
+        return _missing_rescale(self.paged_decode, self.case, self.used_scale, self.kwargs, self.got)
+
+
+def _last_full_block_hint(seen: _WrongOutput) -> str:
+    case = seen.case
+    return (
+        f"the sequence's last block is full here (seq_len {case.seq_len} is a multiple of block_size "
+        f"{case.block_size}), and your loop took none of its tokens"
+        + (" (with no tokens at all, the softmax is 0 / 0 = NaN)" if case.seq_len == case.block_size else "")
+        + ": the last block holds seq_len - i * block_size tokens, up to block_size: "
+        "min(block_size, seq_len - i * block_size). seq_len % block_size is 0 when the block is full"
+    )
+
+
+def _leading_blocks_hint(seen: _WrongOutput) -> str:
+    case, num_read = seen.case, seen.leading_blocks_read
+    hint = (
+        f"your loop read only the sequence's first {num_read} block(s) ({num_read * case.block_size} tokens) "
+        f"of its {seen.num_blocks}: walk ceil(seq_len / block_size) blocks"
+    )
+    if case.block_size != 16 and num_read == math.ceil(case.seq_len / 16):
+        hint += (
+            f", with this cache's block_size ({case.block_size}, k_cache.shape[1]): {num_read} is the number "
+            "of blocks a block_size of 16 gives. The engine's caches have other block sizes; never write 16"
+        )
+    return hint
+
+
+OUTPUT_HINT = "compare your loop with mini_vllm.kernels.reference.paged_attention on this case"
+"""The hint for a wrong output that no row of OUTPUT_MISTAKES explains."""
+
+# What a wrong output is, as a table of mistakes: the first row that shows gives the hint (each row
+# compares the output with what one mistake computes on the case).
+OUTPUT_MISTAKES = (
+    Mistake(
+        lambda seen: seen.partial == 0 and seen.first_tokens_only(seen.full_blocks - seen.case.block_size),
+        hint=_last_full_block_hint,
+    ),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.first_tokens_only(seen.full_blocks),
+        hint=lambda seen: (
+            f"you left out the partial last block: its {seen.partial} token(s) (positions "
+            f"{seen.full_blocks}..{seen.case.seq_len - 1}) count too. Walk ceil(seq_len / block_size) = "
+            f"{seen.num_blocks} blocks (math.ceil, or (seq_len + block_size - 1) // "
+            f"block_size), not seq_len // block_size = {seen.case.seq_len // seen.case.block_size}"
+        ),
+    ),
+    Mistake(lambda seen: seen.leading_blocks_read is not None, hint=_leading_blocks_hint),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.attends_to(_every_block_partial(seen.case, seen.used_scale)),
+        hint=lambda seen: (
+            f"you took {seen.partial} token(s) (seq_len % block_size) from EVERY block; only the last block is "
+            f"partial: block i holds min(block_size, seq_len - i * block_size) of the sequence's tokens, "
+            "so every block before the last is full"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.scale is None and seen.attends_to(seen.case.dense(1.0 / seen.case.head_dim)),
+        hint=lambda seen: (
+            f"your default scale is 1/head_dim (1/{seen.case.head_dim}); with scale=None the scores are multiplied "
+            f"by 1/sqrt(head_dim) = {seen.case.head_dim**-0.5:.4g} (math.sqrt, or head_dim ** -0.5)"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.extreme and not torch.isfinite(seen.got.float()).all() and not seen.attends_to(seen.unmasked),
+        hint="the scores here are extreme (about -1000, or large with scale 40): exp(score) underflows to 0 "
+        "(0 / 0 = NaN) or overflows to inf (inf / inf = NaN). The online softmax subtracts the running "
+        "max before exp (exp(score - max) is 1 for the largest score), which keeps every term finite "
+        "and the sum positive whatever the scores",
+    ),
+    Mistake(
+        lambda seen: bool(torch.isnan(seen.got).any()),
+        hint="NaN in your output: the slots past seq_len in the last block hold NaN here (unused memory "
+        "can hold anything). Masking their scores to -inf is not enough if you then multiply their "
+        "V by a weight of 0, because 0 * NaN = NaN: drop those rows (slice to the valid length) "
+        "or select with torch.where",
+    ),
+    Mistake(
+        lambda seen: seen.attends_to(seen.case.dense(1.0)),
+        hint="your scores are not scaled: multiply q @ k by 1/sqrt(head_dim) (or by `scale` when it is given)",
+    ),
+    Mistake(
+        lambda seen: seen.scale is not None and seen.attends_to(seen.case.dense(seen.case.head_dim**-0.5)),
+        hint="you ignored the `scale` argument: use it when it is given, 1/sqrt(head_dim) only when it is None",
+    ),
+    Mistake(
+        lambda seen: (
+            seen.case.num_q_heads != seen.case.num_kv_heads
+            and seen.attends_to(seen.case.dense(seen.used_scale, lambda h: h % seen.case.num_kv_heads))
+        ),
+        hint=lambda seen: (
+            f"grouped-query attention: query head h reads KV head h // "
+            f"{seen.case.num_q_heads // seen.case.num_kv_heads} (num_q_heads // num_kv_heads), "
+            "consecutive query heads share a KV head; you used h % num_kv_heads"
+        ),
+    ),
+    Mistake(
+        lambda seen: seen.partial > 0 and seen.attends_to(seen.unmasked),
+        hint=lambda seen: (
+            f"the last block holds only {seen.partial} of the sequence's tokens (seq_len % block_size); you also "
+            f"attended to its {seen.case.block_size - seen.partial} unused slots: mask them (or slice them off)"
+        ),
+    ),
+    Mistake(lambda seen: seen.missing_rescale is not None, hint=lambda seen: seen.missing_rescale),
+    Mistake(
+        lambda seen: seen.attends_to(_logical_block_output(seen.case, seen.used_scale)),
+        hint="you read the blocks in logical order (block i of the sequence = k_cache[i]); "
+        "the sequence's i-th block lives in physical block block_table[i]",
+    ),
+)
 
 
 @guarded_check(part="paged_decode")

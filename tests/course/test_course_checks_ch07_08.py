@@ -69,6 +69,10 @@ if kernels.TRITON_AVAILABLE:
         "tile mask & slot >= 0": 12,
         "value loaded with the key's strides": 13,
         "offset and head strides from the shape": 14,
+        "no mask on the loads (the stores masked)": 15,
+        "no heads * stride_cache_head": 16,
+        "program id as the slot": 17,
+        "slot > 0": 18,
     }
 
     @triton.jit
@@ -107,9 +111,14 @@ if kernels.TRITON_AVAILABLE:
             slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
         if MISTAKE == 12:
             in_tile = in_tile & (slot >= 0)  # the pitfall the exercise warns of (no early return)
+        elif MISTAKE == 18:
+            if slot <= 0:  # "skip the padding tokens" with slot > 0 taken as a real slot
+                return
         elif MISTAKE != 1:
             if slot < 0:
                 return
+        if MISTAKE == 17:
+            slot = token.to(tl.int64)  # the program id where slot_mapping[token] belongs
         if MISTAKE == 4:
             row = slot + heads * stride_cache_head + dims  # the slot, not slot * row stride
         elif MISTAKE == 5:
@@ -122,6 +131,8 @@ if kernels.TRITON_AVAILABLE:
         elif MISTAKE == 14:  # the block stride taken, the rest "known" from the shape
             row = (slot // BLOCK_SIZE) * stride_cache_block
             row = row + (slot % BLOCK_SIZE) * (num_kv_heads * head_dim) + heads * head_dim + dims
+        elif MISTAKE == 16:  # no heads * stride_cache_head: a [1, HEAD_DIM_PAD] address tile
+            row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset + dims
         else:
             row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
             row = row + heads * stride_cache_head + dims
@@ -135,6 +146,9 @@ if kernels.TRITON_AVAILABLE:
             tl.store(k_cache_ptr + row, key)
             tl.store(v_cache_ptr + row, value)
             return
+        elif MISTAKE == 15:  # the stores are masked, the loads are not
+            key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims)
+            value = tl.load(value_ptr + token * stride_value_token + heads * stride_value_head + dims)
         elif MISTAKE == 13:
             key = tl.load(key_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
             value = tl.load(value_ptr + token * stride_key_token + heads * stride_key_head + dims, mask=in_tile)
@@ -276,6 +290,47 @@ def test_ch07_store_kv_a_store_past_num_tokens_is_named():
 
 
 @needs_triton
+@pytest.mark.skipif(
+    not kernels.TRITON_INTERPRETED, reason="a compiled kernel's reads cannot be seen; the interpreter's can"
+)
+def test_ch07_store_kv_unmasked_loads_behind_masked_stores_are_named():
+    """Passed: the stores' mask kept every wrong lane out of the caches. The interpreter's loads are recorded."""
+    message = rejects(check_store_kv, _store_kv_with("no mask on the loads (the stores masked)"), "tl.load has no mask")
+    assert "one KV head, head_dim 12" in message
+    assert "lanes outside in_tile read past the token's row" in message
+    assert "(past the end of key for the last token: an illegal address on a GPU)" in message
+    assert "mask=in_tile to both tl.load calls" in message
+
+
+@needs_triton
+def test_ch07_store_kv_an_address_without_the_heads_term_is_named():
+    """The hint was the general ValueError guess, about the engine ("No free blocks available")."""
+    message = rejects(check_store_kv, _store_kv_with("no heads * stride_cache_head"), "lacks heads * stride_cache_head")
+    assert (
+        "the address tile is [1, HEAD_DIM_PAD] = [1, 8] but the value is [HEADS_PAD, HEAD_DIM_PAD] = [2, 8]" in message
+    )
+    assert "No free blocks" not in message
+
+
+@needs_triton
+def test_ch07_store_kv_the_program_id_as_the_slot_is_named():
+    """The hint was "token 0's key landed at element 0 instead of 96", which does not say why."""
+    message = rejects(check_store_kv, _store_kv_with("program id as the slot"), "landed where slot 0 goes")
+    assert "address by slot_mapping[token] (here slot 6), not the program id" in message
+    assert "instead of" not in message
+
+
+@needs_triton
+def test_ch07_store_kv_slot_0_skipped_is_named():
+    """The hint was "token 1's key is nowhere in k_cache"."""
+    message = rejects(
+        check_store_kv, _store_kv_with("slot > 0"), "slot 0 is a real slot; only negative slots are skipped"
+    )
+    assert "token 1 (slot 0 = block 0, offset 0) is not in its slot" in message
+    assert "nowhere" not in message
+
+
+@needs_triton
 def test_ch07_store_kv_reports_the_stub_as_not_implemented():
     with pytest.raises(NotImplementedError):
         check_store_kv(_stub_store_kv)
@@ -287,6 +342,8 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
     num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_q_heads // num_kv_heads
+    if mistake in ("group upside down", "group upside down, repeat_interleave"):
+        group = num_kv_heads // num_q_heads  # 0 when the query has more heads
     if scale is None and mistake == "default scale 1/head_dim":
         scale = 1.0 / head_dim
     if scale is None or mistake == "ignores scale":
@@ -295,7 +352,7 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
         scale = 1.0
     if mistake == "gqa modulo":
         kv_head_of = torch.arange(num_q_heads) % num_kv_heads
-    else:
+    elif mistake != "group upside down, repeat_interleave":
         kv_head_of = torch.arange(num_q_heads) // group
     # "computes in the query's dtype": float16/bfloat16 arithmetic throughout, where float32 is asked.
     dtype = query.dtype if mistake == "computes in the query's dtype" else torch.float32
@@ -318,8 +375,15 @@ def _paged_decode(query, k_cache, v_cache, block_table, seq_len, scale=None, *, 
             valid_rows = block_size
         else:
             valid_rows = valid
-        k = k_cache[block, :valid_rows, kv_head_of].to(dtype)  # [n, Hq, D]
-        v = v_cache[block, :valid_rows, kv_head_of].to(dtype)
+        if mistake == "group upside down, repeat_interleave":  # the solution's way to give K the query's heads
+            k = k_cache[block, :valid_rows].to(dtype).repeat_interleave(group, dim=1)
+            v = v_cache[block, :valid_rows].to(dtype).repeat_interleave(group, dim=1)
+        else:
+            k = k_cache[block, :valid_rows, kv_head_of].to(dtype)  # [n, Hq, D]
+            v = v_cache[block, :valid_rows, kv_head_of].to(dtype)
+        if mistake == "query scaled in place":
+            query.mul_(scale)
+            scale = 1.0
         scores = torch.einsum("hd,nhd->hn", query.to(dtype), k) * scale
         if mistake == "masks scores only":
             scores[:, valid:] = float("-inf")
@@ -456,6 +520,35 @@ def test_ch07_paged_decode_names_mistakes_learner_passes_got_general_hints_for(m
 
     message = rejects(check_paged_decode, wrong, expected_message, regex=True)
     assert "compare your loop" not in message and "max_new_tokens" not in message
+
+
+@pytest.mark.parametrize(
+    "mistake, told",
+    [
+        ("group upside down", "here 4 query heads share 2 KV heads"),
+        ("group upside down, repeat_interleave", "your K has 0 heads where the query has 4"),
+    ],
+)
+def test_ch07_paged_decode_a_group_upside_down_is_named(mistake, told):
+    """group = num_kv_heads // num_q_heads (0): the hint was "RuntimeError: read the traceback below"."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake=mistake, **kwargs)
+
+    message = rejects(check_paged_decode, wrong, f"{told}: group = num_q_heads // num_kv_heads = 2")
+    assert "grouped-query attention: 4 query heads share 2 KV heads" in message
+    assert "read the traceback" not in message
+
+
+def test_ch07_paged_decode_a_query_scaled_in_place_is_named():
+    """The hint spoke of the caches only ("read them, never write them")."""
+
+    def wrong(*args, **kwargs):
+        return _paged_decode(*args, mistake="query scaled in place", **kwargs)
+
+    message = rejects(check_paged_decode, wrong, "changed the query it was given")
+    assert "query.mul_(scale)" in message and "q = query.float() * scale" in message
+    assert "the caches are shared" not in message
 
 
 def test_ch07_paged_decode_half_precision_arithmetic_is_told_to_accumulate_in_float32():
