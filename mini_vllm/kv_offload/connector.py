@@ -80,6 +80,7 @@ from .base import (
     make_offload_key,
 )
 from .cpu_manager import CPUOffloadingManager
+from .tiering import TieringOffloadingManager
 
 if TYPE_CHECKING:
     from ..request import Request
@@ -109,7 +110,7 @@ class _FinishedRequest:
 class OffloadingConnector:
     """The CPU tier of ``manager.num_chunks`` chunks of ``block_size`` tokens, wired into one engine."""
 
-    def __init__(self, manager: CPUOffloadingManager, block_size: int) -> None:
+    def __init__(self, manager: CPUOffloadingManager | TieringOffloadingManager, block_size: int) -> None:
         self.manager = manager
         self.block_size = block_size
         self.requests: dict[str, _RequestState] = {}
@@ -129,6 +130,8 @@ class OffloadingConnector:
             (torch.zeros(shape, dtype=k.dtype, device="cpu"), torch.zeros(shape, dtype=v.dtype, device="cpu"))
             for k, v in unique
         ]
+        if isinstance(self.manager, TieringOffloadingManager):  # the disk tier reads and writes these chunks
+            self.manager.secondary_tier.register_host_caches(self.host_caches)
 
     def _keys(self, request: Request, start: int, end: int) -> list[OffloadKey]:
         return [make_offload_key(block_hash, 0) for block_hash in request.block_hashes[start:end]]
