@@ -14,7 +14,11 @@ loads those blocks back instead of recomputing them.
   ``{"kv_connector_extra_config": {"eviction_policy": "arc"}}``);
 * ``connector.py``: the tier in the engine (``OffloadingConnector``): the
   lookup past the pool's hit at admission, the loads before the forward
-  pass, the stores after it (``LLM(kv_offloading_size=...)``).
+  pass, the stores after it (``LLM(kv_offloading_size=...)``);
+* ``file_mapper.py``, ``fs_tier.py``, ``tiering.py``: a file-system tier
+  below the CPU tier (``FileMapper``, ``FileSystemTierManager``,
+  ``TieringOffloadingManager``), written through on every CPU store and read
+  back when the CPU tier has lost a block (vLLM's ``secondary_tiers``).
 
 vLLM equivalent: ``vllm/v1/kv_offload/`` (vLLM 0.33), driven there by the
 ``OffloadingConnector``.
@@ -35,7 +39,10 @@ from .base import (
 )
 from .cache_policy import CachePolicy, ChunkStatus
 from .cpu_manager import CACHE_POLICIES, CPUOffloadingManager
+from .file_mapper import FileMapper
+from .fs_tier import FileSystemTierManager
 from .lru import LRUCachePolicy, lru_evict
+from .tiering import TieringOffloadingManager
 
 __all__ = [
     "ARCCachePolicy",
@@ -43,6 +50,8 @@ __all__ = [
     "CPUOffloadingManager",
     "CachePolicy",
     "ChunkStatus",
+    "FileMapper",
+    "FileSystemTierManager",
     "LRUCachePolicy",
     "LookupResult",
     "Medium",
@@ -51,6 +60,7 @@ __all__ = [
     "OffloadingManager",
     "PrepareStoreOutput",
     "ReqContext",
+    "TieringOffloadingManager",
     "get_offload_block_hash",
     "get_offload_group_idx",
     "lru_evict",

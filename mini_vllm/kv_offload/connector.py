@@ -1,8 +1,9 @@
 """The tier in the engine: the lookup past the pool's hit, the loads before the forward pass, the stores after it.
 
 ``OffloadingConnector`` joins the CPU tier (``CPUOffloadingManager``, which
-only keeps books) to the engine, in the three places vLLM's
-``OffloadingConnector`` does:
+only keeps books; or a ``TieringOffloadingManager``, the CPU tier with a
+file-system tier below it, ``tiering.py``) to the engine, in the three
+places vLLM's ``OffloadingConnector`` does:
 
 1. **Lookup, at admission** (``Scheduler.schedule_waiting``). After the pool's
    own hit of ``n`` blocks, ``get_num_new_matched_tokens`` goes on along the
