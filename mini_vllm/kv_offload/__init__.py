@@ -18,7 +18,8 @@ loads those blocks back instead of recomputing them.
 * ``file_mapper.py``, ``fs_tier.py``, ``tiering.py``: a file-system tier
   below the CPU tier (``FileMapper``, ``FileSystemTierManager``,
   ``TieringOffloadingManager``), written through on every CPU store and read
-  back when the CPU tier has lost a block (vLLM's ``secondary_tiers``).
+  back when the CPU tier has lost a block (vLLM's ``secondary_tiers``);
+  like ``connector.py`` they use torch, and are imported from their modules.
 
 vLLM equivalent: ``vllm/v1/kv_offload/`` (vLLM 0.33), driven there by the
 ``OffloadingConnector``.
@@ -40,9 +41,7 @@ from .base import (
 from .cache_policy import CachePolicy, ChunkStatus
 from .cpu_manager import CACHE_POLICIES, CPUOffloadingManager
 from .file_mapper import FileMapper
-from .fs_tier import FileSystemTierManager
 from .lru import LRUCachePolicy, lru_evict
-from .tiering import TieringOffloadingManager
 
 __all__ = [
     "ARCCachePolicy",
@@ -51,7 +50,6 @@ __all__ = [
     "CachePolicy",
     "ChunkStatus",
     "FileMapper",
-    "FileSystemTierManager",
     "LRUCachePolicy",
     "LookupResult",
     "Medium",
@@ -60,7 +58,6 @@ __all__ = [
     "OffloadingManager",
     "PrepareStoreOutput",
     "ReqContext",
-    "TieringOffloadingManager",
     "get_offload_block_hash",
     "get_offload_group_idx",
     "lru_evict",

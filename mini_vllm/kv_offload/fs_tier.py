@@ -8,7 +8,7 @@ lost a block the disk still holds). It owns:
 * the folder for these settings, and its ``config.json`` (``file_mapper.py``);
 * ``lookup``: does the block's file exist? (vLLM's too: no index, so a second
   engine on the same ``root_dir`` sees the first one's files at once);
-* ``store``: a chunk's bytes (every layer's K, then V) written to
+* ``store``: a chunk's bytes (layer 0's K and V, layer 1's, ...) written to
   ``<file>.tmp``, then renamed, so a reader never sees half a file; a file
   that exists already is left alone (same hash, same bytes);
 * ``load``: a file read back into a chunk. A file of the wrong size is
