@@ -42,7 +42,8 @@ from .kv_cache_manager import KVCacheManager, cdiv
 from .kv_offload.connector import OffloadingConnector
 from .kv_offload.cpu_manager import CPUOffloadingManager
 from .kv_offload.lru import lru_evict
-from .kv_offload.spec import eviction_policy
+from .kv_offload.spec import eviction_policy, fs_tier_settings
+from .kv_offload.tiering import make_fs_tiering_manager
 from .model import default_model_path, load_model
 from .model_config import ModelConfig
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -242,6 +243,10 @@ class LLMEngine:
                 "without that part, or with eviction_policy 'lru'"
             )
         manager = CPUOffloadingManager(num_chunks, cache_policy=policy, lru_evict=self.parts.lru_evict)
+        fs_tier = fs_tier_settings(config.kv_transfer_config)  # secondary_tiers: [{"type": "fs", ...}]
+        if fs_tier is not None:
+            layer_ids = self.kv_cache_config.kv_cache_groups[0].layer_ids
+            manager = make_fs_tiering_manager(manager, self.model_path, config.block_size, self.dtype, layer_ids, **fs_tier)
         connector = OffloadingConnector(manager, config.block_size)
         connector.register_kv_caches(self.model_runner.kv_caches)
         return connector

@@ -14,7 +14,12 @@ loads those blocks back instead of recomputing them.
   ``{"kv_connector_extra_config": {"eviction_policy": "arc"}}``);
 * ``connector.py``: the tier in the engine (``OffloadingConnector``): the
   lookup past the pool's hit at admission, the loads before the forward
-  pass, the stores after it (``LLM(kv_offloading_size=...)``).
+  pass, the stores after it (``LLM(kv_offloading_size=...)``);
+* ``file_mapper.py``, ``fs_tier.py``, ``tiering.py``: a file-system tier
+  below the CPU tier (``FileMapper``, ``FileSystemTierManager``,
+  ``TieringOffloadingManager``), written through on every CPU store and read
+  back when the CPU tier has lost a block (vLLM's ``secondary_tiers``);
+  like ``connector.py`` they use torch, and are imported from their modules.
 
 vLLM equivalent: ``vllm/v1/kv_offload/`` (vLLM 0.33), driven there by the
 ``OffloadingConnector``.
@@ -35,6 +40,7 @@ from .base import (
 )
 from .cache_policy import CachePolicy, ChunkStatus
 from .cpu_manager import CACHE_POLICIES, CPUOffloadingManager
+from .file_mapper import FileMapper
 from .lru import LRUCachePolicy, lru_evict
 
 __all__ = [
@@ -43,6 +49,7 @@ __all__ = [
     "CPUOffloadingManager",
     "CachePolicy",
     "ChunkStatus",
+    "FileMapper",
     "LRUCachePolicy",
     "LookupResult",
     "Medium",

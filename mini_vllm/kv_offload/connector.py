@@ -1,8 +1,9 @@
 """The tier in the engine: the lookup past the pool's hit, the loads before the forward pass, the stores after it.
 
 ``OffloadingConnector`` joins the CPU tier (``CPUOffloadingManager``, which
-only keeps books) to the engine, in the three places vLLM's
-``OffloadingConnector`` does:
+only keeps books; or a ``TieringOffloadingManager``, the CPU tier with a
+file-system tier below it, ``tiering.py``) to the engine, in the three
+places vLLM's ``OffloadingConnector`` does:
 
 1. **Lookup, at admission** (``Scheduler.schedule_waiting``). After the pool's
    own hit of ``n`` blocks, ``get_num_new_matched_tokens`` goes on along the
@@ -80,6 +81,7 @@ from .base import (
     make_offload_key,
 )
 from .cpu_manager import CPUOffloadingManager
+from .tiering import TieringOffloadingManager
 
 if TYPE_CHECKING:
     from ..request import Request
@@ -109,7 +111,7 @@ class _FinishedRequest:
 class OffloadingConnector:
     """The CPU tier of ``manager.num_chunks`` chunks of ``block_size`` tokens, wired into one engine."""
 
-    def __init__(self, manager: CPUOffloadingManager, block_size: int) -> None:
+    def __init__(self, manager: CPUOffloadingManager | TieringOffloadingManager, block_size: int) -> None:
         self.manager = manager
         self.block_size = block_size
         self.requests: dict[str, _RequestState] = {}
@@ -129,6 +131,8 @@ class OffloadingConnector:
             (torch.zeros(shape, dtype=k.dtype, device="cpu"), torch.zeros(shape, dtype=v.dtype, device="cpu"))
             for k, v in unique
         ]
+        if isinstance(self.manager, TieringOffloadingManager):  # the disk tier reads and writes these chunks
+            self.manager.secondary_tier.register_host_caches(self.host_caches)
 
     def _keys(self, request: Request, start: int, end: int) -> list[OffloadKey]:
         return [make_offload_key(block_hash, 0) for block_hash in request.block_hashes[start:end]]

@@ -168,7 +168,10 @@ class CPUOffloadingManager(OffloadingManager):
                 self.num_evictable_chunks += 1
                 self.policy.mark_evictable(key)
 
-    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
+    def prepare_store(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, protected: Collection[OffloadKey] = ()
+    ) -> PrepareStoreOutput | None:
+        """Make room for the keys not yet held; neither they nor ``protected`` are evicted for it (None: no room)."""
         keys = list(keys)
         # Stored already: a reuse (when readable); being stored: nothing to do; neither: to store.
         keys_to_store = [key for key in keys if self.policy.get(key) is None]
@@ -191,7 +194,7 @@ class CPUOffloadingManager(OffloadingManager):
             if num_to_evict > self.num_evictable_chunks:
                 return None
             # Never evict a key offered in this very call: it must still be there afterwards.
-            evicted = self.policy.evict(num_to_evict, protected=set(keys))
+            evicted = self.policy.evict(num_to_evict, protected={*keys, *protected})
             if evicted is None:
                 return None
             self.num_evictable_chunks -= len(evicted)
