@@ -45,7 +45,8 @@ class LLM:
         its default): ``device``, ``dtype``, ``block_size``, ``num_blocks``,
         ``kv_cache_memory_gb``, ``enable_prefix_caching``, ``max_num_seqs``,
         ``max_num_batched_tokens``, ``max_model_len``, ``attention_backend``,
-        ``hash_algo``, ``seed``, ``kv_offloading_size``, ``kv_offloading_backend``.
+        ``hash_algo``, ``seed``, ``kv_offloading_size``, ``kv_offloading_backend``,
+        ``prefix_cache_retention_interval``, ``disable_hybrid_kv_cache_manager``.
         An unknown keyword is a TypeError naming it.
 
         ``parts``: an ``EngineParts`` (``mini_vllm/engine_parts.py``), the

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .config import DEFAULT_BLOCK_SIZE
 from .kv_cache_interface import KVCacheConfig, SlidingWindowSpec, make_kv_cache_config
 from .model import CausalLM
 from .model_config import ModelConfig
@@ -39,11 +40,10 @@ def kv_cache_layers_per_block(config: ModelConfig) -> int:
 
     A block belongs to one group at a time, so a hybrid model's groups share
     the KV tensors: 2 full-attention + 2 sliding-window layers need blocks of
-    2 layers, half of what 4 full-attention layers need (chapter 08b).
+    2 layers, half of what 4 full-attention layers need; Gemma 3's 5:1 layout
+    a sixth (chapter 08b). The groups are vLLM 0.33's (``group_layers``).
     """
-    windows = config.layer_sliding_windows
-    num_sliding = sum(window is not None for window in windows)
-    return max(num_sliding, len(windows) - num_sliding)
+    return make_kv_cache_config(config.layer_sliding_windows, DEFAULT_BLOCK_SIZE, 1).num_layers_per_block
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -59,12 +59,53 @@ def test_groups_come_full_attention_first_with_equal_layer_counts():
     ]
     assert config.kv_cache_groups[0].layer_ids == (1, 3) and config.kv_cache_groups[1].layer_ids == (0, 2)
     assert config.num_layers_per_block == 2 and config.is_hybrid
-    with pytest.raises(ValueError, match="as many of each"):
-        make_kv_cache_config([64, None, None, None], 16, 10)
-    with pytest.raises(ValueError, match="same window"):
-        make_kv_cache_config([64, None, 32, None], 16, 10)
     single = make_kv_cache_config([None] * 4, 16, 10)
     assert not single.is_hybrid and single.num_layers_per_block == 4
+
+
+def _layout(pattern: str, repeats: int) -> list[int | None]:
+    return [64 if kind == "s" else None for kind in pattern * repeats]
+
+
+def _groups(config) -> list[tuple[str, tuple[int, ...]]]:
+    return [(type(g.kv_cache_spec).__name__[0], g.layer_ids) for g in config.kv_cache_groups]
+
+
+def test_layers_are_grouped_as_vllm_0_33_groups_them():
+    # 2 sliding : 1 full, 30 layers: groups of 10, the sliding bucket split in two, layers[i::2].
+    config = make_kv_cache_config(_layout("ssf", 10), 16, 10)
+    full, sliding = tuple(range(2, 30, 3)), [i for i in range(30) if i % 3 != 2]
+    assert _groups(config) == [("F", full), ("S", tuple(sliding[0::2])), ("S", tuple(sliding[1::2]))]
+    assert config.num_layers_per_block == 10
+    # Gemma 3's 5:1: one full-attention group and five sliding-window groups of 5.
+    gemma = make_kv_cache_config(_layout("sssssf", 5), 16, 10)
+    assert [kind for kind, _ in _groups(gemma)] == ["F"] + ["S"] * 5
+    assert all(len(layers) == 5 for _, layers in _groups(gemma))
+    assert sorted(layer for _, layers in _groups(gemma) for layer in layers) == list(range(30))
+    # Every layer sliding: one sliding-window group.
+    assert _groups(make_kv_cache_config([64] * 6, 16, 10)) == [("S", tuple(range(6)))]
+    # Under 1.5x: the larger bucket's size, the smaller group padded (12 sliding + 13 full: 13 tensors).
+    padded = make_kv_cache_config([64] * 12 + [None] * 13, 16, 10)
+    assert _groups(padded) == [("F", tuple(range(12, 25))), ("S", tuple(range(12)))]
+    assert padded.num_layers_per_block == 13
+    # 6 sliding + 4 full (not under 1.5x): groups of 4, both sliding groups padded to 4.
+    uneven = make_kv_cache_config(_layout("sssff", 2), 16, 10)
+    assert _groups(uneven) == [("F", (3, 4, 8, 9)), ("S", (0, 2, 6)), ("S", (1, 5, 7))]
+    assert uneven.num_layers_per_block == 4
+    uneven = make_kv_cache_config([64, 64, 64, None, None], 16, 10)
+    assert _groups(uneven) == [("F", (3, 4)), ("S", (0, 2)), ("S", (1,))]
+    # Two windows: two sliding specs, two buckets of 1: groups of one layer.
+    two = make_kv_cache_config([64, None, 32, None], 16, 10)
+    assert _groups(two) == [("F", (1,)), ("F", (3,)), ("S", (0,)), ("S", (2,))]
+
+
+def test_the_hybrid_manager_switched_off_caches_every_layer_as_full_attention():
+    config = make_kv_cache_config(_layout("sssssf", 5), 16, 10, disable_hybrid_kv_cache_manager=True)
+    assert _groups(config) == [("F", tuple(range(30)))]
+    # A model whose layers all slide keeps its window (vLLM unifies only mixed models).
+    assert _groups(make_kv_cache_config([64] * 4, 16, 10, disable_hybrid_kv_cache_manager=True)) == [
+        ("S", (0, 1, 2, 3))
+    ]
 
 
 def test_a_single_group_engine_returns_plain_lists():
