@@ -233,3 +233,52 @@ def test_a_config_and_manager_disagreeing_on_size_is_refused():
     )
     with pytest.raises(ValueError, match="num_blocks"):
         KVCacheManager(9, 4, kv_cache_config=config)
+
+
+def _manager_with_cached(groups: list[int | None], cached: dict[int, set[int]], num_prompt_blocks: int):
+    """A manager whose group ``g`` has the request's blocks at positions ``cached[g]`` cached (a lookup table)."""
+    config = KVCacheConfig(
+        40,
+        tuple(
+            KVCacheGroupSpec((i,), FullAttentionSpec(BLOCK) if window is None else SlidingWindowSpec(BLOCK, window))
+            for i, window in enumerate(groups)
+        ),
+    )
+    manager = KVCacheManager(40, BLOCK, kv_cache_config=config)
+    request = Request("r", list(range(num_prompt_blocks * BLOCK + 1)), BLOCK)
+    pool = manager.block_pool
+    table = {
+        (request.block_hashes[i], group): pool.blocks[group * 10 + i]
+        for group, positions in cached.items()
+        for i in positions
+    }
+    pool.get_cached_block = lambda block_hash, group=0: table.get((block_hash, group))
+    return manager, request
+
+
+def test_the_lookup_runs_to_its_fixed_point_over_the_specs():
+    # Windows of 5 (one block a hit needs) and 13 tokens (three), 8 full-attention blocks cached.
+    # Round 1: full 8, window 5 hits 8 (block 7), window 13 cuts to 5 (blocks 2..4). Round 2: window 5
+    # has no block 4, cuts to 4 (block 3); window 13 serves 4 (blocks 1..3). Round 3 changes nothing.
+    manager, request = _manager_with_cached(
+        [None, 5, 13], {0: set(range(8)), 1: {3, 7}, 2: {0, 1, 2, 3, 4}}, num_prompt_blocks=8
+    )
+    (full, short, long), num_tokens = manager.get_computed_blocks(request)
+    assert num_tokens == 4 * BLOCK
+    assert [b.block_id for b in full] == [0, 1, 2, 3]
+    assert [b.block_id for b in short] == [NULL_BLOCK_ID] * 3 + [13]
+    assert [b.block_id for b in long] == [NULL_BLOCK_ID] + [21, 22, 23]
+    assert manager.shared_prefix_boundary["r"] == 8 * BLOCK  # full attention could serve more: a junction
+
+
+def test_groups_that_share_a_spec_are_looked_up_together():
+    # Two sliding-window groups of one spec (need 2 blocks): group 1 has blocks 4..5 and 1..2, group 2
+    # only 1..2 and 5: the run 4..5 is not in both, so the hit ends at block 2 in both groups.
+    manager, request = _manager_with_cached(
+        [None, 9, 9], {0: set(range(6)), 1: {1, 2, 4, 5}, 2: {1, 2, 5}}, num_prompt_blocks=6
+    )
+    assert len(manager.spec_groups) == 2
+    (full, first, second), num_tokens = manager.get_computed_blocks(request)
+    assert num_tokens == 3 * BLOCK
+    assert [b.block_id for b in first] == [NULL_BLOCK_ID, 11, 12]
+    assert [b.block_id for b in second] == [NULL_BLOCK_ID, 21, 22]
