@@ -172,5 +172,11 @@ def make_kv_cache_config(
         for window in layer_windows
     ]
     if disable_hybrid_kv_cache_manager and None in layer_windows:
+        windows = sorted({window for window in layer_windows if window is not None})
+        if len(windows) > 1:  # vLLM: "All attention layers in the same KV cache group must have the same window size"
+            raise ValueError(
+                f"disable_hybrid_kv_cache_manager puts every layer in one group, but the sliding layers use "
+                f"windows {windows}: every layer of a group must use the same window"
+            )
         specs = [FullAttentionSpec(block_size)] * len(specs)
     return KVCacheConfig(num_blocks, group_layers(specs))

@@ -58,6 +58,7 @@ where both fail instead (``tests/prerequisites.py``).
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -75,6 +76,10 @@ from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
 from prerequisites import missing, under_ci
 from test_vs_vllm_kv_cache_manager import ROOT, VLLM_PYTHON, VLLM_RELEASES, DriverRun, release_source
+
+from mini_vllm.tools import paths
+
+GROUPS_DRIVER = paths.VLLM_SIDE_DIR / "kv_cache_groups_driver.py"
 
 # (block_size, sliding_window): two blocks, three blocks and a token, and 7 tokens.
 CONFIGS = [(4, 8), (4, 13), (4, 7), (16, 32), (16, 49), (16, 7)]
@@ -547,3 +552,55 @@ def test_the_comparison_catches_a_wrong_manager(vllm_results, wrong):
         first_difference(workload, snapshots, wrong) for workload, snapshots in zip(WORKLOADS, vllm_results["results"])
     ]
     assert any(difference is not None for difference in caught)
+
+
+# -- the grouping: make_kv_cache_config against vLLM 0.33's kv_cache_planning.py ------------------
+GROUPING_LAYOUTS = [
+    "sf" * 15,  # gpt-oss, Gemma 2: two groups
+    "ssf" * 10,  # three groups
+    "sssssf" * 5,  # Gemma 3: six groups
+    "s" * 30,  # Mistral-7B-v0.1: one sliding-window group
+    "f" * 30,
+    "s" * 12 + "f" * 13,  # under 1.5x: two groups of 13, the sliding one padded
+    "sssff" * 6,  # groups of 12, the second sliding group padded
+    "ffs" * 10,  # two full-attention groups
+    "fSs" * 4,  # two windows
+    "sssSf" * 3,
+]
+
+
+def grouping_workloads() -> list[dict]:
+    windows = {"f": None, "s": 64, "S": 128}
+    return [
+        {"windows": [windows[kind] for kind in layout], "block_size": 16, "disable_hybrid_kv_cache_manager": off}
+        for layout in GROUPING_LAYOUTS
+        for off in (False, True)
+    ]
+
+
+def test_layers_are_grouped_as_vllm_0_33_groups_them():
+    if not VLLM_PYTHON.exists():
+        missing("vllm", "no .venv-vllm: run `make vllm` to install vLLM for the differential test")
+    workloads = grouping_workloads()
+    source = release_source("0.33.0", ci=under_ci())  # the grouping lives in kv_cache_planning.py from 0.33 on
+    results = DriverRun(source, workloads, driver=GROUPS_DRIVER).result()
+    assert results["vllm_version"] == "0.33.0", results["vllm_version"]
+    for workload, theirs in zip(workloads, results["results"]):
+        make = functools.partial(
+            make_kv_cache_config,
+            workload["windows"],
+            16,
+            1,
+            disable_hybrid_kv_cache_manager=workload["disable_hybrid_kv_cache_manager"],
+        )
+        if "error" in theirs:  # two windows with the hybrid manager off: one group cannot hold both
+            with pytest.raises(ValueError, match="same window"):
+                make()
+            continue
+        config = make()
+        ours = [
+            {"window": getattr(group.kv_cache_spec, "sliding_window", None), "layers": list(group.layer_ids)}
+            for group in config.kv_cache_groups
+        ]
+        # mini-vLLM numbers the full-attention groups first; otherwise vLLM's order.
+        assert ours == sorted(theirs, key=lambda group: group["window"] is not None), workload
