@@ -159,11 +159,14 @@ class KVCacheManager:
 
     With one group (every model before chapter 08b) there is one block table
     per request, ``req_to_blocks``. A hybrid model's ``kv_cache_config`` has
-    a full-attention group and a sliding-window group: each group's manager
+    several groups (gpt-oss: one full-attention and one sliding-window group;
+    Gemma 3: one and five): each group's manager
     (``managers``, ``single_type_kv_cache_manager.py``) keeps its own table
     per request, all take blocks from the one pool, and a hit is the prefix
     that every group can serve (vLLM: ``KVCacheManager`` over a
-    ``HybridKVCacheCoordinator``).
+    ``HybridKVCacheCoordinator``). ``prefix_cache_retention_interval``:
+    which blocks a sliding-window group caches (vLLM's setting; 0, the
+    default, only those at boundaries; see ``SlidingWindowManager``).
 
     Invariants (``check_invariants`` asserts them):
 
@@ -318,12 +321,12 @@ class KVCacheManager:
         The blocks are a list; in a hybrid engine a tuple of lists, one per
         group, all as long as the hit (a sliding-window group's list holds the
         null block before its window). The hit is the prefix *every* group can
-        serve: the full-attention group's, then the sliding-window group's
-        within it, and the full-attention blocks cut to that (vLLM 0.33's
-        ``HybridKVCacheCoordinator.find_longest_cache_hit``). When the
+        serve: the full-attention group's, then the sliding-window groups'
+        within it, and the full-attention blocks cut to that
+        (``find_hybrid_cache_hit``). When the
         full-attention group could serve more, that longer prefix is a
-        *junction* shared with an earlier request: the sliding-window group
-        will cache its blocks there (``shared_prefix_boundary``).
+        *junction* shared with an earlier request: the sliding-window groups
+        will cache their blocks there (``shared_prefix_boundary``).
 
         Counts nothing: a lookup is counted when the request is admitted
         (``allocate_slots``), so a request looked up in several steps before
