@@ -98,7 +98,7 @@ def test_a_wrong_sliding_window_lookup_is_caught(side_by_side):
     assert [r["num_cached_tokens"] for r in wrong["requests"]] != vllm_cached
 
 
-# -- the default model re-laid as the hybrid layouts people serve (config override, same weights) --------
+# -- SmolLM2-135M re-laid as the hybrid layouts people serve (config override, same weights) -------------
 # (pattern, pool, workloads, settings for both engines). The pools of the eviction runs are the smallest
 # vLLM accepts at max_model_len 512, block size 32, window 64 (its start-up check: 16 blocks for the
 # full-attention group, 17 per sliding-window group, and its null block): 2:1 50, 5:1 101, every layer
@@ -126,10 +126,13 @@ def relaid(tmp_path_factory) -> dict:
         pytest.skip(f"{RELAID_OPT_IN}=1 runs the re-laid layouts against real vLLM (about 10 minutes)")
     if vllm_python() is None:
         missing("vllm", vllm_missing_reason())
-    from mini_vllm.model import default_model_path
     from mini_vllm.tools.compare_vllm.harness import run_relaid_side_by_side
+    from mini_vllm.tools.real_model import real_model_path
 
-    return run_relaid_side_by_side(default_model_path(), RELAID, str(tmp_path_factory.mktemp("relaid")))
+    path = real_model_path()
+    if path is None:
+        missing("real-model", "SmolLM2-135M-Instruct is not installed: run `make real-model`")
+    return run_relaid_side_by_side(path, RELAID, str(tmp_path_factory.mktemp("relaid")))
 
 
 @pytest.mark.parametrize("index", range(len(RELAID)), ids=[f"{p}-{n}-{s}" for p, n, _, s in RELAID])
