@@ -199,11 +199,10 @@ class SingleTypeKVCacheManager:
 
     # -- the rules that differ by kind of layer -----------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
-        """This group's hit (at most ``max_num_blocks`` blocks), looked up in its own pool."""
-        return self.lookup(self.block_pool, block_hashes, max_num_blocks)
+        raise NotImplementedError
 
     def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
-        """The kind's lookup part, over ``pool`` (the pool, or a ``SpecGroupPoolView``)."""
+        """``find_longest_cache_hit`` over ``pool``: a ``SpecGroupPoolView`` of several groups with this spec."""
         raise NotImplementedError
 
     def find_spec_cache_hit(
@@ -367,6 +366,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, free_request_blocks=free_request_blocks)
         self.find_longest_cache_hit_fn = find_longest_cache_hit
 
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        return self.find_longest_cache_hit_fn(self.block_pool, block_hashes, max_num_blocks)
+
     def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         return self.find_longest_cache_hit_fn(pool, block_hashes, max_num_blocks)
 
@@ -404,6 +406,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         self.sliding_window = kv_cache_spec.sliding_window
         self.num_contiguous_blocks = sliding_window_contiguous_blocks(self.sliding_window, self.block_size)
         self.find_sliding_window_cache_hit_fn = find_sliding_window_cache_hit
+
+    def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        return self.find_sliding_window_cache_hit_fn(
+            self.block_pool, block_hashes, max_num_blocks, self.num_contiguous_blocks, self.kv_cache_group_id
+        )
 
     def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         return self.find_sliding_window_cache_hit_fn(

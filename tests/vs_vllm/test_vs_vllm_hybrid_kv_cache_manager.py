@@ -114,10 +114,10 @@ def hybrid_config(num_blocks: int, block_size: int, groups: list[int | None]) ->
     )
 
 
-def make_manager(workload: dict, **parts) -> KVCacheManager:
+def make_manager(workload: dict, manager_class: type[KVCacheManager] = KVCacheManager, **parts) -> KVCacheManager:
     num_blocks, block_size = workload["num_blocks"], workload["block_size"]
     config = hybrid_config(num_blocks, block_size, workload["groups"])
-    return KVCacheManager(
+    return manager_class(
         num_blocks,
         block_size,
         workload["enable_caching"],
@@ -525,15 +525,7 @@ class _NoJunctionManager(KVCacheManager):
 
 
 def _forget_the_junction(workload: dict) -> KVCacheManager:
-    num_blocks, block_size = workload["num_blocks"], workload["block_size"]
-    config = hybrid_config(num_blocks, block_size, workload["groups"])
-    return _NoJunctionManager(
-        num_blocks,
-        block_size,
-        workload["enable_caching"],
-        kv_cache_config=config,
-        prefix_cache_retention_interval=workload["retention_interval"],
-    )
+    return make_manager(workload, _NoJunctionManager)
 
 
 def _one_group_at_a_time(workload: dict) -> KVCacheManager:
