@@ -232,7 +232,8 @@ def run_relaid_side_by_side(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    models = {pattern: relay_model(model_path, pattern, sliding_window, folder) for pattern, *_ in layouts}
+    patterns = dict.fromkeys(pattern for pattern, *_ in layouts)  # each layout once, in order
+    models = {pattern: relay_model(model_path, pattern, sliding_window, folder) for pattern in patterns}
     engines = [
         {
             "model": models[pattern],
