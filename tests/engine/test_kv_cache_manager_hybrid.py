@@ -282,3 +282,34 @@ def test_groups_that_share_a_spec_are_looked_up_together():
     assert num_tokens == 3 * BLOCK
     assert [b.block_id for b in first] == [NULL_BLOCK_ID, 11, 12]
     assert [b.block_id for b in second] == [NULL_BLOCK_ID, 21, 22]
+
+
+# -- prefix_cache_retention_interval (vLLM 0.33's setting) --------------------------------------------
+def test_the_retention_interval_is_checked_as_vllm_checks_it():
+    full_only = make_kv_cache_config([None, None], BLOCK, 10)
+    hybrid = make_kv_cache_config([8, None], BLOCK, 10)
+    KVCacheManager(10, BLOCK, kv_cache_config=full_only, prefix_cache_retention_interval=None)
+    KVCacheManager(10, BLOCK, kv_cache_config=hybrid, prefix_cache_retention_interval=4 * BLOCK)
+    with pytest.raises(ValueError, match="no sliding-window KV-cache group"):
+        KVCacheManager(10, BLOCK, kv_cache_config=full_only, prefix_cache_retention_interval=4 * BLOCK)
+    for bad in (-BLOCK, BLOCK + 1):
+        with pytest.raises(ValueError, match="multiple of block_size"):
+            KVCacheManager(10, BLOCK, kv_cache_config=hybrid, prefix_cache_retention_interval=bad)
+
+
+@pytest.mark.parametrize(
+    "retention, window, cached",
+    [
+        (0, 5, [5]),  # only the block before the boundary (token 24: block 6) - one block a hit needs
+        (None, 5, None),  # every block
+        (4 * BLOCK, 5, [3, 5, 7]),  # and the last block of every 4-block segment
+        (4 * BLOCK, 13, [1, 2, 3, 4, 5, 6, 7]),  # three blocks a hit needs: 1..3 and 5..7 (and the boundary's 3..5)
+        (2 * BLOCK, 13, None),  # a hit needs more blocks than a segment holds: every block
+    ],
+)
+def test_which_blocks_a_sliding_window_group_caches(retention, window, cached):
+    config = make_kv_cache_config([window, None], BLOCK, 40)
+    manager = KVCacheManager(40, BLOCK, kv_cache_config=config, prefix_cache_retention_interval=retention)
+    (sliding,) = manager.sliding_window_managers
+    mask = sliding.cacheable_block_mask(0, 8, [24])
+    assert mask is None if cached is None else [i for i, keep in enumerate(mask) if keep] == cached
