@@ -78,6 +78,7 @@ from prerequisites import missing, under_ci
 from test_vs_vllm_kv_cache_manager import ROOT, VLLM_PYTHON, VLLM_RELEASES, DriverRun, release_source
 
 from mini_vllm.tools import paths
+from mini_vllm.tools.vllm_side.kv_cache_manager_driver import flat_events
 
 GROUPS_DRIVER = paths.VLLM_SIDE_DIR / "kv_cache_groups_driver.py"
 
@@ -121,6 +122,7 @@ def make_manager(workload: dict, manager_class: type[KVCacheManager] = KVCacheMa
         num_blocks,
         block_size,
         workload["enable_caching"],
+        workload.get("events", False),
         kv_cache_config=config,
         prefix_cache_retention_interval=workload["retention_interval"],
         **parts,
@@ -180,6 +182,8 @@ class HybridMiniSide:
         elif kind == "reset":
             result["reset"] = manager.reset_prefix_cache()
         manager.check_invariants()
+        if self.manager.block_pool.enable_kv_cache_events:
+            result["events"] = flat_events(manager.take_events())
         return {**result, **self.snapshot()}
 
     def snapshot(self) -> dict:
@@ -232,6 +236,7 @@ def make_workload(seed: int, layout: str = "sf", retention_interval: int | str |
         # Each group holds its own table: room for a few requests in every group.
         "num_blocks": rng.randint(8, 36) * max(1, (len(groups) + 1) // 2),
         "enable_caching": seed % 9 != 8,
+        "events": layout != "sf",  # the layouts compare the KV events, block by block, with their group
         "ops": [],
     }
     side = HybridMiniSide(workload)
@@ -462,6 +467,10 @@ def test_the_layout_workloads_cover_what_they_should():
         key = "0" if workload["retention_interval"] == 0 else str(workload["retention_interval"] is None)
         cached_by_retention[key] = cached_by_retention.get(key, 0) + cached
     assert all(hits.values()), hits
+    # The KV events name the group: stored and removed blocks of sliding-window groups past group 1.
+    events = [e for w in LAYOUT_WORKLOADS for o in map(HybridMiniSide(w).apply, w["ops"]) for e in o["events"]]
+    assert {e[0] for e in events} == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    assert any(e[0] == "BlockRemoved" and e[2] >= 2 for e in events) and any(e[2] >= 5 for e in events if len(e) > 1)
     assert all(cached_by_retention.values()), cached_by_retention
     assert cached_by_retention["True"] > cached_by_retention["0"]  # None caches every block
 

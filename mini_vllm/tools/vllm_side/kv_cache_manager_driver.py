@@ -29,7 +29,9 @@ per entry over one pool, in that order, full attention (None) or a sliding
 window of ``W`` tokens (``"sliding_window": W`` alone: ``[None, W]``), with
 ``"retention_interval"`` as ``prefix_cache_retention_interval`` (default 0,
 vLLM's engine default from ``CacheConfig``; the ``KVCacheConfig`` dataclass
-alone would default to None, dense caching). Then every hit, new-block list and block table is one
+alone would default to None, dense caching). With ``"events": true`` the
+manager records KV events and every snapshot has ``"events"``, those of the op,
+one entry per block (``flat_events``). Then every hit, new-block list and block table is one
 list per group, each hashed block is reported with its group
 (``[hash, group]``: vLLM's key is the hash followed by the group id in 4
 bytes), the prefix-cache map as ``[hash, group, block]`` and an admission
@@ -44,7 +46,9 @@ import json
 import sys
 
 
-def _make_manager(num_blocks: int, block_size: int, enable_caching: bool, groups=None, retention_interval=0):
+def _make_manager(
+    num_blocks: int, block_size: int, enable_caching: bool, groups=None, retention_interval=0, events=False
+):
     """vLLM's manager over ``num_blocks`` blocks (+ its null block); ``groups``: per KV-cache group, in order,
     None for full attention or a sliding window in tokens (None: one full-attention group)."""
     import torch
@@ -79,6 +83,7 @@ def _make_manager(num_blocks: int, block_size: int, enable_caching: bool, groups
         scheduler_block_size=block_size,
         hash_block_size=block_size,
         enable_caching=enable_caching,
+        enable_kv_cache_events=events,
         log_stats=True,
     )
 
@@ -141,8 +146,9 @@ def run_workload(workload: dict) -> list[dict]:
         groups = [None, workload["sliding_window"]]
     hybrid = groups is not None
     retention_interval = workload.get("retention_interval", 0)
+    events = workload.get("events", False)
     manager = _make_manager(
-        workload["num_blocks"], block_size, workload["enable_caching"], groups, retention_interval
+        workload["num_blocks"], block_size, workload["enable_caching"], groups, retention_interval, events
     )
     if hybrid and workload["enable_caching"]:  # what the comparison means to test, still there
         coordinator = manager.coordinator
@@ -208,8 +214,29 @@ def run_workload(workload: dict) -> list[dict]:
             result["reset"] = manager.reset_prefix_cache()
         else:
             raise ValueError(f"unknown op {kind!r}")
+        if events:
+            result["events"] = flat_events(manager.take_events())
         snapshots.append(_snapshot(manager, requests, result, hybrid))
     return snapshots
+
+
+def flat_events(events) -> list[list]:
+    """KV events one block at a time: ``[kind, hash's last 64 bits, group]`` (``["AllBlocksCleared"]``).
+
+    vLLM sends a sliding-window group's cached blocks in one ``BlockStored`` per
+    call, mini-vLLM one per run of consecutive blocks: one entry per block
+    compares what both say, in order.
+    """
+    flat = []
+    for event in events:
+        kind = type(event).__name__
+        hashes = getattr(event, "block_hashes", None)
+        if hashes is None:
+            flat.append([kind])
+            continue
+        # vLLM may send a hash as its last 64 bits, an int (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): compare those.
+        flat += [[kind, h if isinstance(h, int) else int.from_bytes(h, "big") & (2**64 - 1), event.group_idx] for h in hashes]
+    return flat
 
 
 def _new_ids(new_blocks, hybrid: bool):
