@@ -83,6 +83,14 @@ class EngineConfig:
             eviction policy: ``{"kv_connector_extra_config": {"eviction_policy":
             "arc"}}`` ("lru" when left out); only with ``kv_offloading_size``
             (``mini_vllm/kv_offload/spec.py`` says what else is refused).
+        prefix_cache_retention_interval: which full blocks a sliding-window group
+            caches (vLLM's setting, chapter 08b): 0 (vLLM's default) only those
+            under the window at a boundary a later request resumes from (the
+            prompt's end, a shared-prefix junction); None every block; a positive
+            multiple of block_size N also those before every N-th token.
+        disable_hybrid_kv_cache_manager: cache a hybrid model's every layer as full
+            attention, in one KV-cache group (vLLM's setting): no block leaves a
+            table early, no memory saved, every full block cached.
     """
 
     device: str = "auto"
@@ -100,6 +108,8 @@ class EngineConfig:
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
     kv_transfer_config: dict[str, Any] | None = None
+    prefix_cache_retention_interval: int | None = 0
+    disable_hybrid_kv_cache_manager: bool = False
 
     def __post_init__(self) -> None:
         check_block_size(self.block_size)
@@ -123,8 +133,14 @@ class EngineConfig:
             raise ValueError(
                 "kv_transfer_config configures the KV-cache offloading tier here: give kv_offloading_size too"
             )
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise TypeError(f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}")
+        for name in ("enable_prefix_caching", "disable_hybrid_kv_cache_manager"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        retention = self.prefix_cache_retention_interval
+        if retention is not None and (isinstance(retention, bool) or not isinstance(retention, int)):
+            raise TypeError(f"prefix_cache_retention_interval must be None or an integer, got {retention!r}")
+        if retention is not None and retention < 0:
+            raise ValueError(f"prefix_cache_retention_interval must be >= 0 or None, got {retention}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"seed must be an integer, got {type(self.seed).__name__} {self.seed!r}")
         if not abs(self.seed) < 2**32:

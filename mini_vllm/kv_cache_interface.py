@@ -4,13 +4,15 @@ A model whose layers all use full attention needs one block table per
 request. A *hybrid* model (Gemma 3, gpt-oss, Llama 4, Mistral variants) mixes
 full-attention layers with sliding-window layers, which attend only to the
 last ``sliding_window`` tokens and so need only the blocks under that window.
-vLLM gives each kind of layer its own *KV-cache group*: the layers of a group
-share one block table per request, every group takes its blocks from the one
-shared ``BlockPool``, and a cache hit is the prefix that every group can serve.
+vLLM splits the layers into *KV-cache groups* of one size, each of one kind
+(Gemma 3, five sliding layers per full one: one full-attention group and five
+sliding-window groups): the layers of a group share one block table per
+request, every group takes its blocks from the one shared ``BlockPool``, and a
+cache hit is the prefix that every group can serve.
 
 vLLM equivalents: ``vllm/v1/kv_cache_interface.py`` (``FullAttentionSpec``,
 ``SlidingWindowSpec``, ``KVCacheGroupSpec``, ``KVCacheConfig``) and
-``vllm/v1/core/kv_cache_utils.py`` (which groups a model's layers).
+``vllm/v1/core/kv_cache_planning.py`` (which groups a model's layers).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class KVCacheGroupSpec:
 
     ``layer_ids``: the model's layer indices in the group, in order. The
     ``i``-th layer of every group writes into the same KV tensor ``i``: a
-    block belongs to one group at a time, so the groups share the memory.
+    block belongs to one group at a time, so the groups share the memory. A
+    group may hold fewer layers than the others (vLLM's padding): its last
+    tensors are unused.
     """
 
     layer_ids: tuple[int, ...]
@@ -77,12 +81,6 @@ class KVCacheConfig:
         sizes = {group.kv_cache_spec.block_size for group in self.kv_cache_groups}
         if len(sizes) != 1:
             raise ValueError(f"every KV-cache group must use the same block_size, got {sorted(sizes)}")
-        counts = {len(group.layer_ids) for group in self.kv_cache_groups}
-        if len(counts) != 1:
-            raise ValueError(
-                "every KV-cache group must hold as many layers (they share the KV tensors), got "
-                + ", ".join(f"{len(g.layer_ids)} {type(g.kv_cache_spec).__name__}" for g in self.kv_cache_groups)
-            )
 
     @property
     def block_size(self) -> int:
@@ -94,8 +92,8 @@ class KVCacheConfig:
 
     @property
     def num_layers_per_block(self) -> int:
-        """How many layers' K/V one block holds: the layers of one group."""
-        return len(self.kv_cache_groups[0].layer_ids)
+        """How many layers' K/V one block holds: the group size (a padded group leaves some of them unused)."""
+        return max(len(group.layer_ids) for group in self.kv_cache_groups)
 
 
 def max_blocks_per_request(kv_cache_config: KVCacheConfig, num_tokens: int, max_num_batched_tokens: int) -> int:
@@ -118,35 +116,67 @@ def max_blocks_per_request(kv_cache_config: KVCacheConfig, num_tokens: int, max_
     return total
 
 
-def make_kv_cache_config(
-    layer_windows: list[int | None] | tuple[int | None, ...], block_size: int, num_blocks: int
-) -> KVCacheConfig:
-    """Group a model's layers by kind: one group of full-attention layers (first), one of sliding-window layers.
+def group_layers(layer_specs: list[KVCacheSpec] | tuple[KVCacheSpec, ...]) -> tuple[KVCacheGroupSpec, ...]:
+    """Split a model's layers into KV-cache groups of one size, as vLLM 0.33 does.
 
-    ``layer_windows[i]``: layer ``i``'s sliding window, None for full
-    attention. Every sliding layer must use the same window, and a hybrid
-    model must have as many layers of each kind (each block holds one group's
-    layers). vLLM splits unequal kinds into several groups of the same size
-    (Gemma 3's five sliding layers per full one become six groups); mini-vLLM
-    refuses them with a ValueError that says so.
+    ``layer_specs[i]``: layer ``i``'s spec. Layers with equal specs share a
+    *bucket*. Every group holds the same number of layers, the group size:
+    the smallest bucket's, or the largest bucket's when that is under 1.5x the
+    smallest (12 sliding + 13 full become two groups of 13, not 25 layers in
+    groups of 12). Each bucket is split into ``cdiv(len(bucket), group_size)``
+    groups, the ``i``-th taking ``bucket[i::num_groups]``; the last group of a
+    bucket may hold fewer layers (vLLM pads it: those tensor slots stay
+    unused). Gemma 3's 5 sliding layers per full one give one full-attention
+    group and five sliding-window groups; a model whose layers all slide has
+    one sliding-window group.
+
+    Groups are numbered bucket by bucket, the full-attention bucket first
+    (mini-vLLM's convention, see ``KVCacheConfig``), then in layer order.
+    vLLM: ``_get_kv_cache_groups_uniform_page_size`` in
+    ``vllm/v1/core/kv_cache_planning.py``.
+    """
+    buckets: dict[KVCacheSpec, list[int]] = {}
+    for layer, spec in enumerate(layer_specs):
+        buckets.setdefault(spec, []).append(layer)
+    ordered = sorted(buckets.items(), key=lambda item: not isinstance(item[0], FullAttentionSpec))
+    sizes = [len(layers) for _, layers in ordered]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups = []
+    for spec, layers in ordered:
+        num_groups = -(-len(layers) // group_size)
+        groups += [KVCacheGroupSpec(tuple(layers[i::num_groups]), spec) for i in range(num_groups)]
+    return tuple(groups)
+
+
+def make_kv_cache_config(
+    layer_windows: list[int | None] | tuple[int | None, ...],
+    block_size: int,
+    num_blocks: int,
+    disable_hybrid_kv_cache_manager: bool = False,
+) -> KVCacheConfig:
+    """The KV cache of a model whose layer ``i`` has sliding window ``layer_windows[i]`` (None: full attention).
+
+    The layers are grouped as vLLM 0.33 groups them (``group_layers``).
+    ``disable_hybrid_kv_cache_manager``: a model that mixes full attention
+    and sliding windows is cached as if every layer used full attention (one
+    group; vLLM's ``unify_hybrid_kv_cache_specs``): no block leaves a table
+    early and every full block is cached. A model whose layers all slide keeps
+    its sliding-window group either way, as in vLLM.
     """
     check_block_size(block_size)
-    full = tuple(i for i, window in enumerate(layer_windows) if window is None)
-    sliding = tuple(i for i, window in enumerate(layer_windows) if window is not None)
-    windows = {layer_windows[i] for i in sliding}
-    if len(windows) > 1:
-        raise ValueError(f"every sliding-window layer must use the same window, got {sorted(windows)}")
-    groups = []
-    if full:
-        groups.append(KVCacheGroupSpec(full, FullAttentionSpec(block_size)))
-    if sliding:
-        (window,) = windows
-        check_positive_int("sliding_window", window)
-        groups.append(KVCacheGroupSpec(sliding, SlidingWindowSpec(block_size, window)))
-    if full and sliding and len(full) != len(sliding):
-        raise ValueError(
-            f"this model has {len(full)} full-attention and {len(sliding)} sliding-window layers; "
-            "mini-vLLM needs as many of each (one block holds one group's layers). vLLM splits them "
-            "into groups of equal size instead."
-        )
-    return KVCacheConfig(num_blocks, tuple(groups))
+    for window in layer_windows:
+        if window is not None:
+            check_positive_int("sliding_window", window)
+    specs: list[KVCacheSpec] = [
+        FullAttentionSpec(block_size) if window is None else SlidingWindowSpec(block_size, window)
+        for window in layer_windows
+    ]
+    if disable_hybrid_kv_cache_manager and None in layer_windows:
+        windows = sorted({window for window in layer_windows if window is not None})
+        if len(windows) > 1:  # vLLM: "All attention layers in the same KV cache group must have the same window size"
+            raise ValueError(
+                f"disable_hybrid_kv_cache_manager puts every layer in one group, but the sliding layers use "
+                f"windows {windows}: every layer of a group must use the same window"
+            )
+        specs = [FullAttentionSpec(block_size)] * len(specs)
+    return KVCacheConfig(num_blocks, group_layers(specs))

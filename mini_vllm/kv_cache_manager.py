@@ -41,6 +41,32 @@ from .single_type_kv_cache_manager import (  # noqa: F401 (re-exported)
 )
 
 
+def check_retention_interval(retention_interval: int | None, kv_cache_config: KVCacheConfig) -> None:
+    """ValueError unless ``prefix_cache_retention_interval`` is one vLLM 0.33 accepts for this KV cache.
+
+    None (every block) or 0 (only boundaries, the default) always; a positive
+    value only with a sliding-window group, and a multiple of the block size
+    (vLLM: ``_validate_prefix_cache_retention_interval``).
+    """
+    if retention_interval is None:
+        return
+    if isinstance(retention_interval, bool) or not isinstance(retention_interval, int):
+        raise ValueError(f"prefix_cache_retention_interval must be None or an int, got {retention_interval!r}")
+    sliding = any(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in kv_cache_config.kv_cache_groups)
+    if not sliding:
+        if retention_interval == 0:
+            return
+        raise ValueError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window KV-cache group, "
+            "so retention has no effect; set it to 0"
+        )
+    if retention_interval < 0 or retention_interval % kv_cache_config.block_size:
+        raise ValueError(
+            f"prefix_cache_retention_interval ({retention_interval}) must be non-negative and a multiple "
+            f"of block_size ({kv_cache_config.block_size})"
+        )
+
+
 @dataclass
 class PrefixCacheStats:
     """Prefix-cache counters, as vLLM 0.33's ``PrefixCacheStats`` (``vllm/v1/metrics/stats.py``).
@@ -133,11 +159,14 @@ class KVCacheManager:
 
     With one group (every model before chapter 08b) there is one block table
     per request, ``req_to_blocks``. A hybrid model's ``kv_cache_config`` has
-    a full-attention group and a sliding-window group: each group's manager
+    several groups (gpt-oss: one full-attention and one sliding-window group;
+    Gemma 3: one and five): each group's manager
     (``managers``, ``single_type_kv_cache_manager.py``) keeps its own table
     per request, all take blocks from the one pool, and a hit is the prefix
     that every group can serve (vLLM: ``KVCacheManager`` over a
-    ``HybridKVCacheCoordinator``).
+    ``HybridKVCacheCoordinator``). ``prefix_cache_retention_interval``:
+    which blocks a sliding-window group caches (vLLM's setting; 0, the
+    default, only those at boundaries; see ``SlidingWindowManager``).
 
     Invariants (``check_invariants`` asserts them):
 
@@ -175,6 +204,7 @@ class KVCacheManager:
         ),
         free_request_blocks: Callable[[BlockPool, list[KVCacheBlock]], None] = free_request_blocks,
         find_sliding_window_cache_hit: Callable[..., list[KVCacheBlock]] = find_sliding_window_cache_hit,
+        prefix_cache_retention_interval: int | None = 0,
     ) -> None:
         check_block_size(block_size)
         check_positive_int("num_blocks", num_blocks)
@@ -182,7 +212,12 @@ class KVCacheManager:
             kv_cache_config = KVCacheConfig(num_blocks, (KVCacheGroupSpec((), FullAttentionSpec(block_size)),))
         elif kv_cache_config.num_blocks != num_blocks or kv_cache_config.block_size != block_size:
             raise ValueError("kv_cache_config must have num_blocks blocks of block_size tokens")
+        check_retention_interval(prefix_cache_retention_interval, kv_cache_config)
+        kinds = [isinstance(group.kv_cache_spec, FullAttentionSpec) for group in kv_cache_config.kv_cache_groups]
+        if kinds != sorted(kinds, reverse=True):
+            raise ValueError("the full-attention KV-cache groups must come first (group 0 onwards)")
         self.kv_cache_config = kv_cache_config
+        self.prefix_cache_retention_interval = prefix_cache_retention_interval
         self.block_size = block_size
         self.enable_caching = enable_caching
         if block_pool is None:
@@ -208,6 +243,7 @@ class KVCacheManager:
                     group_id,
                     free_request_blocks=free_request_blocks,
                     find_sliding_window_cache_hit=find_sliding_window_cache_hit,
+                    retention_interval=prefix_cache_retention_interval,
                 )
             else:
                 raise TypeError(f"unsupported KV-cache spec {spec!r}")
@@ -215,6 +251,16 @@ class KVCacheManager:
         self.managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)  # one per group, in group order
         # Only a sliding-window group gives blocks back while a request runs.
         self.sliding_window_managers = tuple(m for m in managers if isinstance(m, SlidingWindowManager))
+        # Groups with one spec, looked up together; full attention first (vLLM: ``attention_groups``).
+        spec_groups: dict = {}
+        for manager in managers:
+            spec_groups.setdefault(manager.kv_cache_spec, []).append(manager)
+        self.spec_groups: tuple[tuple[SingleTypeKVCacheManager, ...], ...] = tuple(
+            tuple(group)
+            for group in sorted(spec_groups.values(), key=lambda group: not isinstance(group[0], FullAttentionManager))
+        )
+        # One full-attention spec and one other: one round of the lookup settles the hit.
+        self.is_simple_hybrid = len(self.spec_groups) == 2 and isinstance(self.spec_groups[0][0], FullAttentionManager)
         # A hybrid lookup's shared-prefix junction per request (see get_computed_blocks).
         self.shared_prefix_boundary: dict[str, int] = {}
         # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
@@ -275,12 +321,12 @@ class KVCacheManager:
         The blocks are a list; in a hybrid engine a tuple of lists, one per
         group, all as long as the hit (a sliding-window group's list holds the
         null block before its window). The hit is the prefix *every* group can
-        serve: the full-attention group's, then the sliding-window group's
-        within it, and the full-attention blocks cut to that (vLLM 0.33's
-        ``HybridKVCacheCoordinator.find_longest_cache_hit``). When the
+        serve: the full-attention group's, then the sliding-window groups'
+        within it, and the full-attention blocks cut to that
+        (``find_hybrid_cache_hit``). When the
         full-attention group could serve more, that longer prefix is a
-        *junction* shared with an earlier request: the sliding-window group
-        will cache its blocks there (``shared_prefix_boundary``).
+        *junction* shared with an earlier request: the sliding-window groups
+        will cache their blocks there (``shared_prefix_boundary``).
 
         Counts nothing: a lookup is counted when the request is admitted
         (``allocate_slots``), so a request looked up in several steps before
@@ -293,14 +339,40 @@ class KVCacheManager:
         if not self.is_hybrid:
             computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_num_blocks)
             return computed_blocks, len(computed_blocks) * self.block_size
-        hits = []
+        return self.find_hybrid_cache_hit(request, max_num_blocks)
+
+    def find_hybrid_cache_hit(self, request: Request, max_num_blocks: int):
+        """The prefix every group can serve, as vLLM 0.33's ``HybridKVCacheCoordinator.find_longest_cache_hit``.
+
+        Groups that share a spec (Gemma 3's five sliding-window groups) are
+        looked up once, together: a block counts only when every one of them
+        has it cached (``spec_groups``). Each spec then accepts the candidate
+        length or cuts it; when one cuts it, every spec is asked again, until
+        none does (a fixed point: the length only shrinks). Full attention
+        goes first and is looked up once (its hit is a prefix: cutting it is
+        enough); with one other spec, one round suffices. The full-attention
+        blocks are then cut to the final length.
+        """
+        hits: list[list[KVCacheBlock] | None] = [None] * len(self.managers)
         num_hit_blocks = max_num_blocks
         longest = 0
-        for manager in self.managers:  # full attention first: its hit bounds the others'
-            blocks = manager.find_longest_cache_hit(request.block_hashes, num_hit_blocks)
-            hits.append(blocks)
-            num_hit_blocks = len(blocks)
-            longest = max(longest, num_hit_blocks)
+        while True:
+            candidate = num_hit_blocks
+            for managers in self.spec_groups:
+                first = managers[0]
+                if isinstance(first, FullAttentionManager) and hits[first.kv_cache_group_id] is not None:
+                    candidate = min(candidate, len(hits[first.kv_cache_group_id]))
+                    continue
+                for manager, blocks in zip(
+                    managers, first.find_spec_cache_hit(request.block_hashes, candidate, managers)
+                ):
+                    hits[manager.kv_cache_group_id] = blocks
+                candidate = len(hits[first.kv_cache_group_id])
+                longest = max(longest, candidate)
+            if candidate >= num_hit_blocks or self.is_simple_hybrid:
+                num_hit_blocks = min(num_hit_blocks, candidate)
+                break
+            num_hit_blocks = candidate
         self.shared_prefix_boundary[request.request_id] = longest * self.block_size if longest > num_hit_blocks else 0
         return tuple(blocks[:num_hit_blocks] for blocks in hits), num_hit_blocks * self.block_size
 

@@ -46,7 +46,8 @@ class LLM:
         ``kv_cache_memory_gb``, ``enable_prefix_caching``, ``max_num_seqs``,
         ``max_num_batched_tokens``, ``max_model_len``, ``attention_backend``,
         ``hash_algo``, ``seed``, ``kv_offloading_size``, ``kv_offloading_backend``,
-        ``kv_transfer_config``. An unknown keyword is a TypeError naming it.
+        ``kv_transfer_config``, ``prefix_cache_retention_interval``,
+        ``disable_hybrid_kv_cache_manager``. An unknown keyword is a TypeError naming it.
 
         ``parts``: an ``EngineParts`` (``mini_vllm/engine_parts.py``), the
         pieces this engine runs in place of the engine's own (the free queue,

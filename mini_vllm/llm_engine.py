@@ -46,7 +46,7 @@ from .kv_offload.spec import eviction_policy, fs_tier_settings
 from .kv_offload.tiering import make_fs_tiering_manager
 from .model import default_model_path, load_model
 from .model_config import ModelConfig
-from .model_runner import ModelRunner, kv_cache_bytes_per_block
+from .model_runner import ModelRunner, kv_cache_bytes_per_block, kv_cache_layers_per_block
 from .output_processor import OutputProcessor
 from .outputs import RequestMetrics, RequestOutput
 from .parallel_sampling import ParentRequest, parent_id_of
@@ -139,9 +139,12 @@ class LLMEngine:
             attn_backend = get_attn_backend(config.attention_backend, str(self.device))
         model = load_model(self.model_path, device=self.device, dtype=self.dtype, attn_backend=attn_backend)
         num_blocks = config.num_blocks or self._num_blocks_from_budget()
-        # One KV-cache group of every layer, or a hybrid model's two (chapter 08b).
+        # One KV-cache group of every layer, or a hybrid model's groups (chapter 08b).
         self.kv_cache_config = make_kv_cache_config(
-            self.model_config.layer_sliding_windows, config.block_size, num_blocks
+            self.model_config.layer_sliding_windows,
+            config.block_size,
+            num_blocks,
+            disable_hybrid_kv_cache_manager=config.disable_hybrid_kv_cache_manager,
         )
         self.model_runner = ModelRunner(
             model,
@@ -169,6 +172,7 @@ class LLMEngine:
             find_longest_cache_hit=parts.find_longest_cache_hit,
             free_request_blocks=parts.free_request_blocks,
             find_sliding_window_cache_hit=parts.find_sliding_window_cache_hit,
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
         connector = self._make_offloading_connector() if config.kv_offloading_size is not None else None
         self.model_runner.kv_connector = connector
@@ -202,7 +206,7 @@ class LLMEngine:
             num_blocks,
             config.block_size,
             num_blocks * config.block_size,
-            num_blocks * kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype) / 2**20,
+            num_blocks * self._bytes_per_block() / 2**20,
             self.device,
             attn_backend.name,
         )
@@ -228,7 +232,7 @@ class LLMEngine:
             raise ValueError(
                 "kv_offloading_size: KV-cache offloading is built for one KV-cache group, not a hybrid model"
             )
-        bytes_per_block = kv_cache_bytes_per_block(self.model_config, config.block_size, self.dtype)
+        bytes_per_block = self._bytes_per_block()
         num_chunks = int(config.kv_offloading_size * 2**30) // bytes_per_block
         if num_chunks < 1:
             raise ValueError(
@@ -246,7 +250,9 @@ class LLMEngine:
         fs_tier = fs_tier_settings(config.kv_transfer_config)  # secondary_tiers: [{"type": "fs", ...}]
         if fs_tier is not None:
             layer_ids = self.kv_cache_config.kv_cache_groups[0].layer_ids
-            manager = make_fs_tiering_manager(manager, self.model_path, config.block_size, self.dtype, layer_ids, **fs_tier)
+            manager = make_fs_tiering_manager(
+                manager, self.model_path, config.block_size, self.dtype, layer_ids, **fs_tier
+            )
         connector = OffloadingConnector(manager, config.block_size)
         connector.register_kv_caches(self.model_runner.kv_caches)
         return connector
@@ -265,8 +271,16 @@ class LLMEngine:
             eos.add(self.tokenizer.eos_token_id)
         return eos
 
-    def _num_blocks_from_budget(self) -> int:
+    def _bytes_per_block(self) -> int:
+        """One block's K and V: one KV-cache group's layers, or every layer with the hybrid manager off."""
         bytes_per_block = kv_cache_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        if self.config.disable_hybrid_kv_cache_manager:
+            num_layers = len(self.model_config.layer_sliding_windows)
+            bytes_per_block = bytes_per_block // kv_cache_layers_per_block(self.model_config) * num_layers
+        return bytes_per_block
+
+    def _num_blocks_from_budget(self) -> int:
+        bytes_per_block = self._bytes_per_block()
         if self.config.kv_cache_memory_gb is not None:
             budget = self.config.kv_cache_memory_gb * 2**30
         elif self.device.type == "cuda":

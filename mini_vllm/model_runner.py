@@ -16,6 +16,7 @@ vLLM equivalent: ``vllm/v1/worker/gpu_model_runner.py`` (``GPUModelRunner``,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata
+from .config import DEFAULT_BLOCK_SIZE
 from .kv_cache_interface import KVCacheConfig, SlidingWindowSpec, make_kv_cache_config
 from .model import CausalLM
 from .model_config import ModelConfig
@@ -39,11 +41,10 @@ def kv_cache_layers_per_block(config: ModelConfig) -> int:
 
     A block belongs to one group at a time, so a hybrid model's groups share
     the KV tensors: 2 full-attention + 2 sliding-window layers need blocks of
-    2 layers, half of what 4 full-attention layers need (chapter 08b).
+    2 layers, half of what 4 full-attention layers need; Gemma 3's 5:1 layout
+    a sixth (chapter 08b). The groups are vLLM 0.33's (``group_layers``).
     """
-    windows = config.layer_sliding_windows
-    num_sliding = sum(window is not None for window in windows)
-    return max(num_sliding, len(windows) - num_sliding)
+    return make_kv_cache_config(config.layer_sliding_windows, DEFAULT_BLOCK_SIZE, 1).num_layers_per_block
 
 
 def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -120,6 +121,14 @@ class ModelRunner:
             for index, layer in enumerate(group.layer_ids or range(self.config.num_layers)):
                 self.kv_caches[layer] = tensors[index]
                 self.layer_group[layer] = group_id
+        # Each layer attends over its own window, whatever its group caches: with the hybrid
+        # manager off, a sliding-window layer sits in the full-attention group (vLLM: "the
+        # compute of layers like sliding window is still saved").
+        self.layer_attention = list(zip(self.layer_group, self.config.layer_sliding_windows))
+        group_windows = [getattr(g.kv_cache_spec, "sliding_window", None) for g in kv_cache_config.kv_cache_groups]
+        self.one_metadata = len(group_windows) == 1 and all(
+            window == group_windows[0] for _, window in self.layer_attention
+        )
         # A KV-cache offloading tier (``mini_vllm/kv_offload/connector.py``) that loads into these tensors
         # before a forward pass and stores from them after it; set by the engine, None without a tier.
         self.kv_connector: OffloadingConnector | None = None
@@ -180,10 +189,21 @@ class ModelRunner:
                     **shared,
                 )
             )
-        metadata = by_group[0] if len(by_group) == 1 else [by_group[group_id] for group_id in self.layer_group]
+        metadata = by_group[0] if self.one_metadata else self.metadata_per_layer(by_group)
         # The logits we need: the last new token of each sequence.
         logits_indices = as_tensor([end - 1 for end in cu_seqlens_q[1:]], torch.int64)
         return as_tensor(input_ids, torch.int64), as_tensor(positions, torch.int64), metadata, logits_indices
+
+    def metadata_per_layer(self, by_group: list[AttentionMetadata]) -> list[AttentionMetadata]:
+        """Each layer's metadata: its group's tables, with the layer's own sliding window."""
+        variants: dict[tuple[int, int | None], AttentionMetadata] = {}
+        for group_id, window in self.layer_attention:
+            if (group_id, window) not in variants:
+                metadata = by_group[group_id]
+                if metadata.sliding_window != window:
+                    metadata = dataclasses.replace(metadata, sliding_window=window)
+                variants[group_id, window] = metadata
+        return [variants[key] for key in self.layer_attention]
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor | None:

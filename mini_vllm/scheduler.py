@@ -95,14 +95,15 @@ class ScheduledRequest:
     request: Request
     num_computed_tokens: int  # tokens with K/V in the cache before this step
     num_new_tokens: int
-    block_ids: list[int]  # the request's block table after allocation (group 0's in a hybrid model)
+    # The request's block table after allocation in every KV-cache group, in group order: one
+    # table in a single-group engine (chapter 08b: one per group; the null block is -1).
+    block_ids_by_group: tuple[list[int], ...]
     first_admission: bool = False  # admitted for the first time in this step (set by Scheduler.schedule)
-    # Every KV-cache group's table, in group order (a hybrid model, chapter 08b; the null block is -1).
-    block_ids_by_group: tuple[list[int], ...] = ()
 
-    def __post_init__(self) -> None:
-        if not self.block_ids_by_group:
-            self.block_ids_by_group = (self.block_ids,)
+    @property
+    def block_ids(self) -> list[int]:
+        """The block table of group 0: in a single-group engine, *the* block table."""
+        return self.block_ids_by_group[0]
 
     @property
     def samples_token(self) -> bool:
@@ -365,17 +366,8 @@ class Scheduler:
         computes those tokens in this step. Chapter 08's ``schedule_waiting``
         exercise calls it for every request it admits.
         """
-        manager = self.kv_cache_manager
-        if manager.is_hybrid:
-            by_group = manager.get_block_ids_by_group(request.request_id)
-            scheduled = ScheduledRequest(
-                request, num_computed_tokens, num_new_tokens, by_group[0], block_ids_by_group=by_group
-            )
-        else:
-            scheduled = ScheduledRequest(
-                request, num_computed_tokens, num_new_tokens, manager.get_block_ids(request.request_id)
-            )
-        output.scheduled.append(scheduled)
+        by_group = self.kv_cache_manager.get_block_ids_by_group(request.request_id)
+        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, by_group))
         # The tokens count as computed from now on: the model computes them in this step.
         request.num_computed_tokens = num_computed_tokens + num_new_tokens
 

@@ -144,6 +144,27 @@ def find_sliding_window_cache_hit(
     return computed[:num_found]
 
 
+class SpecGroupPoolView:
+    """The pool as the lookup of several groups with one spec sees it: a hash is cached when *every* group has it.
+
+    Gemma 3's five sliding-window groups are looked up once, together (vLLM:
+    ``BlockPool.get_cached_block(hash, kv_cache_group_ids)``). The lookup
+    parts (``find_longest_cache_hit``, ``find_sliding_window_cache_hit``)
+    take this view in place of the pool; it hands them the first group's
+    block, and ``SingleTypeKVCacheManager.find_spec_cache_hit`` reads the
+    other groups' blocks at the same positions.
+    """
+
+    def __init__(self, block_pool: BlockPool, group_ids: Sequence[int]) -> None:
+        self.block_pool = block_pool
+        self.group_ids = tuple(group_ids)
+        self.null_block = block_pool.null_block
+
+    def get_cached_block(self, block_hash: BlockHash, kv_cache_group_id: int = 0) -> KVCacheBlock | None:
+        blocks = [self.block_pool.get_cached_block(block_hash, group_id) for group_id in self.group_ids]
+        return None if None in blocks else blocks[0]
+
+
 class SingleTypeKVCacheManager:
     """One KV-cache group's block tables, over the shared pool: full attention's rules.
 
@@ -179,6 +200,33 @@ class SingleTypeKVCacheManager:
     # -- the rules that differ by kind of layer -----------------------------------------
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         raise NotImplementedError
+
+    def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        """``find_longest_cache_hit`` over ``pool``: a ``SpecGroupPoolView`` of several groups with this spec."""
+        raise NotImplementedError
+
+    def find_spec_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_num_blocks: int, managers: Sequence[SingleTypeKVCacheManager]
+    ) -> list[list[KVCacheBlock]]:
+        """One hit list per group of ``managers`` (this one first, all with this spec), from one lookup.
+
+        A block position is a hit only when every group has that hash cached
+        (``SpecGroupPoolView``); each group's list holds its own block there.
+        """
+        if len(managers) == 1:
+            return [self.find_longest_cache_hit(block_hashes, max_num_blocks)]
+        view = SpecGroupPoolView(self.block_pool, [manager.kv_cache_group_id for manager in managers])
+        first = self.lookup(view, block_hashes, max_num_blocks)
+        hits = [first]
+        for manager in managers[1:]:
+            group_id = manager.kv_cache_group_id
+            hits.append(
+                [
+                    block if block is self.null_block else self.block_pool.get_cached_block(block_hashes[i], group_id)
+                    for i, block in enumerate(first)
+                ]
+            )
+        return hits
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the window of token ``num_computed_tokens``, whose blocks attention never reads again (0 here)."""
@@ -315,25 +363,29 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         free_request_blocks: Callable[[BlockPool, list[KVCacheBlock]], None],
         find_longest_cache_hit: Callable[[BlockPool, Sequence[BlockHash], int], list[KVCacheBlock]],
     ) -> None:
-        if kv_cache_group_id != 0:
-            raise ValueError("the full-attention group must be KV-cache group 0")
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, free_request_blocks=free_request_blocks)
         self.find_longest_cache_hit_fn = find_longest_cache_hit
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         return self.find_longest_cache_hit_fn(self.block_pool, block_hashes, max_num_blocks)
 
+    def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        return self.find_longest_cache_hit_fn(pool, block_hashes, max_num_blocks)
+
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding-window attention: a hit needs only the blocks under one window; blocks behind it go back early.
 
     Which full blocks it caches (``cacheable_block_mask``) follows vLLM
-    0.33's default (``prefix_cache_retention_interval=0``): only the
-    ``num_contiguous_blocks`` blocks that end at a *boundary* a later request
-    can resume from, namely the prompt's last full block before its last
-    token (a resent prompt resumes there) and a shared-prefix junction the
-    request's lookup found (where another request's prompt diverged). Caching
-    every block would keep blocks that no hit can use.
+    0.33's ``prefix_cache_retention_interval`` (``retention_interval``). By
+    default (0) only the ``num_contiguous_blocks`` blocks that end at a
+    *boundary* a later request can resume from, namely the prompt's last full
+    block before its last token (a resent prompt resumes there) and a
+    shared-prefix junction the request's lookup found (where another request's
+    prompt diverged): caching every block would keep blocks that no hit can
+    use. So blocks filled while decoding are never cached: the next turn of a
+    chat hits up to where the previous *prompt* ended. None caches every
+    block; a positive N also the blocks before every N-th token.
 
     ``find_sliding_window_cache_hit`` is chapter 08b's part (default: this
     module's function of that name).
@@ -347,8 +399,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         *,
         free_request_blocks: Callable[[BlockPool, list[KVCacheBlock]], None],
         find_sliding_window_cache_hit: Callable[..., list[KVCacheBlock]] = find_sliding_window_cache_hit,
+        retention_interval: int | None = 0,
     ) -> None:
         super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, free_request_blocks=free_request_blocks)
+        self.retention_interval = retention_interval
         self.sliding_window = kv_cache_spec.sliding_window
         self.num_contiguous_blocks = sliding_window_contiguous_blocks(self.sliding_window, self.block_size)
         self.find_sliding_window_cache_hit_fn = find_sliding_window_cache_hit
@@ -356,6 +410,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
         return self.find_sliding_window_cache_hit_fn(
             self.block_pool, block_hashes, max_num_blocks, self.num_contiguous_blocks, self.kv_cache_group_id
+        )
+
+    def lookup(self, pool, block_hashes: Sequence[BlockHash], max_num_blocks: int) -> list[KVCacheBlock]:
+        return self.find_sliding_window_cache_hit_fn(
+            pool, block_hashes, max_num_blocks, self.num_contiguous_blocks, self.kv_cache_group_id
         )
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -366,10 +425,27 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         """
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
-    def cacheable_block_mask(self, start_block: int, end_block: int, boundaries: Sequence[int]) -> list[bool]:
+    def cacheable_block_mask(self, start_block: int, end_block: int, boundaries: Sequence[int]) -> list[bool] | None:
+        """vLLM 0.33's ``SlidingWindowManager.reachable_block_mask`` (no EAGLE; hits on block boundaries).
+
+        A hit at a boundary needs the ``num_contiguous_blocks`` blocks before
+        it. ``retention_interval`` None: every boundary, so every block (None:
+        no mask). A positive interval of N tokens: the blocks before every
+        N-th token (all of them when a window needs as many). 0, and always
+        besides: the blocks before each of ``boundaries``.
+        """
+        need = self.num_contiguous_blocks
+        segment_tokens = self.block_size if self.retention_interval is None else self.retention_interval
         mask = [False] * (end_block - start_block)
+        if segment_tokens:
+            per_segment = segment_tokens // self.block_size
+            if need >= per_segment:
+                return None
+            for i in range(start_block, end_block):
+                if i % per_segment >= per_segment - need:
+                    mask[i - start_block] = True
         for boundary in boundaries:
             end = boundary // self.block_size  # the blocks before the boundary's block
-            for i in range(max(start_block, end - self.num_contiguous_blocks), min(end_block, end)):
+            for i in range(max(start_block, end - need), min(end_block, end)):
                 mask[i - start_block] = True
         return mask

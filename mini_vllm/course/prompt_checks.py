@@ -440,8 +440,10 @@ def _other_format_codes(written: str, now: datetime) -> str:
         other = next((c for c in _CODE_MEANINGS if now.strftime(c) == value), None)
         if other is None:
             return ""
-        slips.append(f"its {name} field is {value!r}, what {other} gives ({_CODE_MEANINGS[other]}), not {code}'s "
-                     f"{now.strftime(code)!r}")
+        slips.append(
+            f"its {name} field is {value!r}, what {other} gives ({_CODE_MEANINGS[other]}), not {code}'s "
+            f"{now.strftime(code)!r}"
+        )
     return "; ".join(slips)
 
 

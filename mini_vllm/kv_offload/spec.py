@@ -136,9 +136,7 @@ def fs_tier_settings(kv_transfer_config: dict[str, Any] | None) -> dict[str, Any
         )
     unknown = sorted(set(tier) - set(FS_TIER_KEYS))
     if unknown:
-        raise ValueError(
-            f"kv_transfer_config: fs tier key(s) {unknown} not built here; it reads {list(FS_TIER_KEYS)}"
-        )
+        raise ValueError(f"kv_transfer_config: fs tier key(s) {unknown} not built here; it reads {list(FS_TIER_KEYS)}")
     root_dir = tier.get("root_dir")
     if not isinstance(root_dir, str) or not root_dir:
         raise ValueError(f"kv_transfer_config: the fs tier needs root_dir, a folder's path, got {root_dir!r}")

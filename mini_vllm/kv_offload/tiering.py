@@ -38,7 +38,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from .base import CPULoadStoreSpec, LookupResult, OffloadingEvent, OffloadingManager, OffloadKey, PrepareStoreOutput, ReqContext
+from .base import (
+    CPULoadStoreSpec,
+    LookupResult,
+    OffloadingEvent,
+    OffloadingManager,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+)
 from .cpu_manager import CPUOffloadingManager
 from .file_mapper import FileMapper
 from .fs_tier import FileSystemTierManager

@@ -45,7 +45,7 @@ STATE_STYLE: dict[str, tuple[str, str, str, str]] = {
 
 # KV-cache groups (hybrid models only): a colour strip at the top of a block and a tag
 # ("full", "SW64") say which group a block belongs to; the null block is a hatched grey ∅.
-GROUP_COLORS = ("#CC79A7", "#56B4E9", "#F0E442", "#000000")
+GROUP_COLORS = ("#CC79A7", "#56B4E9", "#F0E442", "#000000", "#009E73", "#D55E00", "#0072B2", "#E69F00")
 NULL_SYMBOL = "∅"
 NULL_TOOLTIP = "null block: left the sliding window, freed"
 

@@ -59,6 +59,10 @@ class KVCacheGroupInfo:
     group_id: int
     sliding_window: int | None = None  # None: full attention
     layer_ids: tuple[int, ...] = ()  # the model's layers in the group (() for a bare manager's default group)
+    # Where several groups share the spec (Gemma 3's five sliding-window groups): this one's
+    # place among them, from 1, and how many they are; (0, 1) when the spec is this group's alone.
+    spec_index: int = 0
+    spec_count: int = 1
 
     @property
     def is_sliding_window(self) -> bool:
@@ -71,13 +75,15 @@ class KVCacheGroupInfo:
 
     @property
     def description(self) -> str:
-        """``"full attention"`` or ``"sliding window 64 tokens"``."""
-        return f"sliding window {self.sliding_window} tokens" if self.is_sliding_window else "full attention"
+        """``"full attention"`` or ``"sliding window 64 tokens"`` (``"... (2 of 5)"`` among groups of one spec)."""
+        kind = f"sliding window {self.sliding_window} tokens" if self.is_sliding_window else "full attention"
+        return f"{kind} ({self.spec_index} of {self.spec_count})" if self.spec_count > 1 else kind
 
     @property
     def tag(self) -> str:
-        """A short label for cells and text columns: ``"full"`` or ``"SW64"``."""
-        return f"SW{self.sliding_window}" if self.is_sliding_window else "full"
+        """A short label for cells and text columns: ``"full"`` or ``"SW64"`` (``"SW64.2"`` among groups of one spec)."""
+        tag = f"SW{self.sliding_window}" if self.is_sliding_window else "full"
+        return f"{tag}.{self.spec_index}" if self.spec_count > 1 else tag
 
     @property
     def layers_text(self) -> str:
@@ -406,9 +412,11 @@ class StateSource:
         config = getattr(self.manager, "kv_cache_config", None)
         if config is None:
             return (KVCacheGroupInfo(0),)
+        specs = [group.kv_cache_spec for group in config.kv_cache_groups]
         groups = []
-        for group_id, group in enumerate(config.kv_cache_groups):
-            spec = group.kv_cache_spec
+        for group_id, (group, spec) in enumerate(zip(config.kv_cache_groups, specs)):
             window = spec.sliding_window if isinstance(spec, SlidingWindowSpec) else None
-            groups.append(KVCacheGroupInfo(group_id, window, tuple(group.layer_ids)))
+            spec_count = specs.count(spec)
+            spec_index = specs[: group_id + 1].count(spec) if spec_count > 1 else 0
+            groups.append(KVCacheGroupInfo(group_id, window, tuple(group.layer_ids), spec_index, spec_count))
         return tuple(groups)

@@ -390,3 +390,31 @@ def test_the_hash_chain_hit_is_what_every_group_serves(hybrid, hybrid_path):
     assert "reuses 0 blocks (0 tokens) — not 12: every KV-cache group must serve the hit" in text
     assert "; SW64: block " in text and "; SW64: -" in text
     assert "cached for SW64 (group 1)" in view.render_html(snap)
+
+
+# -- Gemma 3's layout: six groups on one screen -----------------------------------------------
+def test_six_groups_render_each_with_its_own_tag_and_colour():
+    """A 5:1 layout (one full-attention group, five sliding-window groups of one spec): every view
+    names each group apart (``SW8.1`` .. ``SW8.5``), and the six groups get six colours."""
+    from mini_vllm.kv_cache_interface import make_kv_cache_config
+    from mini_vllm.viz.html import group_color
+
+    config = make_kv_cache_config([8] * 5 + [None], BLOCK_SIZE, 60)
+    manager = KVCacheManager(60, block_size=BLOCK_SIZE, kv_cache_config=config)
+    requests = {"A": Request("A", list(range(40)), block_size=BLOCK_SIZE)}
+    admit(manager, requests["A"])
+    finish(manager, requests["A"])
+    requests["B"] = Request("B", list(range(40)) + [7] * 5, block_size=BLOCK_SIZE)
+    admit(manager, requests["B"])
+    snap = StateSource(manager, requests=list(requests.values())).snapshot()
+    tags = [group.tag for group in snap.kv_cache_groups]
+    assert tags == ["full", "SW8.1", "SW8.2", "SW8.3", "SW8.4", "SW8.5"]
+    assert snap.kv_cache_groups[3].description == "sliding window 8 tokens (3 of 5)"
+    assert len({group_color(group.group_id) for group in snap.kv_cache_groups}) == 6
+    (b,) = [r for r in snap.requests if r.request_id == "B"]
+    assert len(b.block_ids_by_group) == 6
+    for name, view in _views(manager, requests, requests["B"].all_token_ids, None).items():
+        text = view.to_text()
+        view.to_html()
+        if name == "tables":
+            assert all(tag in text for tag in tags), text

@@ -210,3 +210,24 @@ def test_vllm_prefix_cache_hits_on_the_hybrid_model(vllm_comparison):
     # The second request revealed the junction and vLLM kept the sliding group's blocks there:
     # a third prompt with the same prefix hits its whole blocks (224 of the 250 tokens).
     assert cached["shared_prefix_three"] == [0, 0, check.SHARED_PREFIX // block * block]
+
+
+def test_with_the_hybrid_manager_off_every_layer_is_cached_as_full_attention_and_still_slides():
+    """``disable_hybrid_kv_cache_manager``: one full-attention group of the four layers, every full block
+    cached (the second prompt hits the 12 blocks it shares), and the same greedy tokens: the
+    sliding-window layers still attend over their window only."""
+    from mini_vllm import LLM, SamplingParams
+    from mini_vllm.model import hybrid_model_path
+
+    prompts = [{"prompt_token_ids": list(range(10, 305))}, {"prompt_token_ids": list(range(10, 210)) + [3] * 40}]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    tokens, cached = {}, {}
+    for off in (False, True):
+        llm = LLM(hybrid_model_path(), device="cpu", block_size=16, num_blocks=60, disable_hybrid_kv_cache_manager=off)
+        groups = llm.llm_engine.kv_cache_config.kv_cache_groups
+        assert len(groups) == (1 if off else 2)
+        outputs = llm.generate(prompts, params)
+        tokens[off] = [list(o.outputs[0].token_ids) for o in outputs]
+        cached[off] = [o.num_cached_tokens for o in outputs]
+    assert tokens[True] == tokens[False]
+    assert cached[True] == [0, 12 * 16] and cached[False] == [0, 0]  # retention 0: no run at the junction yet

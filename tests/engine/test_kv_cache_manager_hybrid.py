@@ -59,12 +59,53 @@ def test_groups_come_full_attention_first_with_equal_layer_counts():
     ]
     assert config.kv_cache_groups[0].layer_ids == (1, 3) and config.kv_cache_groups[1].layer_ids == (0, 2)
     assert config.num_layers_per_block == 2 and config.is_hybrid
-    with pytest.raises(ValueError, match="as many of each"):
-        make_kv_cache_config([64, None, None, None], 16, 10)
-    with pytest.raises(ValueError, match="same window"):
-        make_kv_cache_config([64, None, 32, None], 16, 10)
     single = make_kv_cache_config([None] * 4, 16, 10)
     assert not single.is_hybrid and single.num_layers_per_block == 4
+
+
+def _layout(pattern: str, repeats: int) -> list[int | None]:
+    return [64 if kind == "s" else None for kind in pattern * repeats]
+
+
+def _groups(config) -> list[tuple[str, tuple[int, ...]]]:
+    return [(type(g.kv_cache_spec).__name__[0], g.layer_ids) for g in config.kv_cache_groups]
+
+
+def test_layers_are_grouped_as_vllm_0_33_groups_them():
+    # 2 sliding : 1 full, 30 layers: groups of 10, the sliding bucket split in two, layers[i::2].
+    config = make_kv_cache_config(_layout("ssf", 10), 16, 10)
+    full, sliding = tuple(range(2, 30, 3)), [i for i in range(30) if i % 3 != 2]
+    assert _groups(config) == [("F", full), ("S", tuple(sliding[0::2])), ("S", tuple(sliding[1::2]))]
+    assert config.num_layers_per_block == 10
+    # Gemma 3's 5:1: one full-attention group and five sliding-window groups of 5.
+    gemma = make_kv_cache_config(_layout("sssssf", 5), 16, 10)
+    assert [kind for kind, _ in _groups(gemma)] == ["F"] + ["S"] * 5
+    assert all(len(layers) == 5 for _, layers in _groups(gemma))
+    assert sorted(layer for _, layers in _groups(gemma) for layer in layers) == list(range(30))
+    # Every layer sliding: one sliding-window group.
+    assert _groups(make_kv_cache_config([64] * 6, 16, 10)) == [("S", tuple(range(6)))]
+    # Under 1.5x: the larger bucket's size, the smaller group padded (12 sliding + 13 full: 13 tensors).
+    padded = make_kv_cache_config([64] * 12 + [None] * 13, 16, 10)
+    assert _groups(padded) == [("F", tuple(range(12, 25))), ("S", tuple(range(12)))]
+    assert padded.num_layers_per_block == 13
+    # 6 sliding + 4 full (not under 1.5x): groups of 4, both sliding groups padded to 4.
+    uneven = make_kv_cache_config(_layout("sssff", 2), 16, 10)
+    assert _groups(uneven) == [("F", (3, 4, 8, 9)), ("S", (0, 2, 6)), ("S", (1, 5, 7))]
+    assert uneven.num_layers_per_block == 4
+    uneven = make_kv_cache_config([64, 64, 64, None, None], 16, 10)
+    assert _groups(uneven) == [("F", (3, 4)), ("S", (0, 2)), ("S", (1,))]
+    # Two windows: two sliding specs, two buckets of 1: groups of one layer.
+    two = make_kv_cache_config([64, None, 32, None], 16, 10)
+    assert _groups(two) == [("F", (1,)), ("F", (3,)), ("S", (0,)), ("S", (2,))]
+
+
+def test_the_hybrid_manager_switched_off_caches_every_layer_as_full_attention():
+    config = make_kv_cache_config(_layout("sssssf", 5), 16, 10, disable_hybrid_kv_cache_manager=True)
+    assert _groups(config) == [("F", tuple(range(30)))]
+    # A model whose layers all slide keeps its window (vLLM unifies only mixed models).
+    assert _groups(make_kv_cache_config([64] * 4, 16, 10, disable_hybrid_kv_cache_manager=True)) == [
+        ("S", (0, 1, 2, 3))
+    ]
 
 
 def test_a_single_group_engine_returns_plain_lists():
@@ -192,3 +233,83 @@ def test_a_config_and_manager_disagreeing_on_size_is_refused():
     )
     with pytest.raises(ValueError, match="num_blocks"):
         KVCacheManager(9, 4, kv_cache_config=config)
+
+
+def _manager_with_cached(groups: list[int | None], cached: dict[int, set[int]], num_prompt_blocks: int):
+    """A manager whose group ``g`` has the request's blocks at positions ``cached[g]`` cached (a lookup table)."""
+    config = KVCacheConfig(
+        40,
+        tuple(
+            KVCacheGroupSpec((i,), FullAttentionSpec(BLOCK) if window is None else SlidingWindowSpec(BLOCK, window))
+            for i, window in enumerate(groups)
+        ),
+    )
+    manager = KVCacheManager(40, BLOCK, kv_cache_config=config)
+    request = Request("r", list(range(num_prompt_blocks * BLOCK + 1)), BLOCK)
+    pool = manager.block_pool
+    table = {
+        (request.block_hashes[i], group): pool.blocks[group * 10 + i]
+        for group, positions in cached.items()
+        for i in positions
+    }
+    pool.get_cached_block = lambda block_hash, group=0: table.get((block_hash, group))
+    return manager, request
+
+
+def test_the_lookup_runs_to_its_fixed_point_over_the_specs():
+    # Windows of 5 (one block a hit needs) and 13 tokens (three), 8 full-attention blocks cached.
+    # Round 1: full 8, window 5 hits 8 (block 7), window 13 cuts to 5 (blocks 2..4). Round 2: window 5
+    # has no block 4, cuts to 4 (block 3); window 13 serves 4 (blocks 1..3). Round 3 changes nothing.
+    manager, request = _manager_with_cached(
+        [None, 5, 13], {0: set(range(8)), 1: {3, 7}, 2: {0, 1, 2, 3, 4}}, num_prompt_blocks=8
+    )
+    (full, short, long), num_tokens = manager.get_computed_blocks(request)
+    assert num_tokens == 4 * BLOCK
+    assert [b.block_id for b in full] == [0, 1, 2, 3]
+    assert [b.block_id for b in short] == [NULL_BLOCK_ID] * 3 + [13]
+    assert [b.block_id for b in long] == [NULL_BLOCK_ID] + [21, 22, 23]
+    assert manager.shared_prefix_boundary["r"] == 8 * BLOCK  # full attention could serve more: a junction
+
+
+def test_groups_that_share_a_spec_are_looked_up_together():
+    # Two sliding-window groups of one spec (need 2 blocks): group 1 has blocks 4..5 and 1..2, group 2
+    # only 1..2 and 5: the run 4..5 is not in both, so the hit ends at block 2 in both groups.
+    manager, request = _manager_with_cached(
+        [None, 9, 9], {0: set(range(6)), 1: {1, 2, 4, 5}, 2: {1, 2, 5}}, num_prompt_blocks=6
+    )
+    assert len(manager.spec_groups) == 2
+    (full, first, second), num_tokens = manager.get_computed_blocks(request)
+    assert num_tokens == 3 * BLOCK
+    assert [b.block_id for b in first] == [NULL_BLOCK_ID, 11, 12]
+    assert [b.block_id for b in second] == [NULL_BLOCK_ID, 21, 22]
+
+
+# -- prefix_cache_retention_interval (vLLM 0.33's setting) --------------------------------------------
+def test_the_retention_interval_is_checked_as_vllm_checks_it():
+    full_only = make_kv_cache_config([None, None], BLOCK, 10)
+    hybrid = make_kv_cache_config([8, None], BLOCK, 10)
+    KVCacheManager(10, BLOCK, kv_cache_config=full_only, prefix_cache_retention_interval=None)
+    KVCacheManager(10, BLOCK, kv_cache_config=hybrid, prefix_cache_retention_interval=4 * BLOCK)
+    with pytest.raises(ValueError, match="no sliding-window KV-cache group"):
+        KVCacheManager(10, BLOCK, kv_cache_config=full_only, prefix_cache_retention_interval=4 * BLOCK)
+    for bad in (-BLOCK, BLOCK + 1):
+        with pytest.raises(ValueError, match="multiple of block_size"):
+            KVCacheManager(10, BLOCK, kv_cache_config=hybrid, prefix_cache_retention_interval=bad)
+
+
+@pytest.mark.parametrize(
+    "retention, window, cached",
+    [
+        (0, 5, [5]),  # only the block before the boundary (token 24: block 6) - one block a hit needs
+        (None, 5, None),  # every block
+        (4 * BLOCK, 5, [3, 5, 7]),  # and the last block of every 4-block segment
+        (4 * BLOCK, 13, [1, 2, 3, 4, 5, 6, 7]),  # three blocks a hit needs: 1..3 and 5..7 (and the boundary's 3..5)
+        (2 * BLOCK, 13, None),  # a hit needs more blocks than a segment holds: every block
+    ],
+)
+def test_which_blocks_a_sliding_window_group_caches(retention, window, cached):
+    config = make_kv_cache_config([window, None], BLOCK, 40)
+    manager = KVCacheManager(40, BLOCK, kv_cache_config=config, prefix_cache_retention_interval=retention)
+    (sliding,) = manager.sliding_window_managers
+    mask = sliding.cacheable_block_mask(0, 8, [24])
+    assert mask is None if cached is None else [i for i, keep in enumerate(mask) if keep] == cached

@@ -48,7 +48,9 @@ def fs_config(root_dir, **tier) -> dict:
 
 
 def make_llm(root_dir=None, block_size=BLOCK_SIZE, **tier) -> LLM:
-    settings = {} if root_dir is None else {"kv_offloading_size": 0.01, "kv_transfer_config": fs_config(root_dir, **tier)}
+    settings = (
+        {} if root_dir is None else {"kv_offloading_size": 0.01, "kv_transfer_config": fs_config(root_dir, **tier)}
+    )
     return LLM(num_blocks=12, block_size=block_size, max_num_seqs=1, device="cpu", **settings)
 
 
@@ -142,10 +144,19 @@ def test_other_settings_never_share_files(tmp_path):
     assert len(folders) == 4  # two settings: each a folder with config.json and a folder of block files (_r0)
     configs = [json.load(open(tmp_path / name / "config.json")) for name in folders if not name.endswith("_r0")]
     assert sorted(config["tokens_per_hash"] for config in configs) == [16, 32]
-    base = {"root_dir": "/kv", "model_name": "m", "tokens_per_hash": 16, "dtype": "torch.float32",
-            "kv_cache_groups": [{"tokens_per_block": 16, "layer_names": ["model.layers.0.self_attn.attn"]}]}
-    changes = [{"model_name": "m2"}, {"dtype": "torch.bfloat16"}, {"tokens_per_hash": 32},
-               {"kv_cache_groups": [{"tokens_per_block": 16, "layer_names": []}]}]
+    base = {
+        "root_dir": "/kv",
+        "model_name": "m",
+        "tokens_per_hash": 16,
+        "dtype": "torch.float32",
+        "kv_cache_groups": [{"tokens_per_block": 16, "layer_names": ["model.layers.0.self_attn.attn"]}],
+    }
+    changes = [
+        {"model_name": "m2"},
+        {"dtype": "torch.bfloat16"},
+        {"tokens_per_hash": 32},
+        {"kv_cache_groups": [{"tokens_per_block": 16, "layer_names": []}]},
+    ]
     base_paths = {FileMapper(**{**base, **change}).base_path for change in [{}, *changes]}
     assert len(base_paths) == 1 + len(changes)
 
@@ -159,12 +170,24 @@ def test_other_settings_never_share_files(tmp_path):
         ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "p2p"}]}, "type 'p2p' not built here"),
         ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs"}]}, "needs root_dir"),
         ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": {"type": "fs"}}, "a list of one tier"),
-        ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": "/a"}] * 2},
-         "a list of one tier"),
-        ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": "/a", "n_read_threads": 4}]},
-         r"key\(s\) \['n_read_threads'\] not built here"),
-        ({"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": "/a", "enable_kv_events": 1}]},
-         "enable_kv_events must be true or false"),
+        (
+            {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": "/a"}] * 2},
+            "a list of one tier",
+        ),
+        (
+            {
+                "spec_name": "TieringOffloadingSpec",
+                "secondary_tiers": [{"type": "fs", "root_dir": "/a", "n_read_threads": 4}],
+            },
+            r"key\(s\) \['n_read_threads'\] not built here",
+        ),
+        (
+            {
+                "spec_name": "TieringOffloadingSpec",
+                "secondary_tiers": [{"type": "fs", "root_dir": "/a", "enable_kv_events": 1}],
+            },
+            "enable_kv_events must be true or false",
+        ),
     ],
 )
 def test_bad_tier_settings_are_a_value_error_naming_them(extra, message):

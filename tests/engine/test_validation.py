@@ -621,3 +621,27 @@ def test_chat_takes_openai_style_text_parts_as_vllm_does(llm):
     with pytest.raises(TypeError, match="message 0: content part 1 must be"):
         llm.chat([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url"}]}], GREEDY)
     assert_nothing_leaked(llm)
+
+
+def test_vllms_kv_cache_settings_are_checked_and_reach_serve():
+    import argparse
+
+    from mini_vllm.config import EngineConfig
+    from mini_vllm.entrypoints.openai.cli_args import engine_settings, make_arg_parser
+
+    assert EngineConfig().prefix_cache_retention_interval == 0 and not EngineConfig().disable_hybrid_kv_cache_manager
+    EngineConfig(prefix_cache_retention_interval=None)
+    with pytest.raises(TypeError, match="prefix_cache_retention_interval"):
+        EngineConfig(prefix_cache_retention_interval="64")
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval"):
+        EngineConfig(prefix_cache_retention_interval=-16)
+    with pytest.raises(TypeError, match="disable_hybrid_kv_cache_manager"):
+        EngineConfig(disable_hybrid_kv_cache_manager=1)
+    parser = make_arg_parser(argparse.ArgumentParser())
+    settings = engine_settings(parser.parse_args(["--prefix-cache-retention-interval", "None"]))
+    assert settings["prefix_cache_retention_interval"] is None and not settings["disable_hybrid_kv_cache_manager"]
+    settings = engine_settings(
+        parser.parse_args(["--prefix-cache-retention-interval", "64", "--disable-hybrid-kv-cache-manager"])
+    )
+    assert settings["prefix_cache_retention_interval"] == 64 and settings["disable_hybrid_kv_cache_manager"]
+    assert engine_settings(parser.parse_args([]))["prefix_cache_retention_interval"] == 0

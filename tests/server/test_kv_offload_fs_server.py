@@ -27,7 +27,11 @@ PROMPTS = [[rng.randrange(100, 1000) for _ in range(PREFIX + SUFFIX)] for _ in r
 def make_llm(root_dir) -> LLM:
     tiers = {"spec_name": "TieringOffloadingSpec", "secondary_tiers": [{"type": "fs", "root_dir": str(root_dir)}]}
     return LLM(
-        num_blocks=12, block_size=BLOCK_SIZE, max_num_seqs=1, device="cpu", kv_offloading_size=0.01,
+        num_blocks=12,
+        block_size=BLOCK_SIZE,
+        max_num_seqs=1,
+        device="cpu",
+        kv_offloading_size=0.01,
         kv_transfer_config={"kv_connector_extra_config": tiers},
     )
 
@@ -39,8 +43,9 @@ def test_disk_hits_are_cached_tokens_and_external_hits_in_metrics(tmp_path):
     with BackgroundServer(make_llm(tmp_path), served_model_name=MODEL) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         cached = [
-            client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
-            .usage.prompt_tokens_details.cached_tokens
+            client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=2, temperature=0
+            ).usage.prompt_tokens_details.cached_tokens
             for prompt in PROMPTS
         ]
         metrics = metric_values(server.url)

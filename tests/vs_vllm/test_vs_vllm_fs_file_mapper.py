@@ -32,12 +32,30 @@ from test_vs_vllm_kv_cache_manager import VLLM_PYTHON, release_source
 RELEASE = "0.33.0"
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
 SETTINGS = [
-    {"root_dir": "/mnt/kv", "model_name": "Qwen/Qwen3-0.6B", "tokens_per_hash": 16, "dtype": "torch.bfloat16",
-     "kv_cache_groups": [{"tokens_per_block": 16, "layer_names": LAYERS}]},
-    {"root_dir": "/tmp/x y", "model_name": "/work/main/models/tiny", "tokens_per_hash": 32, "dtype": "torch.float32",
-     "kv_cache_groups": [{"tokens_per_block": 32, "layer_names": LAYERS[:1]}]},
-    {"root_dir": "rel", "model_name": "m", "tokens_per_hash": 4, "dtype": "torch.float16",
-     "kv_cache_groups": [{"tokens_per_block": 4, "layer_names": LAYERS[::2]}, {"tokens_per_block": 4, "layer_names": LAYERS[1:2]}]},
+    {
+        "root_dir": "/mnt/kv",
+        "model_name": "Qwen/Qwen3-0.6B",
+        "tokens_per_hash": 16,
+        "dtype": "torch.bfloat16",
+        "kv_cache_groups": [{"tokens_per_block": 16, "layer_names": LAYERS}],
+    },
+    {
+        "root_dir": "/tmp/x y",
+        "model_name": "/work/main/models/tiny",
+        "tokens_per_hash": 32,
+        "dtype": "torch.float32",
+        "kv_cache_groups": [{"tokens_per_block": 32, "layer_names": LAYERS[:1]}],
+    },
+    {
+        "root_dir": "rel",
+        "model_name": "m",
+        "tokens_per_hash": 4,
+        "dtype": "torch.float16",
+        "kv_cache_groups": [
+            {"tokens_per_block": 4, "layer_names": LAYERS[::2]},
+            {"tokens_per_block": 4, "layer_names": LAYERS[1:2]},
+        ],
+    },
 ]
 KEYS = [make_offload_key(hashlib.sha256(str(i).encode()).digest(), i % 3) for i in range(8)]
 
@@ -90,8 +108,13 @@ def test_mini_vllm_names_files_as_vllms_file_mapper(vllm_answers, index):
 
 @pytest.mark.parametrize(
     "change",
-    [{"model_name": "other/model"}, {"tokens_per_hash": 8}, {"dtype": "torch.float32"},
-     {"kv_cache_groups": [{"tokens_per_block": 16, "layer_names": LAYERS[:2]}]}, {"inference_engine": "vllm"}],
+    [
+        {"model_name": "other/model"},
+        {"tokens_per_hash": 8},
+        {"dtype": "torch.float32"},
+        {"kv_cache_groups": [{"tokens_per_block": 16, "layer_names": LAYERS[:2]}]},
+        {"inference_engine": "vllm"},
+    ],
 )
 def test_each_setting_moves_the_files_and_the_comparison_sees_it(vllm_answers, change):
     changed = mini_side({**SETTINGS[0], **change})

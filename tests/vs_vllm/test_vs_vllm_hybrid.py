@@ -96,3 +96,72 @@ def test_a_wrong_sliding_window_lookup_is_caught(side_by_side):
     (wrong,) = run_mini_workloads(llm, [junction])
     vllm_cached = [row["vllm_cached"] for row in workloads(side_by_side)["junction"]["rows"]]
     assert [r["num_cached_tokens"] for r in wrong["requests"]] != vllm_cached
+
+
+# -- SmolLM2-135M re-laid as the hybrid layouts people serve (config override, same weights) -------------
+# (pattern, pool, workloads, settings for both engines). The pools of the eviction runs are the smallest
+# vLLM accepts at max_model_len 512, block size 32, window 64 (its start-up check: 16 blocks for the
+# full-attention group, 17 per sliding-window group, and its null block): 2:1 50, 5:1 101, every layer
+# sliding 17.
+RELAID = [
+    ("ssf", 50, ["eviction_and_preemption"], {}),
+    ("sssssf", 101, ["eviction_and_preemption"], {}),
+    ("s", 17, ["eviction_and_preemption"], {}),
+    ("sssssf", 240, ["junction", "multi_turn_chat"], {}),
+    ("s", 64, ["junction", "multi_turn_chat"], {}),
+    ("ssf", 160, ["junction", "multi_turn_chat"], {}),
+    ("ssf", 160, ["multi_turn_chat"], {"prefix_cache_retention_interval": None}),
+    ("ssf", 160, ["multi_turn_chat"], {"prefix_cache_retention_interval": 64}),
+    ("ssf", 160, ["multi_turn_chat"], {"disable_hybrid_kv_cache_manager": True}),
+]
+RELAID_OPT_IN = "MINI_VLLM_RELAID_E2E"
+
+
+@pytest.fixture(scope="module")
+def relaid(tmp_path_factory) -> dict:
+    """Every RELAID engine, one vLLM subprocess for all of them (minutes: opt-in, see RELAID_OPT_IN)."""
+    import os
+
+    if not os.environ.get(RELAID_OPT_IN):
+        pytest.skip(f"{RELAID_OPT_IN}=1 runs the re-laid layouts against real vLLM (about 10 minutes)")
+    if vllm_python() is None:
+        missing("vllm", vllm_missing_reason())
+    from mini_vllm.tools.compare_vllm.harness import run_relaid_side_by_side
+    from mini_vllm.tools.real_model import real_model_path
+
+    path = real_model_path()
+    if path is None:
+        missing("real-model", "SmolLM2-135M-Instruct is not installed: run `make real-model`")
+    return run_relaid_side_by_side(path, RELAID, str(tmp_path_factory.mktemp("relaid")))
+
+
+@pytest.mark.parametrize("index", range(len(RELAID)), ids=[f"{p}-{n}-{s}" for p, n, _, s in RELAID])
+def test_every_layout_gets_the_same_hits_and_tokens_as_vllm(relaid, index):
+    run = relaid["runs"][index]
+    pattern = run["pattern"]
+    groups = (run["vllm_kv_cache"] or {}).get("groups", [])
+    if not run["settings"].get("disable_hybrid_kv_cache_manager"):  # vLLM's groups: as many as ours
+        from mini_vllm.kv_cache_interface import make_kv_cache_config
+
+        windows = [64 if pattern[i % len(pattern)] == "s" else None for i in range(30)]
+        assert len(groups) == len(make_kv_cache_config(windows, 32, 1).kv_cache_groups), groups
+    for workload in run["workloads"]:
+        different = [row for row in workload["rows"] if not (row["cached_equal"] and row["tokens_equal"])]
+        assert not different, f"{pattern} {run['settings']} {workload['name']}: {different}"
+        assert workload["counters_equal"] and workload["same_num_requests"], (workload["mini"], workload["vllm"])
+        assert workload["mini"]["num_preemptions"] == workload["vllm"]["num_preemptions"]
+
+
+def test_retention_changes_what_the_next_turn_of_a_chat_hits(relaid):
+    """Under retention 0 a turn hits at most up to where the previous prompt ended (the reply's blocks were
+    never cached); every block cached (None), or the hybrid manager off, hits at least as much."""
+    cached = {
+        (run["pattern"], tuple(sorted(run["settings"].items()))): [row["mini_cached"] for row in workload["rows"]]
+        for run in relaid["runs"]
+        for workload in run["workloads"]
+        if workload["name"] == "multi_turn_chat" and run["pattern"] == "ssf"
+    }
+    sparse = cached[("ssf", ())]
+    dense = cached[("ssf", (("prefix_cache_retention_interval", None),))]
+    off = cached[("ssf", (("disable_hybrid_kv_cache_manager", True),))]
+    assert all(d >= s for d, s in zip(dense, sparse)) and all(o >= s for o, s in zip(off, sparse))

@@ -5,7 +5,10 @@ driver, same releases, same skips): two KV-cache groups over one pool,
 group 0 full attention and group 1 a sliding window of ``W`` tokens, with
 block sizes 4 and 16 and ``W`` in {2 blocks, 3 blocks + 1 token, 7 tokens}
 (a hit needs ``cdiv(W - 1, block_size)`` cached blocks in a row: 2, 3, 2
-or 1). On the vLLM side ``mini_vllm/tools/vllm_side/kv_cache_manager_driver.py``
+or 1). Then the layouts vLLM 0.33 groups into more groups or one
+(``LAYOUTS``, grouped by ``make_kv_cache_config``: 2:1, Gemma 3's 5:1, every
+layer sliding, a padded layout, two full-attention groups, two windows),
+each under ``prefix_cache_retention_interval`` 0 and under None or 4 blocks. On the vLLM side ``mini_vllm/tools/vllm_side/kv_cache_manager_driver.py``
 builds vLLM's ``KVCacheConfig`` with a ``FullAttentionSpec`` and a
 ``SlidingWindowSpec`` group and the engine's default
 ``prefix_cache_retention_interval=0`` (so vLLM's ``KVCacheManager`` runs
@@ -55,17 +58,29 @@ where both fail instead (``tests/prerequisites.py``).
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 
 from known_mistakes import cache_every_full_block, sliding_window_hit_from_the_left
 
-from mini_vllm.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+from mini_vllm.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+    make_kv_cache_config,
+)
 from mini_vllm.kv_cache_manager import KVCacheManager
 from mini_vllm.request import Request
 from prerequisites import missing, under_ci
 from test_vs_vllm_kv_cache_manager import ROOT, VLLM_PYTHON, VLLM_RELEASES, DriverRun, release_source
+
+from mini_vllm.tools import paths
+from mini_vllm.tools.vllm_side.kv_cache_manager_driver import flat_events
+
+GROUPS_DRIVER = paths.VLLM_SIDE_DIR / "kv_cache_groups_driver.py"
 
 # (block_size, sliding_window): two blocks, three blocks and a token, and 7 tokens.
 CONFIGS = [(4, 8), (4, 13), (4, 7), (16, 32), (16, 49), (16, 7)]
@@ -73,20 +88,47 @@ NUM_RANDOM_WORKLOADS = 36
 NULL = -1  # the null block's id, on both sides after mapping
 
 
-def hybrid_config(num_blocks: int, block_size: int, sliding_window: int) -> KVCacheConfig:
+# Layouts of layers (s: sliding window, f: full attention), grouped by make_kv_cache_config as vLLM 0.33
+# groups them: 2:1 (three groups), Gemma 3's 5:1 (six), every layer sliding (one sliding-window group),
+# 6 sliding + 4 full (groups of 4, both sliding groups padded: at the manager, three groups), 2 full : 1
+# sliding (two full-attention groups looked up together) and two windows (two sliding specs: the lookup
+# runs to its fixed point). With a retention interval of 0 (the default), then None (every block) or N > 0.
+LAYOUTS = ["ssf" * 3, "sssssf" * 2, "ssss", "sssff" * 2, "ffs" * 2, "fSs"]
+RETENTIONS = [0, None, "4 blocks"]
+NUM_LAYOUT_WORKLOADS = 2 * len(LAYOUTS)  # each layout under retention 0, then under None or 4 blocks (in turn)
+
+
+def layout_groups(layout: str, sliding_window: int, block_size: int) -> list[int | None]:
+    """Per KV-cache group, None (full attention) or its window, for a layout ("S": a second, longer window)."""
+    windows = {"f": None, "s": sliding_window, "S": sliding_window + 2 * block_size}
+    config = make_kv_cache_config([windows[kind] for kind in layout], block_size, 1)
+    return [getattr(group.kv_cache_spec, "sliding_window", None) for group in config.kv_cache_groups]
+
+
+def hybrid_config(num_blocks: int, block_size: int, groups: list[int | None]) -> KVCacheConfig:
     return KVCacheConfig(
         num_blocks,
-        (
-            KVCacheGroupSpec((0,), FullAttentionSpec(block_size)),
-            KVCacheGroupSpec((1,), SlidingWindowSpec(block_size, sliding_window)),
+        tuple(
+            KVCacheGroupSpec(
+                (i,), FullAttentionSpec(block_size) if window is None else SlidingWindowSpec(block_size, window)
+            )
+            for i, window in enumerate(groups)
         ),
     )
 
 
-def make_manager(workload: dict) -> KVCacheManager:
+def make_manager(workload: dict, manager_class: type[KVCacheManager] = KVCacheManager, **parts) -> KVCacheManager:
     num_blocks, block_size = workload["num_blocks"], workload["block_size"]
-    config = hybrid_config(num_blocks, block_size, workload["sliding_window"])
-    return KVCacheManager(num_blocks, block_size, workload["enable_caching"], kv_cache_config=config)
+    config = hybrid_config(num_blocks, block_size, workload["groups"])
+    return manager_class(
+        num_blocks,
+        block_size,
+        workload["enable_caching"],
+        workload.get("events", False),
+        kv_cache_config=config,
+        prefix_cache_retention_interval=workload["retention_interval"],
+        **parts,
+    )
 
 
 # -- the mini-vLLM side ---------------------------------------------------------------
@@ -100,8 +142,11 @@ class HybridMiniSide:
     def __init__(self, workload: dict, make=make_manager) -> None:
         self.block_size = workload["block_size"]
         self.manager = make(workload)
-        assert self.manager.is_hybrid
         self.requests: dict[str, Request] = {}
+
+    def by_group(self, blocks):
+        """Hits or new blocks as one list per group (a one-group engine returns its list alone)."""
+        return blocks if self.manager.is_hybrid else (blocks,)
 
     def apply(self, op: dict) -> dict:
         manager, kind = self.manager, op["op"]
@@ -112,11 +157,11 @@ class HybridMiniSide:
             request = self.requests[op["rid"]]
             hits, num_hit_tokens = manager.get_computed_blocks(request)
             result["hit_tokens"] = num_hit_tokens
-            result["hit_ids"] = [_ids(group) for group in hits]
+            result["hit_ids"] = [_ids(group) for group in self.by_group(hits)]
             result["shared_prefix_boundary"] = manager.shared_prefix_boundary.get(request.request_id, 0)
             num_new_tokens = min(request.num_tokens - num_hit_tokens, op["max_new_tokens"])
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
-            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in new_blocks]
+            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in self.by_group(new_blocks)]
             if new_blocks is not None:
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
         elif kind == "alloc":
@@ -124,7 +169,7 @@ class HybridMiniSide:
             new_blocks = manager.allocate_slots(
                 request, op["num_new_tokens"], num_lookahead_tokens=op["num_lookahead_tokens"]
             )
-            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in new_blocks]
+            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in self.by_group(new_blocks)]
             if new_blocks is not None:
                 request.num_computed_tokens += op["num_new_tokens"]
         elif kind == "append":
@@ -139,6 +184,8 @@ class HybridMiniSide:
         elif kind == "reset":
             result["reset"] = manager.reset_prefix_cache()
         manager.check_invariants()
+        if self.manager.block_pool.enable_kv_cache_events:
+            result["events"] = flat_events(manager.take_events())
         return {**result, **self.snapshot()}
 
     def snapshot(self) -> dict:
@@ -175,16 +222,23 @@ class HybridMiniSide:
 
 
 # -- seeded random workloads ------------------------------------------------------------
-def make_workload(seed: int) -> dict:
+def make_workload(seed: int, layout: str = "sf", retention_interval: int | str | None = 0) -> dict:
     """A scheduler-like random call sequence over prompt families, decided against mini-vLLM's state as it goes."""
     rng = random.Random(seed)
     block_size, sliding_window = CONFIGS[seed % len(CONFIGS)]
+    groups = layout_groups(layout, sliding_window, block_size)
+    if retention_interval == "4 blocks":
+        retention_interval = 4 * block_size
     workload = {
-        "seed": seed,
+        "seed": seed if layout == "sf" else f"{layout}-{retention_interval}-{seed}",
         "block_size": block_size,
         "sliding_window": sliding_window,
-        "num_blocks": rng.randint(8, 36),
+        "groups": groups,
+        "retention_interval": retention_interval,
+        # Each group holds its own table: room for a few requests in every group.
+        "num_blocks": rng.randint(8, 36) * max(1, (len(groups) + 1) // 2),
         "enable_caching": seed % 9 != 8,
+        "events": layout != "sf",  # the layouts compare the KV events, block by block, with their group
         "ops": [],
     }
     side = HybridMiniSide(workload)
@@ -278,6 +332,8 @@ def scripted_workload(block_size: int, sliding_window: int) -> dict:
         "seed": f"scripted-{block_size}-{sliding_window}",
         "block_size": block_size,
         "sliding_window": sliding_window,
+        "groups": [None, sliding_window],
+        "retention_interval": 0,
         "num_blocks": 40,
         "enable_caching": True,
         "ops": [],
@@ -312,7 +368,12 @@ def scripted_workload(block_size: int, sliding_window: int) -> dict:
 
 
 SCRIPTED = [scripted_workload(block_size, window) for block_size, window in CONFIGS]
-WORKLOADS = SCRIPTED + [make_workload(seed) for seed in range(NUM_RANDOM_WORKLOADS)]
+RANDOM = [make_workload(seed) for seed in range(NUM_RANDOM_WORKLOADS)]
+LAYOUT_WORKLOADS = [
+    make_workload(100 + seed, LAYOUTS[seed % len(LAYOUTS)], RETENTIONS[0 if seed < len(LAYOUTS) else 1 + seed % 2])
+    for seed in range(NUM_LAYOUT_WORKLOADS)
+]
+WORKLOADS = SCRIPTED + RANDOM + LAYOUT_WORKLOADS
 NUM_WORKLOADS = len(WORKLOADS)
 
 
@@ -338,6 +399,8 @@ def driver_runs():
                 runs[release] = DriverRun(None, WORKLOADS)
             elif (ROOT / f".vllm-{release}" / ".complete").exists():
                 runs[release] = DriverRun(ROOT / f".vllm-{release}" / "src", WORKLOADS)
+        if (ROOT / ".vllm-0.33.0" / ".complete").exists():  # the grouping, from kv_cache_planning.py (0.33 on)
+            runs["grouping"] = DriverRun(ROOT / ".vllm-0.33.0" / "src", grouping_workloads(), driver=GROUPS_DRIVER)
     yield runs
     for run in runs.values():
         run.close()
@@ -366,7 +429,7 @@ def test_the_workloads_cover_what_they_should():
     junction_hits = 0
     evictions = 0
     covered: dict[str, bool] = {}
-    for workload in WORKLOADS[len(SCRIPTED) :]:  # the random ones on their own (the scripted ones: below)
+    for workload in RANDOM:  # the random 1:1 ones on their own (the scripted ones and the layouts: below)
         side = HybridMiniSide(workload)
         outcomes = [side.apply(op) for op in workload["ops"]]
         evictions += side.manager.num_evictions
@@ -389,6 +452,35 @@ def test_the_workloads_cover_what_they_should():
     assert all(covered.values()), covered
     assert junction_hits > 0
     assert evictions > 0
+
+
+def test_the_layout_workloads_cover_what_they_should():
+    """Every layout hits, in every group; sliding-window blocks are cached under each retention setting."""
+    hits: dict[str, int] = {}
+    ratios: dict[str, list[float]] = {}  # per retention: blocks cached per sliding-window group / per full one
+    for workload in LAYOUT_WORKLOADS:
+        side = HybridMiniSide(workload)
+        outcomes = [side.apply(op) for op in workload["ops"]]
+        layout = workload["seed"].split("-")[0]
+        full_hits = [o for o in outcomes if o["op"] == "admit" and o["hit_tokens"]]
+        hits[layout] = hits.get(layout, 0) + len(full_hits)
+        for o in full_hits:  # every group serves the hit: a list as long as it, real blocks at its end
+            assert all(len(ids) * workload["block_size"] == o["hit_tokens"] and ids[-1] != NULL for ids in o["hit_ids"])
+        sliding = {i for i, window in enumerate(workload["groups"]) if window is not None}
+        full = set(range(len(workload["groups"]))) - sliding
+        stored = [e[2] for o in outcomes for e in o["events"] if e[0] == "BlockStored"]
+        if full and stored:
+            per_full = sum(g in full for g in stored) / len(full)
+            per_sliding = sum(g in sliding for g in stored) / len(sliding)
+            ratios.setdefault(str(workload["retention_interval"]), []).append(per_sliding / per_full)
+    assert all(hits.values()), hits
+    # With every block cached (None) a sliding-window group stores as many blocks as a full one;
+    # with retention 0 far fewer, with 4 blocks in between.
+    assert min(ratios["None"]) > 0.9 and max(ratios["0"]) < min(ratios["None"]), ratios
+    # The KV events name the group: stored and removed blocks of sliding-window groups past group 1.
+    events = [e for w in LAYOUT_WORKLOADS for o in map(HybridMiniSide(w).apply, w["ops"]) for e in o["events"]]
+    assert {e[0] for e in events} == {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
+    assert any(e[0] == "BlockRemoved" and e[2] >= 2 for e in events) and any(e[2] >= 5 for e in events if len(e) > 1)
 
 
 @pytest.mark.parametrize("workload", SCRIPTED, ids=lambda workload: workload["seed"])
@@ -429,21 +521,14 @@ def test_mini_vllm_matches_vllms_hybrid_kv_cache_manager(vllm_results, index):
 # -- known-wrong variants the comparison must catch --------------------------------------
 def _lookup_from_the_left(workload: dict) -> KVCacheManager:
     """A sliding-window lookup that walks from block 0 and stops at the first miss, as full attention does."""
-    num_blocks, block_size = workload["num_blocks"], workload["block_size"]
-    return KVCacheManager(
-        num_blocks,
-        block_size,
-        workload["enable_caching"],
-        kv_cache_config=hybrid_config(num_blocks, block_size, workload["sliding_window"]),
-        find_sliding_window_cache_hit=sliding_window_hit_from_the_left,
-    )
+    return make_manager(workload, find_sliding_window_cache_hit=sliding_window_hit_from_the_left)
 
 
 def _cache_every_sliding_block(workload: dict) -> KVCacheManager:
     """A sliding-window group that caches every full block, not just those under a boundary's window."""
     manager = make_manager(workload)
-    sliding = manager.managers[1]
-    sliding.cacheable_block_mask = cache_every_full_block.__get__(sliding)
+    for sliding in manager.sliding_window_managers:
+        sliding.cacheable_block_mask = cache_every_full_block.__get__(sliding)
     return manager
 
 
@@ -457,14 +542,74 @@ class _NoJunctionManager(KVCacheManager):
 
 
 def _forget_the_junction(workload: dict) -> KVCacheManager:
-    num_blocks, block_size = workload["num_blocks"], workload["block_size"]
-    config = hybrid_config(num_blocks, block_size, workload["sliding_window"])
-    return _NoJunctionManager(num_blocks, block_size, workload["enable_caching"], kv_cache_config=config)
+    return make_manager(workload, _NoJunctionManager)
 
 
-@pytest.mark.parametrize("wrong", [_lookup_from_the_left, _cache_every_sliding_block, _forget_the_junction])
+def _one_group_at_a_time(workload: dict) -> KVCacheManager:
+    """Groups that share a spec looked up one by one (each bounded by the last), not together."""
+    manager = make_manager(workload)
+    manager.spec_groups = tuple((group,) for group in manager.managers)
+    manager.is_simple_hybrid = False
+    return manager
+
+
+@pytest.mark.parametrize(
+    "wrong", [_lookup_from_the_left, _cache_every_sliding_block, _forget_the_junction, _one_group_at_a_time]
+)
 def test_the_comparison_catches_a_wrong_manager(vllm_results, wrong):
     caught = [
         first_difference(workload, snapshots, wrong) for workload, snapshots in zip(WORKLOADS, vllm_results["results"])
     ]
     assert any(difference is not None for difference in caught)
+
+
+# -- the grouping: make_kv_cache_config against vLLM 0.33's kv_cache_planning.py ------------------
+GROUPING_LAYOUTS = [
+    "sf" * 15,  # gpt-oss, Gemma 2: two groups
+    "ssf" * 10,  # three groups
+    "sssssf" * 5,  # Gemma 3: six groups
+    "s" * 30,  # Mistral-7B-v0.1: one sliding-window group
+    "f" * 30,
+    "s" * 12 + "f" * 13,  # under 1.5x: two groups of 13, the sliding one padded
+    "sssff" * 6,  # groups of 12, the second sliding group padded
+    "ffs" * 10,  # two full-attention groups
+    "fSs" * 4,  # two windows
+    "sssSf" * 3,
+]
+
+
+def grouping_workloads() -> list[dict]:
+    windows = {"f": None, "s": 64, "S": 128}
+    return [
+        {"windows": [windows[kind] for kind in layout], "block_size": 16, "disable_hybrid_kv_cache_manager": off}
+        for layout in GROUPING_LAYOUTS
+        for off in (False, True)
+    ]
+
+
+def test_layers_are_grouped_as_vllm_0_33_groups_them(driver_runs):
+    if not VLLM_PYTHON.exists():
+        missing("vllm", "no .venv-vllm: run `make vllm` to install vLLM for the differential test")
+    workloads = grouping_workloads()
+    release_source("0.33.0", ci=under_ci())  # the grouping lives in kv_cache_planning.py from 0.33 on
+    results = driver_runs["grouping"].result()  # started with the other drivers
+    assert results["vllm_version"] == "0.33.0", results["vllm_version"]
+    for workload, theirs in zip(workloads, results["results"]):
+        make = functools.partial(
+            make_kv_cache_config,
+            workload["windows"],
+            16,
+            1,
+            disable_hybrid_kv_cache_manager=workload["disable_hybrid_kv_cache_manager"],
+        )
+        if "error" in theirs:  # two windows with the hybrid manager off: one group cannot hold both
+            with pytest.raises(ValueError, match="same window"):
+                make()
+            continue
+        config = make()
+        ours = [
+            {"window": getattr(group.kv_cache_spec, "sliding_window", None), "layers": list(group.layer_ids)}
+            for group in config.kv_cache_groups
+        ]
+        # mini-vLLM numbers the full-attention groups first; otherwise vLLM's order.
+        assert ours == sorted(theirs, key=lambda group: group["window"] is not None), workload

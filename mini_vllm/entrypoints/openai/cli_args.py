@@ -38,6 +38,16 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def retention_interval(text: str) -> int | None:
+    """``--prefix-cache-retention-interval``: an integer >= 0, or "None" (or "") for every block, as vLLM reads it."""
+    if text in ("", "None"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 or None, got {text!r}")
+    return value
+
+
 def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``parser`` with the server's flags added."""
     parser.add_argument("model_tag", nargs="?", default=None, help="a local Hugging Face folder (default: bundled)")
@@ -85,6 +95,19 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="prefix caching (default: on)",
+    )
+    parser.add_argument(
+        "--prefix-cache-retention-interval",
+        type=retention_interval,
+        default=0,
+        metavar="TOKENS",
+        help="which full blocks a sliding-window group caches: 0 (default) only at boundaries a later request "
+        "resumes from, None every block, a multiple N of the block size also every N-th token's",
+    )
+    parser.add_argument(
+        "--disable-hybrid-kv-cache-manager",
+        action="store_true",
+        help="cache a hybrid model's every layer as full attention, in one KV-cache group",
     )
     parser.add_argument(
         "--enable-prompt-tokens-details",
@@ -148,6 +171,8 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The ``EngineConfig`` fields the flags set (those left out keep the engine's defaults)."""
     settings = {field: getattr(args, flag) for flag, field in ENGINE_FLAGS.items() if getattr(args, flag) is not None}
     settings["enable_prefix_caching"] = args.enable_prefix_caching
+    settings["prefix_cache_retention_interval"] = args.prefix_cache_retention_interval
+    settings["disable_hybrid_kv_cache_manager"] = args.disable_hybrid_kv_cache_manager
     return settings
 
 

@@ -2,8 +2,8 @@
 
 ``compare_workload`` only reads the two engines' results; ``run_matrix`` (every
 workload at every block size), ``run_side_by_side`` (one block size) and
-``run_hybrid_side_by_side`` (the hybrid model) build the engine specs and run
-both sides.
+``run_hybrid_side_by_side`` (the hybrid model) and ``run_relaid_side_by_side``
+(a model re-laid as hybrid layouts) build the engine specs and run both sides.
 """
 
 from __future__ import annotations
@@ -193,4 +193,63 @@ def run_hybrid_side_by_side(
     ]
     result, theirs = run_both(path, engines, threads=threads)
     result["vllm_kv_cache"] = theirs["engines"][0].get("kv_cache")
+    return result
+
+
+def relay_model(model_path: str, pattern: str, sliding_window: int, folder: str) -> str:
+    """``model_path`` re-laid by its ``config.json`` alone: layer ``i`` slides when ``pattern[i % len(pattern)]``
+    is "s" (else full attention), with window ``sliding_window``; the weights are the same files (linked).
+    Returns the new model folder, made in ``folder``."""
+    import json
+
+    source = Path(model_path)
+    target = Path(folder) / f"{source.name}-{pattern}"
+    target.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.name != "config.json":
+            (target / path.name).symlink_to(path.resolve())
+    config = json.loads((source / "config.json").read_text())
+    num_layers = config["num_hidden_layers"]
+    config["layer_types"] = [
+        "sliding_attention" if pattern[i % len(pattern)] == "s" else "full_attention" for i in range(num_layers)
+    ]
+    config["sliding_window"] = sliding_window
+    (target / "config.json").write_text(json.dumps(config))
+    return str(target)
+
+
+def run_relaid_side_by_side(
+    model_path: str,
+    layouts: Sequence[tuple[str, int, Sequence[str], dict]],
+    folder: str,
+    block_size: int = 32,
+    sliding_window: int = 64,
+    threads: int = 1,
+) -> dict:
+    """``model_path`` re-laid in several layouts, through both engines; vLLM starts once (one subprocess).
+
+    ``layouts``: ``(pattern, num_blocks, workload names, settings)`` per engine (``relay_model``'s
+    pattern; ``build_hybrid_workloads``' names; settings such as
+    ``prefix_cache_retention_interval``, under vLLM's names, for both engines). ``max_model_len`` is 512.
+    Returns ``run_matrix``'s dict, each run with its ``"pattern"`` and ``"settings"``.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    patterns = dict.fromkeys(pattern for pattern, *_ in layouts)  # each layout once, in order
+    models = {pattern: relay_model(model_path, pattern, sliding_window, folder) for pattern in patterns}
+    engines = [
+        {
+            "model": models[pattern],
+            "block_size": block_size,
+            "num_blocks": num_blocks,
+            "max_model_len": 512,
+            "workloads": build_hybrid_workloads(tokenizer, block_size, names),
+            **settings,
+        }
+        for pattern, num_blocks, names, settings in layouts
+    ]
+    result, theirs = run_both(model_path, engines, threads=threads)
+    for run, (pattern, _, _, settings), engine in zip(result["runs"], layouts, theirs["engines"]):
+        run.update(pattern=pattern, settings=settings, vllm_kv_cache=engine.get("kv_cache"))
     return result

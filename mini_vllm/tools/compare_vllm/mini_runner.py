@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..vllm_side.run_vllm import call_prompts, resolve_prompt
-from .workloads import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, engine_max_model_len
+from .workloads import CACHE_SETTINGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, engine_max_model_len
 
 if TYPE_CHECKING:  # torch and the engine load only when mini-vLLM runs
     from ...llm import LLM
@@ -93,7 +93,7 @@ def run_mini(
         results = []
         for spec in engines:
             llm = engine(
-                model_path,
+                spec.get("model", model_path),
                 device="cpu",
                 dtype=dtype,
                 block_size=spec["block_size"],
@@ -102,6 +102,7 @@ def run_mini(
                 max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                 max_model_len=spec.get("max_model_len") or engine_max_model_len(spec["block_size"], spec["num_blocks"]),
                 attention_backend=attention_backend,
+                **{name: spec[name] for name in CACHE_SETTINGS if name in spec},
             )
             results.append(
                 {

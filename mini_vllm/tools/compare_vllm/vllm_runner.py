@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .. import paths
-from .workloads import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, engine_max_model_len
+from .workloads import CACHE_SETTINGS, MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, engine_max_model_len
 
 VLLM_VENV = paths.VLLM_VENV
 # Written by ``make vllm`` when it could install vLLM / when it could not (with the reason).
@@ -66,7 +66,7 @@ def run_vllm(
         "configuration": configuration,
         "engines": [
             {
-                "model": model_path,
+                "model": spec.get("model", model_path),
                 "dtype": dtype,
                 "block_size": spec["block_size"],
                 "num_blocks": spec["num_blocks"],
@@ -76,6 +76,7 @@ def run_vllm(
                 "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                 "workloads": spec["workloads"],
                 **({"model_impl": spec["model_impl"]} if spec.get("model_impl") else {}),
+                **{name: spec[name] for name in CACHE_SETTINGS if name in spec},
             }
             for spec in engines
         ],

@@ -24,6 +24,8 @@ WORKLOAD_NAMES = (
 DEFAULT_NUM_BLOCKS = 24  # per engine; the eviction workload is built to overflow it
 MAX_NUM_SEQS = 32
 MAX_NUM_BATCHED_TOKENS = 2048
+CACHE_SETTINGS = ("prefix_cache_retention_interval", "disable_hybrid_kv_cache_manager")
+"""Settings an engine spec may carry to both engines, under vLLM's names (default: each engine's own)."""
 
 
 def engine_max_model_len(block_size: int, num_blocks: int) -> int:

@@ -23,12 +23,15 @@ It prints one JSON list per workload: a snapshot after every op, in
 mini-vLLM's numbering (vLLM's block 0 is its null block, so vLLM id - 1, and
 the null block is -1 as in mini-vLLM).
 
-A workload with ``"sliding_window": W`` drives a *hybrid* model
-(``tests/vs_vllm/test_vs_vllm_hybrid_kv_cache_manager.py``): two KV-cache groups over
-one pool, group 0 full attention and group 1 a sliding window of ``W``
-tokens, with vLLM's default ``prefix_cache_retention_interval`` (0, from
-``CacheConfig``; the ``KVCacheConfig`` dataclass alone would default to
-None, dense caching). Then every hit, new-block list and block table is one
+A workload with ``"groups": [None | W, ...]`` drives a *hybrid* model
+(``tests/vs_vllm/test_vs_vllm_hybrid_kv_cache_manager.py``): one KV-cache group
+per entry over one pool, in that order, full attention (None) or a sliding
+window of ``W`` tokens (``"sliding_window": W`` alone: ``[None, W]``), with
+``"retention_interval"`` as ``prefix_cache_retention_interval`` (default 0,
+vLLM's engine default from ``CacheConfig``; the ``KVCacheConfig`` dataclass
+alone would default to None, dense caching). With ``"events": true`` the
+manager records KV events and every snapshot has ``"events"``, those of the op,
+one entry per block (``flat_events``). Then every hit, new-block list and block table is one
 list per group, each hashed block is reported with its group
 (``[hash, group]``: vLLM's key is the hash followed by the group id in 4
 bytes), the prefix-cache map as ``[hash, group, block]`` and an admission
@@ -43,29 +46,36 @@ import json
 import sys
 
 
-def _make_manager(num_blocks: int, block_size: int, enable_caching: bool, sliding_window: int | None = None):
+def _make_manager(
+    num_blocks: int, block_size: int, enable_caching: bool, groups=None, retention_interval=0, events=False
+):
+    """vLLM's manager over ``num_blocks`` blocks (+ its null block); ``groups``: per KV-cache group, in order,
+    None for full attention or a sliding window in tokens (None: one full-attention group)."""
     import torch
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    if sliding_window is None:
+    def spec(window):
+        if window is None:
+            return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32)
+        return SlidingWindowSpec(
+            block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=window
+        )
+
+    if groups is None:
         config = KVCacheConfig(
             num_blocks=num_blocks + 1,  # + vLLM's null block
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec(None))],
         )
     else:
-        sliding = SlidingWindowSpec(
-            block_size=block_size, num_kv_heads=1, head_size=8, dtype=torch.float32, sliding_window=sliding_window
-        )
         config = KVCacheConfig(
             num_blocks=num_blocks + 1,  # + vLLM's null block
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec), KVCacheGroupSpec(["layer.1"], sliding)],
-            # The engine's default (CacheConfig.prefix_cache_retention_interval = 0): a
+            kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], spec(window)) for i, window in enumerate(groups)],
+            # The engine's default is CacheConfig.prefix_cache_retention_interval = 0: a
             # sliding-window group caches only the blocks a later hit can resume from.
-            prefix_cache_retention_interval=0,
+            prefix_cache_retention_interval=retention_interval,
         )
     return KVCacheManager(
         kv_cache_config=config,
@@ -73,6 +83,7 @@ def _make_manager(num_blocks: int, block_size: int, enable_caching: bool, slidin
         scheduler_block_size=block_size,
         hash_block_size=block_size,
         enable_caching=enable_caching,
+        enable_kv_cache_events=events,
         log_stats=True,
     )
 
@@ -130,13 +141,20 @@ def run_workload(workload: dict) -> list[dict]:
     from vllm.v1.request import Request, RequestStatus
 
     block_size = workload["block_size"]
-    sliding_window = workload.get("sliding_window")
-    hybrid = sliding_window is not None
-    manager = _make_manager(workload["num_blocks"], block_size, workload["enable_caching"], sliding_window)
+    groups = workload.get("groups")
+    if groups is None and workload.get("sliding_window") is not None:
+        groups = [None, workload["sliding_window"]]
+    hybrid = groups is not None
+    retention_interval = workload.get("retention_interval", 0)
+    events = workload.get("events", False)
+    manager = _make_manager(
+        workload["num_blocks"], block_size, workload["enable_caching"], groups, retention_interval, events
+    )
     if hybrid and workload["enable_caching"]:  # what the comparison means to test, still there
         coordinator = manager.coordinator
-        assert type(coordinator).__name__ == "HybridKVCacheCoordinator", type(coordinator)
-        assert coordinator.retention_interval == 0, coordinator.retention_interval
+        expected = "HybridKVCacheCoordinator" if len(groups) > 1 else "UnitaryKVCacheCoordinator"
+        assert type(coordinator).__name__ == expected, type(coordinator)
+        assert coordinator.retention_interval == retention_interval, coordinator.retention_interval
     hasher = get_request_block_hasher(block_size, sha256)
     requests: dict = {}
     snapshots = []
@@ -196,8 +214,31 @@ def run_workload(workload: dict) -> list[dict]:
             result["reset"] = manager.reset_prefix_cache()
         else:
             raise ValueError(f"unknown op {kind!r}")
+        if events:
+            result["events"] = flat_events(manager.take_events())
         snapshots.append(_snapshot(manager, requests, result, hybrid))
     return snapshots
+
+
+def flat_events(events) -> list[list]:
+    """KV events one block at a time: ``[kind, hash's last 64 bits, group]`` (``["AllBlocksCleared"]``).
+
+    vLLM sends a sliding-window group's cached blocks in one ``BlockStored`` per
+    call, mini-vLLM one per run of consecutive blocks: one entry per block
+    compares what both say, in order.
+    """
+    flat = []
+    for event in events:
+        kind = type(event).__name__
+        hashes = getattr(event, "block_hashes", None)
+        if hashes is None:
+            flat.append([kind])
+            continue
+        # vLLM may send a hash as its last 64 bits, an int (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): compare those.
+        flat += [
+            [kind, h if isinstance(h, int) else int.from_bytes(h, "big") & (2**64 - 1), event.group_idx] for h in hashes
+        ]
+    return flat
 
 
 def _new_ids(new_blocks, hybrid: bool):

@@ -24,7 +24,8 @@ Optional keys of a spec: ``"model_impl"`` (``vllm.LLM(model_impl=...)``, e.g.
 ``layer_types`` -- vLLM's native Qwen3 has no per-layer windows: it refuses a
 config that mixes layer types unless ``max_window_layers == num_hidden_layers``,
 and then runs every layer with full attention; default: vLLM's own choice,
-``"auto"``) and ``"async_scheduling"`` (default false), and ``"kv_events_config"`` (vLLM's
+``"auto"``) and ``"async_scheduling"`` (default false), ``"prefix_cache_retention_interval"`` and
+``"disable_hybrid_kv_cache_manager"`` (vLLM's settings; default: vLLM's), and ``"kv_events_config"`` (vLLM's
 ``--kv-events-config`` as a dict: the engine publishes its KV events, this
 process subscribes to them before the workloads run, and the engine's result
 has ``"kv_events"``: every batch received, decoded with vLLM's own
@@ -279,6 +280,9 @@ def run_engine(spec: dict, configuration: str = "comparable") -> dict:
     if configuration == "comparable":
         options["enforce_eager"] = True
         options["async_scheduling"] = spec.get("async_scheduling", False)
+    for name in ("prefix_cache_retention_interval", "disable_hybrid_kv_cache_manager"):
+        if name in spec:  # vLLM's settings of the same names, as the spec gives them
+            options[name] = spec[name]
     if spec.get("kv_events_config") is not None:
         from vllm.config.kv_events import KVEventsConfig
 
