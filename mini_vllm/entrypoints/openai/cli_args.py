@@ -38,6 +38,22 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def gpu_blocks(text: str) -> int:
+    """``--num-gpu-blocks-override N``: vLLM's count, block 0 kept as its null block, so N - 1 blocks hold K/V.
+
+    mini-vLLM's pool has no block 0 to set aside (its null block lives outside
+    the pool), so ``EngineConfig.num_blocks`` is N - 1: the same flag gives the
+    same usable pool, evictions and hits as ``vllm serve`` (at least 2).
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (block 0 is vLLM's null block), got {value}")
+    return value - 1
+
+
 def retention_interval(text: str) -> int | None:
     """``--prefix-cache-retention-interval``: an integer >= 0, or "None" (or "") for every block, as vLLM reads it."""
     if text in ("", "None"):
@@ -66,9 +82,10 @@ def make_arg_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
     parser.add_argument(
         "--num-gpu-blocks-override",
-        type=int,
+        type=gpu_blocks,
         default=None,
-        help="blocks in the KV-cache pool (EngineConfig.num_blocks)",
+        help="blocks in the KV-cache pool counted as vLLM counts them, its null block included: "
+        "EngineConfig.num_blocks is one fewer",
     )
     parser.add_argument("--max-num-seqs", type=int, default=None, help="requests per step at most")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step at most")
