@@ -46,7 +46,7 @@ from .kv_offload.spec import eviction_policy, fs_tier_settings
 from .kv_offload.tiering import make_fs_tiering_manager
 from .model import default_model_path, load_model
 from .model_config import ModelConfig
-from .model_runner import ModelRunner, kv_cache_bytes_per_block, kv_cache_layers_per_block
+from .model_runner import ModelRunner, kv_cache_bytes_per_block
 from .output_processor import OutputProcessor
 from .outputs import RequestMetrics, RequestOutput
 from .parallel_sampling import ParentRequest, parent_id_of
@@ -273,11 +273,10 @@ class LLMEngine:
 
     def _bytes_per_block(self) -> int:
         """One block's K and V: one KV-cache group's layers, or every layer with the hybrid manager off."""
-        bytes_per_block = kv_cache_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
-        if self.config.disable_hybrid_kv_cache_manager:
-            num_layers = len(self.model_config.layer_sliding_windows)
-            bytes_per_block = bytes_per_block // kv_cache_layers_per_block(self.model_config) * num_layers
-        return bytes_per_block
+        config = self.config
+        return kv_cache_bytes_per_block(
+            self.model_config, config.block_size, self.dtype, config.disable_hybrid_kv_cache_manager
+        )
 
     def _num_blocks_from_budget(self) -> int:
         bytes_per_block = self._bytes_per_block()

@@ -36,21 +36,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mini_vllm")
 
 
-def kv_cache_layers_per_block(config: ModelConfig) -> int:
+def kv_cache_layers_per_block(config: ModelConfig, disable_hybrid_kv_cache_manager: bool = False) -> int:
     """How many layers' K/V one block holds: every layer, or in a hybrid model one KV-cache group's layers.
 
     A block belongs to one group at a time, so a hybrid model's groups share
     the KV tensors: 2 full-attention + 2 sliding-window layers need blocks of
     2 layers, half of what 4 full-attention layers need; Gemma 3's 5:1 layout
-    a sixth (chapter 08b). The groups are vLLM 0.33's (``group_layers``).
+    a sixth (chapter 08b). The groups are vLLM 0.33's (``group_layers``); with
+    ``disable_hybrid_kv_cache_manager`` a hybrid model is one group of every layer.
     """
-    return make_kv_cache_config(config.layer_sliding_windows, DEFAULT_BLOCK_SIZE, 1).num_layers_per_block
+    windows = config.layer_sliding_windows
+    return make_kv_cache_config(windows, DEFAULT_BLOCK_SIZE, 1, disable_hybrid_kv_cache_manager).num_layers_per_block
 
 
-def kv_cache_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, disable_hybrid_kv_cache_manager: bool = False
+) -> int:
     """K and V of the layers one block holds: ``2 * layers * block_size * kv_heads * head_dim * bytes``."""
     element_size = torch.empty((), dtype=dtype).element_size()
-    layers = kv_cache_layers_per_block(config)
+    layers = kv_cache_layers_per_block(config, disable_hybrid_kv_cache_manager)
     return 2 * layers * block_size * config.num_kv_heads * config.head_dim * element_size
 
 

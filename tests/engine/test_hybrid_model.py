@@ -218,6 +218,7 @@ def test_with_the_hybrid_manager_off_every_layer_is_cached_as_full_attention_and
     sliding-window layers still attend over their window only."""
     from mini_vllm import LLM, SamplingParams
     from mini_vllm.model import hybrid_model_path
+    from mini_vllm.model_runner import kv_cache_bytes_per_block
 
     prompts = [{"prompt_token_ids": list(range(10, 305))}, {"prompt_token_ids": list(range(10, 210)) + [3] * 40}]
     params = SamplingParams(temperature=0, max_tokens=8)
@@ -226,6 +227,12 @@ def test_with_the_hybrid_manager_off_every_layer_is_cached_as_full_attention_and
         llm = LLM(hybrid_model_path(), device="cpu", block_size=16, num_blocks=60, disable_hybrid_kv_cache_manager=off)
         groups = llm.llm_engine.kv_cache_config.kv_cache_groups
         assert len(groups) == (1 if off else 2)
+        # What one block takes, as the pool is sized from a memory budget: the tensors' own bytes per block.
+        tensors = {id(key): (key, value) for key, value in llm.llm_engine.model_runner.kv_caches}.values()
+        in_tensors = sum(key[0].nbytes + value[0].nbytes for key, value in tensors)
+        assert llm.llm_engine._bytes_per_block() == in_tensors
+        config = llm.llm_engine.model_config
+        assert kv_cache_bytes_per_block(config, 16, torch.float32, disable_hybrid_kv_cache_manager=off) == in_tensors
         outputs = llm.generate(prompts, params)
         tokens[off] = [list(o.outputs[0].token_ids) for o in outputs]
         cached[off] = [o.num_cached_tokens for o in outputs]
