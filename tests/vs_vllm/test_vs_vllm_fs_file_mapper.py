@@ -33,15 +33,15 @@ RELEASE = "0.33.0"
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
 SETTINGS = [
     {
-        "root_dir": "/mnt/kv",
+        "root_dir": "kv_files",
         "model_name": "Qwen/Qwen3-0.6B",
         "tokens_per_hash": 16,
         "dtype": "torch.bfloat16",
         "kv_cache_groups": [{"tokens_per_block": 16, "layer_names": LAYERS}],
     },
     {
-        "root_dir": "/tmp/x y",
-        "model_name": "/work/main/models/tiny",
+        "root_dir": "kv files/x y",
+        "model_name": "models/tiny",
         "tokens_per_hash": 32,
         "dtype": "torch.float32",
         "kv_cache_groups": [{"tokens_per_block": 32, "layer_names": LAYERS[:1]}],
