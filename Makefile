@@ -22,7 +22,7 @@ NO_CACHE      := -p no:cacheprovider
 NOTEBOOKS     := $(sort $(wildcard notebooks/[0-9A-Z][0-9_]*.ipynb))
 SOLUTIONS     := $(sort $(wildcard solutions/[0-9][0-9]*_*.ipynb))
 
-.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest test-notebooks-then-latest test-latest-notebooks test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm router fleet clean
+.PHONY: help venv install-course install-test lab serve hub grade lint test test-fast test-latest latest-venv latest-tests lint-then-real-model vllm-source test-notebooks-then-latest test-latest-notebooks test-unit test-notebooks test-browser chromium site notebooks exercises bench model real-model vllm router fleet clean
 
 help:
 	@echo "make lab            install the course into .venv, copy the notebooks into my-course/ and open JupyterLab"
@@ -74,20 +74,29 @@ install-test: $(VENV)/.test
 lab: $(VENV)/.course
 	$(PY) -m mini_vllm.course.lab $(LAB_ARGS)
 
-# The unit suite and the notebooks run side by side: each runs one thread at a time
+# The installs first, side by side (each into its own place: .venv, .venv-vllm, .venv-router,
+# .venv-latest, .vllm-0.33.0, Debian's chromium; mostly downloads, so together they take about the time of the
+# longest, vLLM's), with ruff once .venv has it and the real model once .venv can convert it.
+# Then the unit suite and the notebooks run side by side: each runs one thread at a time
 # (OMP_NUM_THREADS=1), so on 2 cores this takes the time of the longer one instead of the
-# sum (about 7 minutes less). The installs come first, one at a time; each half's output is
-# printed when it ends (--output-sync), and either failing fails make test. The notebooks
-# take less than half the unit suite's time, so make test-latest follows them on the same
-# core (one test process: LATEST_XDIST empty).
+# sum. Each half's output is printed when it ends (--output-sync), and either failing fails
+# make test. make test-latest follows the notebooks in the second half, in two test processes:
+# it runs mostly after the unit half has ended.
 # PYTEST_ARGS naming a path (make test PYTEST_ARGS=tests/engine/test_block_pool.py) runs only that path.
-test: lint
-	$(MAKE) --no-print-directory real-model vllm chromium
+TEST_INSTALLS := lint-then-real-model vllm vllm-source chromium router latest-venv
+test:
 ifeq ($(TEST_PATHS),)
+	$(MAKE) --no-print-directory -j5 --output-sync=target $(TEST_INSTALLS)
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-unit test-notebooks-then-latest
 else
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 endif
+
+# ruff needs .venv's test extra, and the real model's conversion .venv's torch: one after the other,
+# never two pip installs into .venv at once.
+lint-then-real-model: lint
+	$(MAKE) --no-print-directory real-model
 
 # The tiers (tests/conftest.py marks each test with its folder; README "Tests, in tiers" says which
 # to run when). The contributor's loop: the engine, kernels, course, server and project layers,
@@ -97,7 +106,6 @@ endif
 FAST_FOLDERS  := tests/engine tests/kernels tests/course tests/server tests/project
 FAST_MARKERS  := not slow and not real_model and not vllm
 XDIST         := -n 2
-LATEST_XDIST  := $(XDIST)
 # The unit suite in two processes, a test file each at a time (module fixtures start vLLM or a server once):
 # beside the notebooks half of make test, so that neither core waits for the other half to end.
 UNIT_XDIST    := -n 2 --dist loadfile
@@ -119,11 +127,18 @@ $(LATEST_PY):
 	$(LATEST_PY) -m pip install --upgrade pip setuptools wheel
 	$(LATEST_PY) -m pip install "$(TORCH_SPEC)"
 
-test-latest: | $(LATEST_PY)
+# After .venv's own install: two editable installs of this checkout at once could race in its build files.
+latest-venv: $(VENV)/.test | $(LATEST_PY)
 	echo "$(TORCH_SPEC)" > $(LATEST)/keep-torch.txt
 	$(LATEST_PY) -m pip install --upgrade --upgrade-strategy eager -c $(LATEST)/keep-torch.txt -e ".[test]"
+
+test-latest: latest-venv
+	$(MAKE) --no-print-directory latest-tests
+
+# The tests of make test-latest in .venv-latest as it is (make test upgrades it with the other installs).
+latest-tests: | $(LATEST_PY)
 	@printf "today's releases: "; $(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
-	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(LATEST_XDIST) $(DURATIONS)
+	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(XDIST) $(DURATIONS)
 	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model $(NO_CACHE)
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
@@ -137,9 +152,11 @@ lint: $(VENV)/.test
 # build/screenshots/), which needs Debian's chromium: installed here with apt when missing.
 # vLLM 0.33's wheel files (benchmarks/get_vllm_source.sh, once) for the differential test:
 # offline, that test skips with the reason; under CI (CI=true) a failed fetch fails the run.
-test-unit: $(VENV)/.test chromium real-model vllm router
-	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
+test-unit: $(VENV)/.test chromium real-model vllm vllm-source router
 	$(TEST_ENV) $(PY) -m pytest $(if $(TEST_PATHS),,tests) $(UNIT_XDIST) $(DURATIONS) $(PYTEST_ARGS)
+
+vllm-source: $(VENV)/.test vllm
+	bash benchmarks/get_vllm_source.sh || [ "$$CI" != true ]
 
 # Every chapter and solution under strict nbval in .venv-latest (today's releases; run make test-latest
 # first): what a conda user gets from environment.yml today. Not part of make test (about 7 more minutes).
@@ -147,7 +164,7 @@ test-latest-notebooks: | $(LATEST_PY)
 	$(call strict_nbval,$(LATEST_PY))
 
 test-notebooks-then-latest: test-notebooks
-	$(MAKE) --no-print-directory test-latest LATEST_XDIST=
+	$(MAKE) --no-print-directory latest-tests
 
 test-browser: $(VENV)/.test chromium
 	$(PY) -m pytest tests/browser -v

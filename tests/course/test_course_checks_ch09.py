@@ -8,6 +8,7 @@ import json
 
 import pytest
 from course_fixtures import rejects
+from prompt_messages import _messages, _tool_lines
 
 from mini_vllm.course import check_prompt_fix
 from mini_vllm.course.prompt_checks import (
@@ -17,15 +18,6 @@ from mini_vllm.course.prompt_checks import (
     reference_build_messages,
     starter_build_messages,
 )
-
-
-def _tool_lines(tools, sort_tools=True, sort_keys=True):
-    ordered = sorted(tools, key=lambda tool: tool["name"]) if sort_tools else tools
-    return [json.dumps(tool, sort_keys=sort_keys) for tool in ordered]
-
-
-def _messages(system, user):
-    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 def test_ch09_prompt_fix_accepts_the_reference(capsys):
