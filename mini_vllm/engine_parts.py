@@ -167,6 +167,18 @@ class EngineParts:
         reference = EngineParts()
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not getattr(reference, f.name)]
 
+    def unusable_with_offloading(self, eviction_policy: str) -> dict[str, str]:
+        """The replaced parts an engine with an offloading tier under ``eviction_policy`` cannot run, each with why.
+
+        ``LLMEngine`` refuses an engine built with any of them; the learner's engine
+        (``mini_vllm.course.learner_engine``) leaves such kept parts out with a note.
+        """
+        why = {"schedule_waiting": "the tier is looked up by the engine's own schedule_waiting, past the pool's hit"}
+        if eviction_policy != "lru":
+            why["lru_evict"] = f"the {eviction_policy!r} policy never calls it; only the 'lru' policy does"
+        replaced = self.replaced()
+        return {name: reason for name, reason in why.items() if name in replaced}
+
     def block_hasher(self, hash_algo: str) -> hashing.BlockHasher:
         """What each ``Request`` of the engine hashes its full blocks with (``hashing.make_block_hasher``)."""
         return hashing.make_block_hasher(hash_algo, self.hash_block_tokens, self.hash_request_tokens)

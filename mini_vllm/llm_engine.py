@@ -41,7 +41,6 @@ from .kv_cache_interface import make_kv_cache_config, max_blocks_per_request
 from .kv_cache_manager import KVCacheManager, cdiv
 from .kv_offload.connector import OffloadingConnector
 from .kv_offload.cpu_manager import CPUOffloadingManager
-from .kv_offload.lru import lru_evict
 from .kv_offload.spec import eviction_policy, fs_tier_settings
 from .kv_offload.tiering import make_fs_tiering_manager
 from .model import default_model_path, load_model
@@ -220,13 +219,13 @@ class LLMEngine:
     def _make_offloading_connector(self) -> OffloadingConnector:
         """The CPU tier of ``kv_offloading_size`` GiB: as many chunks of one pool block as fit."""
         config = self.config
-        if self.parts.schedule_waiting is not Scheduler.schedule_waiting:
-            # The lookup past the pool's hit into the tier is the engine's own schedule_waiting's: another
-            # one would never read the tier, and every request would silently recompute its prefix.
+        policy = eviction_policy(config.kv_transfer_config)  # "lru" unless kv_connector_extra_config says "arc"
+        unusable = self.parts.unusable_with_offloading(policy)
+        if unusable:  # e.g. another schedule_waiting would never read the tier: every prefix silently recomputed
             raise ValueError(
-                "kv_offloading_size: the offloading tier is looked up by the engine's own schedule_waiting, "
-                "and this engine's parts replace it (EngineParts.schedule_waiting, exercise 08): build the "
-                "engine without that part, or without kv_offloading_size"
+                "kv_offloading_size: this engine's parts replace "
+                + "; ".join(f"EngineParts.{name} ({why})" for name, why in unusable.items())
+                + ": build the engine without them, or without the tier"
             )
         if len(self.kv_cache_config.kv_cache_groups) > 1:
             raise ValueError(
@@ -238,13 +237,6 @@ class LLMEngine:
             raise ValueError(
                 f"kv_offloading_size={config.kv_offloading_size} GiB holds no block of this model "
                 f"({bytes_per_block} bytes): use at least {bytes_per_block / 2**30:.2g}"
-            )
-        policy = eviction_policy(config.kv_transfer_config)  # "lru" unless kv_connector_extra_config says "arc"
-        if policy != "lru" and self.parts.lru_evict is not lru_evict:
-            raise ValueError(
-                f"kv_transfer_config: eviction_policy {policy!r}, but this engine's parts replace lru_evict "
-                "(EngineParts.lru_evict, exercise 06c), which only the 'lru' policy runs: build the engine "
-                "without that part, or with eviction_policy 'lru'"
             )
         manager = CPUOffloadingManager(num_chunks, cache_policy=policy, lru_evict=self.parts.lru_evict)
         fs_tier = fs_tier_settings(config.kv_transfer_config)  # secondary_tiers: [{"type": "fs", ...}]

@@ -135,14 +135,8 @@ def learner_engine(
 
 
 def _leave_out_what_the_tier_replaces(chosen: dict[str, Any], mine: dict[str, Any], llm_kwargs: dict) -> None:
-    """Drop the kept parts an engine with an offloading tier cannot run, with a line saying so.
-
-    The tier is looked up by the engine's own ``schedule_waiting`` (exercise 08's
-    part would skip it), and a tier whose policy is not LRU never calls
-    ``lru_evict`` (exercise 06c's part): ``LLMEngine`` refuses either pairing,
-    so the learner's engine leaves those parts out instead, unless the notebook
-    at hand gives them as ``mine``.
-    """
+    """Drop the kept parts an engine with an offloading tier cannot run (``EngineParts.unusable_with_offloading``:
+    ``LLMEngine`` refuses them), with a line saying so, unless the notebook at hand gives them as ``mine``."""
     config = llm_kwargs.get("config")
     size = llm_kwargs.get("kv_offloading_size", getattr(config, "kv_offloading_size", None))
     if not size:
@@ -150,13 +144,10 @@ def _leave_out_what_the_tier_replaces(chosen: dict[str, Any], mine: dict[str, An
     from ..kv_offload.spec import eviction_policy
 
     transfer = llm_kwargs.get("kv_transfer_config", getattr(config, "kv_transfer_config", None))
-    left_out = {"schedule_waiting": "the tier is looked up by the engine's own schedule_waiting"}
-    if eviction_policy(transfer) != "lru":
-        left_out["lru_evict"] = "only the LRU policy calls it"
-    for key, why in left_out.items():
-        if key in chosen and key not in mine:
-            del chosen[key]
-            print(f"  note: your {PARTS_BY_KEY[key].name} stays out of this engine with an offloading tier: {why}")
+    kept = EngineParts(**{key: fn for key, fn in chosen.items() if key not in mine and key in ENGINE_PARTS})
+    for key, why in kept.unusable_with_offloading(eviction_policy(transfer)).items():
+        del chosen[key]
+        print(f"  note: your {PARTS_BY_KEY[key].name} stays out of this engine with an offloading tier: {why}")
 
 
 def _triton_interpreted() -> bool:

@@ -810,6 +810,8 @@ def test_kept_parts_an_offloading_tier_cannot_run_stay_out_of_its_engine_with_a_
     assert "your schedule_waiting stays out of this engine with an offloading tier" in capsys.readouterr().out
     parts = build(**tier, kv_transfer_config=arc).course_parts  # and an ARC tier a replaced lru_evict
     assert (parts["schedule_waiting"], parts["lru_evict"]) == ("reference", "reference")
-    assert "only the LRU policy calls it" in capsys.readouterr().out
+    assert "your lru_evict stays out of this engine with an offloading tier: the 'arc' policy never" in (
+        capsys.readouterr().out
+    )
     with pytest.raises(ValueError, match="schedule_waiting"):  # given as mine, it goes in: the engine says why not
         build(mine={"schedule_waiting": schedule_waiting}, **tier)

@@ -162,7 +162,9 @@ def test_a_replaced_schedule_waiting_is_refused_a_tier():
         return Scheduler.schedule_waiting(scheduler, token_budget, output)
 
     parts = EngineParts(schedule_waiting=schedule_waiting)
-    with pytest.raises(ValueError, match=r"kv_offloading_size: .*own schedule_waiting.*EngineParts.schedule_waiting"):
+    with pytest.raises(
+        ValueError, match=r"kv_offloading_size: .*EngineParts.schedule_waiting \(.*own schedule_waiting"
+    ):
         make_llm(kv_offloading_size=0.01, parts=parts)
     make_llm(parts=parts)  # the same part without a tier is fine
     assert make_llm(kv_offloading_size=0.01, parts=EngineParts()).llm_engine.scheduler.connector is not None
@@ -231,6 +233,6 @@ def test_a_kv_transfer_config_needs_the_tier_and_arc_refuses_a_replaced_lru_evic
     def mine(policy, n, protected):
         return lru_evict(policy, n, protected)
 
-    with pytest.raises(ValueError, match="eviction_policy 'arc', but this engine's parts replace lru_evict"):
+    with pytest.raises(ValueError, match=r"replace EngineParts.lru_evict \(the 'arc' policy never calls it"):
         make_llm(kv_offloading_size=0.01, kv_transfer_config=ARC, parts=EngineParts(lru_evict=mine))
     make_llm(kv_offloading_size=0.01, parts=EngineParts(lru_evict=mine))  # LRU runs it
