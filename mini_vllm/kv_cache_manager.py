@@ -287,6 +287,9 @@ class KVCacheManager:
         )
         # The hit and the allocation of a request that gets no block (one empty sequence per group, shared).
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in managers))
+        # The lookup, chosen once, as vLLM picks its coordinator (``get_kv_cache_coordinator``): one group
+        # looks itself up; several find the prefix every group can serve.
+        self.find_cache_hit = self.find_unitary_cache_hit if len(managers) == 1 else self.find_hybrid_cache_hit
         # A hybrid lookup's shared-prefix junction per request (see get_computed_blocks).
         self.shared_prefix_boundary: dict[str, int] = {}
         # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
@@ -343,10 +346,11 @@ class KVCacheManager:
         as long as the hit (one list with one group; chapter 08b's hybrid
         models have several, and a sliding-window group's list holds the null
         block before its window). The hit is the prefix *every* group can
-        serve (``find_cache_hit``). When the full-attention group could serve
-        more, that longer prefix is a *junction* shared with an earlier
-        request: the sliding-window groups will cache their blocks there
-        (``shared_prefix_boundary``).
+        serve (``find_cache_hit``: ``find_unitary_cache_hit`` with one group,
+        ``find_hybrid_cache_hit`` with several). When the full-attention group
+        could serve more, that longer prefix is a *junction* shared with an
+        earlier request: the sliding-window groups will cache their blocks
+        there (``shared_prefix_boundary``).
 
         Counts nothing: a lookup is counted when the request is admitted
         (``allocate_slots``), so a request looked up in several steps before
@@ -359,15 +363,19 @@ class KVCacheManager:
         hits, num_hit_blocks = self.find_cache_hit(request, max_num_blocks)
         return self.create_kv_cache_blocks(hits), num_hit_blocks * self.block_size
 
-    def find_cache_hit(
+    def find_unitary_cache_hit(
+        self, request: Request, max_num_blocks: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """One group's hit: (its blocks, as the one group's, their number) (vLLM: ``UnitaryKVCacheCoordinator``)."""
+        blocks = self.managers[0].find_longest_cache_hit(request.block_hashes, max_num_blocks)
+        return (blocks,), len(blocks)
+
+    def find_hybrid_cache_hit(
         self, request: Request, max_num_blocks: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """The prefix every group can serve: (each group's blocks of it, its length in blocks).
 
-        vLLM 0.33's coordinators (``kv_cache_coordinator.py``): with one group,
-        that group's ``find_longest_cache_hit``; with several, as
-        ``HybridKVCacheCoordinator.find_longest_cache_hit``.
-
+        As vLLM 0.33's ``HybridKVCacheCoordinator.find_longest_cache_hit``.
         Groups that share a spec (Gemma 3's five sliding-window groups) are
         looked up once, together: a block counts only when every one of them
         has it cached (``spec_groups``). Each spec then accepts the candidate
@@ -399,19 +407,19 @@ class KVCacheManager:
                 break
             num_hit_blocks = candidate
         self.shared_prefix_boundary[request.request_id] = longest * self.block_size if longest > num_hit_blocks else 0
-        return tuple(blocks[:num_hit_blocks] for blocks in hits), num_hit_blocks
+        return tuple([blocks[:num_hit_blocks] for blocks in hits]), num_hit_blocks
 
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         """``blocks`` (one sequence per group) as ``KVCacheBlocks``; the shared empty one when all are empty."""
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
-    def _computed_blocks_by_group(self, new_computed_blocks: KVCacheBlocks | None) -> tuple[Sequence[KVCacheBlock], ...]:
+    def _computed_blocks_by_group(
+        self, new_computed_blocks: KVCacheBlocks | None
+    ) -> tuple[Sequence[KVCacheBlock], ...]:
         """The hit handed to ``allocate_slots``: one sequence per group (none given: empty ones)."""
         if new_computed_blocks is None:
             return self.empty_kv_cache_blocks.blocks
-        if not isinstance(new_computed_blocks, KVCacheBlocks) or len(new_computed_blocks.blocks) != len(
-            self.managers
-        ):
+        if not isinstance(new_computed_blocks, KVCacheBlocks) or len(new_computed_blocks.blocks) != len(self.managers):
             raise ValueError(
                 f"new_computed_blocks must be the KVCacheBlocks that get_computed_blocks returned (one sequence "
                 f"for each of the {len(self.managers)} KV-cache groups), got {type(new_computed_blocks).__name__}"
@@ -502,7 +510,7 @@ class KVCacheManager:
             # Every group takes its hit before any group pops new blocks, which could evict them.
             for manager, blocks in zip(self.managers, hits):
                 manager.add_computed_blocks(request_id, blocks, num_computed_tokens)
-        new_blocks = tuple(manager.allocate_new_blocks(request_id, num_tokens_need_slot) for manager in self.managers)
+        new_blocks = tuple([manager.allocate_new_blocks(request_id, num_tokens_need_slot) for manager in self.managers])
 
         if self.enable_caching:
             # Only tokens that are final are cached: never the lookahead slots.

@@ -597,7 +597,8 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if mistake == "running before allocating":
             request.status = RequestStatus.RUNNING
         if mistake == "no lookup on re-admission" and request.num_cached_tokens >= 0:
-            computed_blocks, num_computed_tokens = manager.empty_kv_cache_blocks, 0  # "looked up on its first admission"
+            # "it was looked up on its first admission"
+            computed_blocks, num_computed_tokens = manager.empty_kv_cache_blocks, 0
         else:
             computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
         if mistake == "dashboard event before the None check" and scheduler.events.active:

@@ -7,6 +7,8 @@ behaviour a reader of chapter 08b is told about, with small numbers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mini_vllm.block_pool import NULL_BLOCK_ID
@@ -318,3 +320,18 @@ def test_which_blocks_a_sliding_window_group_caches(retention, window, cached):
     (sliding,) = manager.sliding_window_managers
     mask = sliding.cacheable_block_mask(0, 8, [24])
     assert mask is None if cached is None else [i for i, keep in enumerate(mask) if keep] == cached
+
+
+def test_no_model_kind_branch_outside_the_construction_of_the_manager():
+    """Issue 40: the engine, the scheduler and the widgets run one path for any number of KV-cache groups.
+
+    The manager picks its lookup once, when it is built (``find_cache_hit``, as vLLM picks its coordinator);
+    nothing asks "is this model hybrid?" afterwards.
+    """
+    import mini_vllm
+
+    root = Path(mini_vllm.__file__).parent
+    found = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if "is_hybrid" in path.read_text())
+    assert not found, f"an is_hybrid branch is back in {found}"
+    assert KVCacheManager(4, BLOCK).find_cache_hit.__func__ is KVCacheManager.find_unitary_cache_hit
+    assert hybrid_manager().find_cache_hit.__func__ is KVCacheManager.find_hybrid_cache_hit
