@@ -112,7 +112,7 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class KVCacheBlocks:
     """Blocks in every KV-cache group: what ``get_computed_blocks`` and ``allocate_slots`` hand the scheduler.
 
