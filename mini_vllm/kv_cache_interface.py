@@ -87,10 +87,6 @@ class KVCacheConfig:
         return self.kv_cache_groups[0].kv_cache_spec.block_size
 
     @property
-    def is_hybrid(self) -> bool:
-        return len(self.kv_cache_groups) > 1
-
-    @property
     def num_layers_per_block(self) -> int:
         """How many layers' K/V one block holds: the group size (a padded group leaves some of them unused)."""
         return max(len(group.layer_ids) for group in self.kv_cache_groups)

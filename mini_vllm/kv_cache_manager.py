@@ -112,6 +112,28 @@ class PrefixCacheStats:
         return self.hits / self.queries if self.queries else 0.0
 
 
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """Blocks in every KV-cache group: what ``get_computed_blocks`` and ``allocate_slots`` hand the scheduler.
+
+    ``blocks[g]`` are group ``g``'s blocks, in block-table order (a
+    sliding-window group's hit may start with the null block). A model with
+    one group (every chapter before 08b) has one sequence, ``blocks[0]``; the
+    scheduler never needs to know how many there are. vLLM:
+    ``KVCacheBlocks`` in ``vllm/v1/core/kv_cache_manager.py``.
+    """
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """The blocks' ids, one list per group (the null block is ``NULL_BLOCK_ID``, -1)."""
+        return tuple([block.block_id for block in group] for group in self.blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        """Group by group, ``self``'s blocks then ``other``'s (a hit followed by the blocks allocated after it)."""
+        return KVCacheBlocks(tuple([*mine, *theirs] for mine, theirs in zip(self.blocks, other.blocks)))
+
+
 @dataclass(frozen=True)
 class KVCacheManagerSnapshot:
     """The KV cache as plain data at one moment, built by ``KVCacheManager.snapshot``.
@@ -259,8 +281,15 @@ class KVCacheManager:
             tuple(group)
             for group in sorted(spec_groups.values(), key=lambda group: not isinstance(group[0], FullAttentionManager))
         )
-        # One full-attention spec and one other: one round of the lookup settles the hit.
-        self.is_simple_hybrid = len(self.spec_groups) == 2 and isinstance(self.spec_groups[0][0], FullAttentionManager)
+        # One spec, or full attention and one other: one round of the lookup settles the hit.
+        self.one_lookup_round = len(self.spec_groups) == 1 or (
+            len(self.spec_groups) == 2 and isinstance(self.spec_groups[0][0], FullAttentionManager)
+        )
+        # The hit and the allocation of a request that gets no block (one empty sequence per group, shared).
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in managers))
+        # The lookup, chosen once, as vLLM picks its coordinator (``get_kv_cache_coordinator``): one group
+        # looks itself up; several find the prefix every group can serve.
+        self.find_cache_hit = self.find_unitary_cache_hit if len(managers) == 1 else self.find_hybrid_cache_hit
         # A hybrid lookup's shared-prefix junction per request (see get_computed_blocks).
         self.shared_prefix_boundary: dict[str, int] = {}
         # Blocks entered into the cache since the last take_newly_cached_blocks(), by id
@@ -268,11 +297,6 @@ class KVCacheManager:
         # takes them once per step, so that a failed step can uncache them.
         self.newly_cached_blocks: dict[int, KVCacheBlock] = {}
         self.prefix_cache_stats = PrefixCacheStats()
-
-    @property
-    def is_hybrid(self) -> bool:
-        """More than one KV-cache group (chapter 08b): hits and new blocks come per group, as tuples."""
-        return len(self.managers) > 1
 
     @property
     def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
@@ -308,8 +332,8 @@ class KVCacheManager:
         """
         return self.managers[0].find_longest_cache_hit(block_hashes, max_num_blocks)
 
-    def get_computed_blocks(self, request: Request):
-        """The request's cached prefix: (blocks, number of tokens they hold).
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The request's cached prefix: (its blocks in every group, the number of tokens they hold).
 
         Takes no references: the scheduler may still decide not to admit the
         request; ``allocate_slots`` takes them. The hit is capped at
@@ -318,15 +342,15 @@ class KVCacheManager:
         first output token. A fully cached 48-token prompt therefore hits 2
         blocks (32 tokens) with 16-token blocks, and recomputes the third.
 
-        The blocks are a list; in a hybrid engine a tuple of lists, one per
-        group, all as long as the hit (a sliding-window group's list holds the
-        null block before its window). The hit is the prefix *every* group can
-        serve: the full-attention group's, then the sliding-window groups'
-        within it, and the full-attention blocks cut to that
-        (``find_hybrid_cache_hit``). When the
-        full-attention group could serve more, that longer prefix is a
-        *junction* shared with an earlier request: the sliding-window groups
-        will cache their blocks there (``shared_prefix_boundary``).
+        The blocks come as ``KVCacheBlocks``: one list per KV-cache group, all
+        as long as the hit (one list with one group; chapter 08b's hybrid
+        models have several, and a sliding-window group's list holds the null
+        block before its window). The hit is the prefix *every* group can
+        serve (``find_cache_hit``: ``find_unitary_cache_hit`` with one group,
+        ``find_hybrid_cache_hit`` with several). When the full-attention group
+        could serve more, that longer prefix is a *junction* shared with an
+        earlier request: the sliding-window groups will cache their blocks
+        there (``shared_prefix_boundary``).
 
         Counts nothing: a lookup is counted when the request is admitted
         (``allocate_slots``), so a request looked up in several steps before
@@ -334,24 +358,33 @@ class KVCacheManager:
         """
         self._check_block_size(request)
         if not self.enable_caching:
-            return self._no_hit(), 0
+            return self.empty_kv_cache_blocks, 0
         max_num_blocks = max_cache_hit_blocks(request.num_tokens, self.block_size)
-        if not self.is_hybrid:
-            computed_blocks = self.find_longest_cache_hit(request.block_hashes, max_num_blocks)
-            return computed_blocks, len(computed_blocks) * self.block_size
-        return self.find_hybrid_cache_hit(request, max_num_blocks)
+        hits, num_hit_blocks = self.find_cache_hit(request, max_num_blocks)
+        return self.create_kv_cache_blocks(hits), num_hit_blocks * self.block_size
 
-    def find_hybrid_cache_hit(self, request: Request, max_num_blocks: int):
-        """The prefix every group can serve, as vLLM 0.33's ``HybridKVCacheCoordinator.find_longest_cache_hit``.
+    def find_unitary_cache_hit(
+        self, request: Request, max_num_blocks: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """One group's hit: (its blocks, as the one group's, their number) (vLLM: ``UnitaryKVCacheCoordinator``)."""
+        blocks = self.managers[0].find_longest_cache_hit(request.block_hashes, max_num_blocks)
+        return (blocks,), len(blocks)
 
+    def find_hybrid_cache_hit(
+        self, request: Request, max_num_blocks: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """The prefix every group can serve: (each group's blocks of it, its length in blocks).
+
+        As vLLM 0.33's ``HybridKVCacheCoordinator.find_longest_cache_hit``.
         Groups that share a spec (Gemma 3's five sliding-window groups) are
         looked up once, together: a block counts only when every one of them
         has it cached (``spec_groups``). Each spec then accepts the candidate
         length or cuts it; when one cuts it, every spec is asked again, until
         none does (a fixed point: the length only shrinks). Full attention
         goes first and is looked up once (its hit is a prefix: cutting it is
-        enough); with one other spec, one round suffices. The full-attention
-        blocks are then cut to the final length.
+        enough); with one spec, or full attention and one other, one round
+        suffices (``one_lookup_round``). The full-attention blocks are then
+        cut to the final length.
         """
         hits: list[list[KVCacheBlock] | None] = [None] * len(self.managers)
         num_hit_blocks = max_num_blocks
@@ -369,30 +402,29 @@ class KVCacheManager:
                     hits[manager.kv_cache_group_id] = blocks
                 candidate = len(hits[first.kv_cache_group_id])
                 longest = max(longest, candidate)
-            if candidate >= num_hit_blocks or self.is_simple_hybrid:
+            if candidate >= num_hit_blocks or self.one_lookup_round:
                 num_hit_blocks = min(num_hit_blocks, candidate)
                 break
             num_hit_blocks = candidate
         self.shared_prefix_boundary[request.request_id] = longest * self.block_size if longest > num_hit_blocks else 0
-        return tuple(blocks[:num_hit_blocks] for blocks in hits), num_hit_blocks * self.block_size
+        return tuple([blocks[:num_hit_blocks] for blocks in hits]), num_hit_blocks
 
-    def _no_hit(self):
-        return tuple([] for _ in self.managers) if self.is_hybrid else []
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """``blocks`` (one sequence per group) as ``KVCacheBlocks``; the shared empty one when all are empty."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
-    def _hits_by_group(self, new_computed_blocks) -> tuple[list[KVCacheBlock], ...]:
-        """``new_computed_blocks`` as one list per group (a single-group engine takes a plain list)."""
-        if not self.is_hybrid:
-            return (new_computed_blocks,)
-        if not new_computed_blocks:
-            return tuple([] for _ in self.managers)
-        if len(new_computed_blocks) != len(self.managers) or not all(
-            isinstance(blocks, (list, tuple)) for blocks in new_computed_blocks
-        ):
+    def _computed_blocks_by_group(
+        self, new_computed_blocks: KVCacheBlocks | None
+    ) -> tuple[Sequence[KVCacheBlock], ...]:
+        """The hit handed to ``allocate_slots``: one sequence per group (none given: empty ones)."""
+        if new_computed_blocks is None:
+            return self.empty_kv_cache_blocks.blocks
+        if not isinstance(new_computed_blocks, KVCacheBlocks) or len(new_computed_blocks.blocks) != len(self.managers):
             raise ValueError(
-                f"this engine has {len(self.managers)} KV-cache groups: new_computed_blocks must be "
-                "get_computed_blocks' tuple of per-group lists"
+                f"new_computed_blocks must be the KVCacheBlocks that get_computed_blocks returned (one sequence "
+                f"for each of the {len(self.managers)} KV-cache groups), got {type(new_computed_blocks).__name__}"
             )
-        return tuple(list(blocks) for blocks in new_computed_blocks)
+        return new_computed_blocks.blocks
 
     def _check_block_size(self, request: Request) -> None:
         # The request's hashes are per block of *its* size: they must match the pool's.
@@ -420,9 +452,9 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
-        new_computed_blocks=(),
+        new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
-    ):
+    ) -> KVCacheBlocks | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:
@@ -432,9 +464,9 @@ class KVCacheManager:
             num_lookahead_tokens: extra slots for speculative (draft) tokens:
                 allocated, but never cached, since they may be rejected.
 
-        Returns the newly allocated blocks (``[]`` when none were needed; in a
-        hybrid engine a tuple of such lists, one per group), or None —
-        changing no reference count — when the pool cannot serve the request.
+        Returns the newly allocated blocks, per group (``KVCacheBlocks``; its
+        lists are empty when none were needed), or None — changing no
+        reference count — when the pool cannot serve the request.
         Hit blocks that sit in the free queue (ref_cnt 0) count toward what is
         needed: touching them takes them out of the queue.
 
@@ -456,7 +488,7 @@ class KVCacheManager:
         if num_lookahead_tokens < 0:
             raise ValueError(f"num_lookahead_tokens must be >= 0, got {num_lookahead_tokens}")
         self._check_block_size(request)
-        hits = self._hits_by_group(new_computed_blocks)
+        hits = self._computed_blocks_by_group(new_computed_blocks)
         request_id = request.request_id
         is_admission = request_id not in self.managers[0].req_to_blocks  # every group's table starts together
 
@@ -478,7 +510,7 @@ class KVCacheManager:
             # Every group takes its hit before any group pops new blocks, which could evict them.
             for manager, blocks in zip(self.managers, hits):
                 manager.add_computed_blocks(request_id, blocks, num_computed_tokens)
-        new_blocks = [manager.allocate_new_blocks(request_id, num_tokens_need_slot) for manager in self.managers]
+        new_blocks = tuple([manager.allocate_new_blocks(request_id, num_tokens_need_slot) for manager in self.managers])
 
         if self.enable_caching:
             # Only tokens that are final are cached: never the lookahead slots.
@@ -490,7 +522,7 @@ class KVCacheManager:
                     self.newly_cached_blocks[block.block_id] = block
         if is_admission:
             self.record_prefix_cache_stats(request, num_new_computed_tokens)
-        return tuple(new_blocks) if len(new_blocks) > 1 else new_blocks[0]
+        return self.create_kv_cache_blocks(new_blocks)
 
     def take_newly_cached_blocks(self) -> list[KVCacheBlock]:
         """The blocks cached since the last call (at schedule time: their K/V are not written yet)."""
@@ -530,11 +562,10 @@ class KVCacheManager:
             [block.block_id for block in manager.req_to_blocks.get(request_id, [])] for manager in self.managers
         )
 
-    def block_ids_of(self, blocks) -> tuple[int, ...]:
-        """The ids of a hit or of new blocks (a hybrid engine's per-group tuple: every group's, null left out)."""
-        groups = blocks if self.is_hybrid else (blocks,)
+    def block_ids_of(self, blocks: KVCacheBlocks) -> tuple[int, ...]:
+        """The ids of a hit or of new blocks, every group's in group order, the null block left out (for events)."""
         null = self.block_pool.null_block
-        return tuple(block.block_id for group in groups for block in group if block is not null)
+        return tuple(block.block_id for group in blocks.blocks for block in group if block is not null)
 
     def get_num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()

@@ -159,7 +159,7 @@ class ModelRunner:
             end = start + scheduled.num_new_tokens
             input_ids.extend(scheduled.request.all_token_ids[start:end])
             positions.extend(range(start, end))
-            for group_id, block_ids in enumerate(scheduled.block_ids_by_group):
+            for group_id, block_ids in enumerate(scheduled.block_ids):
                 slot_mapping[group_id].extend(self.compute_slot_mapping(block_ids, start, end, self.block_size))
                 block_tables[group_id].append(block_ids)
             seq_lens.append(end)

@@ -41,7 +41,7 @@ from .events import (
     RequestPreempted,
 )
 from .block_pool import KVCacheBlock
-from .kv_cache_manager import KVCacheManager, PrefixCacheStats
+from .kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from .request import Request, RequestStatus
 
 if TYPE_CHECKING:
@@ -95,15 +95,11 @@ class ScheduledRequest:
     request: Request
     num_computed_tokens: int  # tokens with K/V in the cache before this step
     num_new_tokens: int
-    # The request's block table after allocation in every KV-cache group, in group order: one
-    # table in a single-group engine (chapter 08b: one per group; the null block is -1).
-    block_ids_by_group: tuple[list[int], ...]
+    # The request's block table after allocation, one per KV-cache group in group order (vLLM's
+    # NewRequestData.block_ids): ``block_ids[0]`` is *the* table of a single-group model; a hybrid
+    # model (chapter 08b) has one per group, the null block as -1.
+    block_ids: tuple[list[int], ...]
     first_admission: bool = False  # admitted for the first time in this step (set by Scheduler.schedule)
-
-    @property
-    def block_ids(self) -> list[int]:
-        """The block table of group 0: in a single-group engine, *the* block table."""
-        return self.block_ids_by_group[0]
 
     @property
     def samples_token(self) -> bool:
@@ -366,8 +362,8 @@ class Scheduler:
         computes those tokens in this step. Chapter 08's ``schedule_waiting``
         exercise calls it for every request it admits.
         """
-        by_group = self.kv_cache_manager.get_block_ids_by_group(request.request_id)
-        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, by_group))
+        block_ids = self.kv_cache_manager.get_block_ids_by_group(request.request_id)
+        output.scheduled.append(ScheduledRequest(request, num_computed_tokens, num_new_tokens, block_ids))
         # The tokens count as computed from now on: the model computes them in this step.
         request.num_computed_tokens = num_computed_tokens + num_new_tokens
 
@@ -440,7 +436,7 @@ class Scheduler:
         else:
             self.kv_cache_manager.free(request)
 
-    def _emit_allocation(self, request: Request, new_blocks) -> None:
+    def _emit_allocation(self, request: Request, new_blocks: KVCacheBlocks) -> None:
         # Evictions happen while the new blocks are popped, caching right after: report in that order.
         # The pool's KV events go to the listeners as they are (one family, vLLM's names).
         pool_events = self.kv_cache_manager.take_events()

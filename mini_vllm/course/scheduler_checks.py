@@ -218,7 +218,8 @@ class _Run:
         stats = manager.prefix_cache_stats
         return {
             "scheduled": [
-                (s.request.request_id, s.num_computed_tokens, s.num_new_tokens, tuple(s.block_ids))
+                # The scenarios have one KV-cache group: its block table.
+                (s.request.request_id, s.num_computed_tokens, s.num_new_tokens, tuple(s.block_ids[0]))
                 for s in output.scheduled
             ],
             "preempted": [r.request_id for r in output.preempted],

@@ -305,7 +305,7 @@ class OffloadingConnector:
             state = self.requests.get(request.request_id)
             if state is None:
                 continue
-            state.block_ids = list(scheduled.block_ids)
+            state.block_ids = list(scheduled.block_ids[0])  # the one KV-cache group's table
             end = min(scheduled.num_computed_tokens + scheduled.num_new_tokens, request.num_prompt_tokens)
             num_full = end // self.block_size
             if num_full <= state.next_block_to_store:
@@ -317,7 +317,7 @@ class OffloadingConnector:
             output = self.manager.prepare_store(keys, state.context)
             if output is None:  # the tier could not make room: offered again after the next step
                 continue
-            block_of = dict(zip(keys, scheduled.block_ids[first:num_full]))
+            block_of = dict(zip(keys, state.block_ids[first:num_full]))
             for key, chunk_id in zip(output.keys_to_store, output.store_spec.chunk_ids):
                 self.copy_to_tier(block_of[key], chunk_id)
             stored.append((output.keys_to_store, state.context))

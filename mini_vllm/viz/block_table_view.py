@@ -1,7 +1,8 @@
 """The block tables' view: per request, logical block -> physical block, hits, shared blocks, the tail.
 
 Like every view (``views.py`` says how they render), it reads a ``CacheSnapshot``
-(``state.py``); a hybrid model's engine gets one row per KV-cache group.
+(``state.py``); with several KV-cache groups (a hybrid model) each request gets one
+labelled row per group, with one group its table alone.
 
     >>> BlockTableView(manager, requests={"A": a, "B": b})
 """
@@ -36,7 +37,7 @@ from .views import View, group_badge
 def shared_with(request: RequestInfo, snap: CacheSnapshot) -> list[tuple[str, list[int]]]:
     """The other requests whose tables (of any group) hold some of ``request``'s blocks, with those blocks."""
     shares: dict[str, list[int]] = {}
-    for table in request.tables():
+    for table in request.block_ids:
         for block_id in table:
             if block_id == NULL_BLOCK_ID:
                 continue
@@ -58,9 +59,10 @@ def _shares_text(request: RequestInfo, snap: CacheSnapshot, limit: int = 2) -> s
 class BlockTableView(View):
     """Per request: logical block → physical block, hits, shared blocks, the partial tail.
 
-    In a hybrid model, one row per KV-cache group for each request, labelled
-    with the group; a sliding-window row shows the null block (∅) where its
-    blocks left the window, and marks the hits that group took.
+    With several KV-cache groups (a hybrid model), one row per group for each
+    request, labelled with the group (``CacheSnapshot.labelled_groups``); a
+    sliding-window row shows the null block (∅) where its blocks left the
+    window, and marks the hits that group took.
     """
 
     css_class = "mv-tables"
@@ -86,7 +88,7 @@ class BlockTableView(View):
         )
 
     def render_entry(self, request: RequestInfo, index: int, snap: CacheSnapshot, group: int = 0) -> str:
-        block_id = request.tables()[group][index]
+        block_id = request.block_ids[group][index]
         if block_id == NULL_BLOCK_ID:
             return self.render_null_entry(request, index, snap, group)
         block = snap.blocks[block_id]
@@ -113,17 +115,13 @@ class BlockTableView(View):
         )
         start = index * snap.block_size
         tokens = request.token_ids[start : start + filled] if request.token_ids else None
-        where = f"{request.request_id}, "
-        if snap.is_hybrid:
-            where += f"{snap.kv_cache_groups[group].description} group, "
+        tagged = bool(snap.group_tag(group))  # several groups: say which one
+        where = f"{request.request_id}, " + (f"{snap.kv_cache_groups[group].description} group, " if tagged else "")
         label = f"{where}logical block {index} → physical block {block.block_id} (ref_cnt {block.ref_cnt})"
         text = self.source.decode(tokens) if tokens else None
         title = esc(tooltip_tokens(label, tokens, text))
-        box = cell_style(block.state, shared=block.is_shared, width="78px")
-        group_attribute = ""
-        if snap.is_hybrid:
-            box += group_strip(group)
-            group_attribute = f' data-group="{group}"'
+        box = cell_style(block.state, shared=block.is_shared, width="78px") + (group_strip(group) if tagged else "")
+        group_attribute = f' data-group="{group}"' if tagged else ""
         return (
             f'<div class="mv-entry" data-request="{esc(request.request_id)}" data-logical="{index}" '
             f'data-block="{block.block_id}"{group_attribute} title="{title}" style="{box}">'
@@ -133,11 +131,14 @@ class BlockTableView(View):
             f'<div style="{style(white_space="nowrap")}">{" ".join(marks) or "&nbsp;"}</div>{bar}{knorm}</div>'
         )
 
-    def _group_rows_html(self, request: RequestInfo, snap: CacheSnapshot) -> str:
-        """A hybrid request's tables: one labelled row per group."""
+    def _tables_html(self, request: RequestInfo, snap: CacheSnapshot) -> str:
+        """The request's tables: one labelled row per group, or the one group's entries alone."""
         rows = []
-        for group, table in zip(snap.kv_cache_groups, request.tables()):
+        for group, table in zip(snap.kv_cache_groups, request.block_ids):
             cells = "".join(self.render_entry(request, i, snap, group.group_id) for i in range(len(table)))
+            if not snap.group_tag(group.group_id):  # nothing to tell apart
+                rows.append(cells)
+                continue
             num_nulls = sum(1 for block_id in table if block_id == NULL_BLOCK_ID)
             note = f"{num_nulls} × {NULL_SYMBOL}: before the window" if group.is_sliding_window else group.layers_text
             label = (
@@ -157,12 +158,7 @@ class BlockTableView(View):
     def render_html(self, snap: CacheSnapshot) -> str:
         rows = []
         for request in snap.requests:
-            if not any(request.tables()):
-                entries = ""
-            elif snap.is_hybrid:
-                entries = self._group_rows_html(request, snap)
-            else:
-                entries = "".join(self.render_entry(request, i, snap) for i in range(len(request.block_ids)))
+            entries = self._tables_html(request, snap) if any(request.block_ids) else ""
             if not entries:  # in the row's own line (the cells' box has line-height 0)
                 entries = (
                     f'<span style="{style(color=MUTED, display="inline-block", line_height="1.35", padding_top="4px")}">'
@@ -186,7 +182,7 @@ class BlockTableView(View):
                 f"{entries}</div></div>"
             )
         note = "logical block → physical block, per request"
-        if snap.is_hybrid:
+        if snap.labelled_groups:
             note += f" and KV-cache group ({snap.num_groups} groups: {', '.join(snap.groups)})"
         body = heading("Block tables", note)
         if self.show_legend:
@@ -194,7 +190,7 @@ class BlockTableView(View):
                 include_tables=True,
                 block_size=snap.block_size,
                 k_norm_layer=self.layer if self.k_norm else None,
-                groups=snap.kv_cache_groups,
+                groups=snap.labelled_groups,
             )
         body += "".join(rows) if rows else f'<div style="{style(color=MUTED)}">no requests</div>'
         return container(body, self.css_class)
@@ -202,7 +198,7 @@ class BlockTableView(View):
     def _text_rows(self, request: RequestInfo, snap: CacheSnapshot, group: int) -> dict[str, list[str]]:
         """One group's table as text rows: physical, ref_cnt, mark (the null block: ∅, -, -)."""
         rows: dict[str, list[str]] = {"physical": [], "ref_cnt": [], "mark": []}
-        for i, block_id in enumerate(request.tables()[group]):
+        for i, block_id in enumerate(request.block_ids[group]):
             if block_id == NULL_BLOCK_ID:
                 rows["physical"].append(NULL_SYMBOL)
                 rows["ref_cnt"].append("-")
@@ -221,10 +217,9 @@ class BlockTableView(View):
         return rows
 
     def render_text(self, snap: CacheSnapshot) -> str:
-        lines = ["Block tables (logical -> physical):"]
-        if snap.is_hybrid:
-            lines[0] = "Block tables (logical -> physical, one row per KV-cache group):"
-            lines += [f"  {group.tag}: group {group.group_id}, {group.description}" for group in snap.kv_cache_groups]
+        per_group = ", one row per KV-cache group" if snap.labelled_groups else ""
+        lines = [f"Block tables (logical -> physical{per_group}):"]
+        lines += [f"  {group.tag}: group {group.group_id}, {group.description}" for group in snap.labelled_groups]
         if not snap.requests:
             lines.append("  no requests")
         for request in snap.requests:
@@ -235,23 +230,18 @@ class BlockTableView(View):
             shares = _shares_text(request, snap)
             if shares:
                 lines.append(f"  {shares}")
-            if not any(request.tables()):
+            if not any(request.block_ids):
                 lines.append("  (no blocks)")
                 continue
-            if not snap.is_hybrid:
-                rows = {"logical": [str(i) for i in range(len(request.block_ids))]}
-                rows.update(self._text_rows(request, snap, 0))
-                width = max(len(cell) for row in rows.values() for cell in row) + 1
-                for name, row in rows.items():
-                    lines.append(f"  {name:<8} " + "".join(cell.rjust(width) for cell in row))
-                continue
-            # Hybrid: the logical row, then physical / ref_cnt / mark per group, labelled with the group's tag.
-            length = max(len(table) for table in request.tables())
+            # The logical row, then physical / ref_cnt / mark per group, the first labelled with the group's tag
+            # where groups are told apart.
+            length = max(len(table) for table in request.block_ids)
             labelled: list[tuple[str, list[str]]] = [("logical", [str(i) for i in range(length)])]
-            tag_width = max(len(group.tag) for group in snap.kv_cache_groups)
+            tag_width = max((len(group.tag) for group in snap.labelled_groups), default=0)
             for group in snap.kv_cache_groups:
+                tag = snap.group_tag(group.group_id)
                 for k, (name, row) in enumerate(self._text_rows(request, snap, group.group_id).items()):
-                    labelled.append((f"{group.tag if k == 0 else '':<{tag_width}} {name}", row))
+                    labelled.append((f"{tag if k == 0 else '':<{tag_width}} {name}" if tag_width else name, row))
             width = max(len(cell) for _, row in labelled for cell in row) + 1
             label_width = max(len(label) for label, _ in labelled)
             for label, row in labelled:

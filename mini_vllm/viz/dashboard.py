@@ -47,10 +47,10 @@ _OPEN_DASHBOARDS: "weakref.WeakValueDictionary[int, EngineDashboard]" = weakref.
 
 
 def _groups_text(snap: CacheSnapshot) -> str:
-    """``group 0 full attention (layers 1, 3); group 1 sliding window 64 tokens (layers 0, 2)``."""
+    """``group 0 full attention (layers 1, 3); group 1 sliding window 64 tokens (layers 0, 2)`` ("" for one group)."""
     return "; ".join(
         f"group {group.group_id} {group.description}" + (f" ({group.layers_text})" if group.layers_text else "")
-        for group in snap.kv_cache_groups
+        for group in snap.labelled_groups
     )
 
 
@@ -358,11 +358,10 @@ class EngineDashboard:
 
     @staticmethod
     def _pool_description(snap: CacheSnapshot) -> str:
-        """``64 blocks × 16 tokens`` and, for a hybrid model, the KV-cache groups that share them."""
+        """``64 blocks × 16 tokens`` and, where there are several, the KV-cache groups that share them."""
         text = f"{snap.num_blocks} blocks × {snap.block_size} tokens"
-        if snap.is_hybrid:
-            text += f" shared by {snap.num_groups} KV-cache groups: " + _groups_text(snap)
-        return text
+        groups = _groups_text(snap)
+        return text + (f" shared by {snap.num_groups} KV-cache groups: {groups}" if groups else "")
 
     def _header_html(self, snap: CacheSnapshot) -> str:
         m = self._metrics(snap)
@@ -425,7 +424,7 @@ class EngineDashboard:
             + metrics_html
             + message
             + legend(
-                include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer, groups=snap.kv_cache_groups
+                include_tables=True, block_size=snap.block_size, k_norm_layer=k_norm_layer, groups=snap.labelled_groups
             )
         )
 
@@ -483,8 +482,9 @@ class EngineDashboard:
             f"hit rate {m['hit_rate']} ({m['hits']}), blocks in use {m['blocks']}, "
             f"evictions {m['evictions']}, preemptions {m['preemptions']}",
         ]
-        if snap.is_hybrid:
-            lines.append(f"KV-cache groups ({snap.num_groups}, one pool): {_groups_text(snap)}")
+        groups = _groups_text(snap)
+        if groups:
+            lines.append(f"KV-cache groups ({snap.num_groups}, one pool): {groups}")
         yours = self.parts_text
         if yours is not None:
             lines.append(yours)

@@ -8,11 +8,12 @@ to "why did my prompt miss the cache?".
 
     >>> HashChainView(llm, "Once upon a time", reference="Once upon a tree")
 
-In a hybrid model (chapter 08b) the chain's HIT/MISS is the full-attention
-group's (group 0); each other group gets a column saying where it has the
-block cached, and the reusable hit is the prefix every group can serve (a
-sliding-window group needs only the blocks under the window before the hit's
-end), as ``KVCacheManager.get_computed_blocks`` finds it.
+The chain's HIT/MISS is group 0's (the full-attention group, in a hybrid
+model); each other group (chapter 08b: there are none in a single-group
+model) gets a column saying where it has the block cached, and the reusable
+hit is the prefix every group can serve (a sliding-window group needs only the
+blocks under the window before the hit's end), as
+``KVCacheManager.get_computed_blocks`` finds it.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class HashChainView(View):
                     "hash": block_hash,
                     "parent": parent,
                     "cached_block": snap.cached.get(block_hash),
-                    # hybrid models: per later group, the block cached for it (None: not cached for it)
+                    # per later group (none with one group), the block cached for it (None: not cached for it)
                     "cached_by_group": tuple(cached.get(block_hash) for cached in snap.cached_by_group[1:]),
                 }
             )
@@ -150,10 +151,10 @@ class HashChainView(View):
             "tail": len(self.token_ids) - len(rows) * snap.block_size,
             "diff": self.first_difference(),
         }
-        if snap.is_hybrid:  # every group must serve the hit: group 0's usable prefix, cut by the others
-            summary["full_usable"] = usable
-            summary["usable"] = hybrid_hit_blocks(snap, [row["hash"] for row in rows], usable)
-            summary["groups"] = snap.kv_cache_groups[1:]
+        # Every group must serve the hit: group 0's usable prefix, cut by the others (none with one group).
+        summary["full_usable"] = usable
+        summary["usable"] = hybrid_hit_blocks(snap, [row["hash"] for row in rows], usable)
+        summary["groups"] = snap.kv_cache_groups[1:]
         return summary
 
     def _diff_text(self, position: int) -> str:
@@ -182,7 +183,7 @@ class HashChainView(View):
             f". A request with this prompt reuses {summary['usable']} block"
             f"{'s' if summary['usable'] != 1 else ''} ({summary['usable'] * self._block_size} tokens)"
         )
-        full_usable = summary.get("full_usable", summary["usable"])
+        full_usable = summary["full_usable"]
         if full_usable < summary["num_hits"]:
             text += " — capped: the last prompt token is always computed"
         if summary["usable"] < full_usable:
@@ -217,10 +218,11 @@ class HashChainView(View):
         diff = summary["diff"]
         size = snap.block_size
         cell = style(padding="3px 6px", border_bottom="1px solid #eeeeee", vertical_align="top", text_align="left")
+        # The HIT/MISS column is group 0's; one column per other group, where groups are told apart.
+        groups = snap.labelled_groups
         names = ["block", "tokens", "text", "parent → hash", "in the cache now"]
-        if snap.is_hybrid:  # the HIT/MISS column is group 0's; one column per other group
-            names[-1] = f"in the cache now ({snap.kv_cache_groups[0].description})"
-            names += [f"cached for {group.tag} (group {group.group_id})" for group in snap.kv_cache_groups[1:]]
+        names[-1] += "".join(f" ({group.description})" for group in groups[:1])
+        names += [f"cached for {group.tag} (group {group.group_id})" for group in groups[1:]]
         header = "".join(f'<th style="{cell};font-weight:600;color:{MUTED}">{esc(name)}</th>' for name in names)
         body_rows = []
         for row in summary["rows"]:
@@ -238,14 +240,12 @@ class HashChainView(View):
             marker = ""
             if diff is not None and index == diff // size:
                 marker = " " + badge(f"differs at token {diff}", VERMILLION, "mv-diff", solid=False)
-            extra = ""
-            if snap.is_hybrid:
-                extra = "".join(
-                    f'<td class="mv-group-cached" style="{cell}">'
-                    + (f"block {block_id}" if block_id is not None else f'<span style="color:{MUTED}">—</span>')
-                    + "</td>"
-                    for block_id in row["cached_by_group"]
-                )
+            extra = "".join(
+                f'<td class="mv-group-cached" style="{cell}">'
+                + (f"block {block_id}" if block_id is not None else f'<span style="color:{MUTED}">—</span>')
+                + "</td>"
+                for block_id in row["cached_by_group"]
+            )
             body_rows.append(self._row_html(row, size, cell, marker, status, extra))
         if summary["tail"]:
             start = len(summary["rows"]) * size
@@ -278,9 +278,8 @@ class HashChainView(View):
                 status = f"UNREACHABLE (cached in block {row['cached_block']})"
             else:
                 status = "MISS" + (" <- chain breaks" if row["index"] == summary["first_miss"] else "")
-            if snap.is_hybrid:
-                for group, block_id in zip(snap.kv_cache_groups[1:], row["cached_by_group"]):
-                    status += f"; {group.tag}: " + (f"block {block_id}" if block_id is not None else "-")
+            for group, block_id in zip(snap.kv_cache_groups[1:], row["cached_by_group"]):
+                status += f"; {group.tag}: " + (f"block {block_id}" if block_id is not None else "-")
             lines.append(f"  block {row['index']}: {parent} -> {short_hash(row['hash'])}  {status}")
         if summary["tail"]:
             lines.append(f"  partial block: {summary['tail']} tokens, not hashed")

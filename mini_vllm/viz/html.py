@@ -205,10 +205,10 @@ def legend(
 ) -> str:
     """What the letters, patterns and borders mean (and the ‖K‖ figure, when the view shows it).
 
-    ``groups``: the KV-cache groups; with more than one (a hybrid model) the
-    legend also shows each group's colour and tag, and the null block.
+    ``groups``: the KV-cache groups the view tells apart
+    (``CacheSnapshot.labelled_groups``: none for a single group); the legend
+    shows each one's colour and tag and, where they are, the null block.
     """
-    hybrid = len(groups) > 1
     items = [swatch(state, f"{state} = {STATE_STYLE[state][3]}") for state in (FREE, USED, USED_CACHED, CACHED)]
     items.append(swatch(USED, "double border = shared (ref_cnt ≥ 2)", shared=True))
     items.append(swatch(CACHED, "thick border = evicted next", next_evict=True))
@@ -219,13 +219,12 @@ def legend(
             f"{badge('HIT', GREEN)} prefix-cache hit</span>"
         )
         extra += f" · n/{block_size}: filled slots of a partial block"
-    if hybrid:
-        items += [group_swatch(group) for group in groups]
-        if include_tables:
-            items.append(null_swatch())
+    items += [group_swatch(group) for group in groups]
+    if groups and include_tables:
+        items.append(null_swatch())
     # In a hybrid model the groups share the KV tensors: layer l uses the tensor of its index in its group.
     tensor = next((g.layer_ids.index(k_norm_layer) for g in groups if k_norm_layer in g.layer_ids), None)
-    if k_norm_layer is not None and hybrid and tensor is not None:
+    if k_norm_layer is not None and tensor is not None:
         shared_by = " and ".join(
             f"layer {group.layer_ids[tensor]} ({group.kind})" for group in groups if len(group.layer_ids) > tensor
         )

@@ -13,13 +13,15 @@ Reading never changes the engine: no block is touched, no event is taken.
 Everything in a snapshot is deterministic for a deterministic run: lists are
 in block-id, free-queue or request-insertion order, never in set or hash order.
 
-A hybrid model (chapter 08b) has several KV-cache groups over one pool: the
-snapshot describes them (``CacheSnapshot.kv_cache_groups``), gives every
-request's table in each group (``RequestInfo.block_ids_by_group``, the null
-block as ``NULL_BLOCK_ID``, -1) and every block's group (``BlockInfo.group``);
-owners are counted over every group's tables. The fields that existed before
-groups keep their meaning for group 0 (``RequestInfo.block_ids``, ``cached``),
-so a single-group engine's snapshot reads as it always did.
+Every model has one or more KV-cache groups over one pool (a hybrid model,
+chapter 08b, has several): the snapshot describes them
+(``CacheSnapshot.kv_cache_groups``), gives every request's table in each group
+(``RequestInfo.block_ids``, the null block as ``NULL_BLOCK_ID``, -1) and every
+block's group (``BlockInfo.group``); owners are counted over every group's
+tables. The views run one path for any number of groups: what tells groups
+apart (a tag, a colour strip, a row or a column per group) comes from
+``CacheSnapshot.labelled_groups``, empty for a single group, which therefore
+renders with no group marks at all.
 """
 
 from __future__ import annotations
@@ -128,16 +130,11 @@ class RequestInfo:
     num_tokens: int
     num_prompt_tokens: int
     num_computed_tokens: int
-    block_ids: tuple[int, ...]  # the block table (group 0's): logical block i -> physical block block_ids[i]
+    # The block table in every KV-cache group, in group order: logical block i of group g lives in
+    # physical block block_ids[g][i] (the null block is NULL_BLOCK_ID, -1). One table with one group.
+    block_ids: tuple[tuple[int, ...], ...]
     num_hit_blocks: int  # the first logical blocks that came from the prefix cache (in every group)
     token_ids: tuple[int, ...]
-    # Every group's table, in group order (group 0's is ``block_ids``); the null block is
-    # NULL_BLOCK_ID (-1). A snapshot always fills it; () reads as ``(block_ids,)``.
-    block_ids_by_group: tuple[tuple[int, ...], ...] = ()
-
-    def tables(self) -> tuple[tuple[int, ...], ...]:
-        """Every group's table (``block_ids_by_group``, or ``(block_ids,)`` where it was left empty)."""
-        return self.block_ids_by_group or (self.block_ids,)
 
     def is_hit(self, index: int, group: int = 0) -> bool:
         """Logical block ``index`` of ``group``'s table is a block that came from the prefix cache.
@@ -146,12 +143,12 @@ class RequestInfo:
         a sliding-window group holds the null block at those before its
         window (nothing was taken there), and later the window moves on.
         """
-        table = self.tables()[group]
+        table = self.block_ids[group]
         return index < self.num_hit_blocks and index < len(table) and table[index] != NULL_BLOCK_ID
 
     def tokens_in_block(self, index: int, block_size: int) -> int:
         """How many token slots of logical block ``index`` are filled (or reserved for the next token)."""
-        covered = min(self.num_tokens, len(self.block_ids) * block_size)
+        covered = min(self.num_tokens, len(self.block_ids[0]) * block_size)
         return max(0, min(block_size, covered - index * block_size))
 
 
@@ -191,9 +188,14 @@ class CacheSnapshot:
         return len(self.kv_cache_groups)
 
     @property
-    def is_hybrid(self) -> bool:
-        """More than one KV-cache group (chapter 08b)."""
-        return len(self.kv_cache_groups) > 1
+    def labelled_groups(self) -> tuple[KVCacheGroupInfo, ...]:
+        """The groups the views tell apart (tag, colour strip, a row or column each): every group when there
+        are several; none for a single group, which has nothing to tell apart and shows no group marks."""
+        return self.kv_cache_groups if len(self.kv_cache_groups) > 1 else ()
+
+    def group_tag(self, group: int | None) -> str:
+        """Group ``group``'s tag (``full``, ``SW64``) where groups are told apart; "" for one group or for None."""
+        return self.kv_cache_groups[group].tag if self.labelled_groups and group is not None else ""
 
     def blocks_in_group(self, group: int) -> int:
         """How many blocks belong to ``group`` now (held in its tables, or cached for it)."""
@@ -362,10 +364,9 @@ class StateSource:
             request_ids += [rid for rid in tables if rid not in known and rid not in request_ids]
         for request_id in request_ids:
             request = known.get(request_id)
-            by_group = cache.get_block_ids_by_group(request_id)
-            block_ids = by_group[0]
+            block_ids = cache.get_block_ids_by_group(request_id)
             if request is None:
-                requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, (), by_group))
+                requests.append(RequestInfo(request_id, "?", 0, 0, 0, block_ids, 0, ()))
                 continue
             if request_id in self.hit_blocks:
                 num_hit_blocks = self.hit_blocks[request_id]
@@ -381,9 +382,8 @@ class StateSource:
                     num_prompt_tokens=request.num_prompt_tokens,
                     num_computed_tokens=request.num_computed_tokens,
                     block_ids=block_ids,
-                    num_hit_blocks=min(num_hit_blocks, len(block_ids)),
+                    num_hit_blocks=min(num_hit_blocks, len(block_ids[0])),
                     token_ids=tuple(request.all_token_ids),
-                    block_ids_by_group=by_group,
                 )
             )
 

@@ -177,10 +177,13 @@ def _owners_label(owners: Sequence[str], limit: int = 2) -> str:
 
 
 def group_tag(snap: CacheSnapshot, block: BlockInfo) -> str:
-    """The block's group tag (``full``, ``SW64``) in a hybrid snapshot; "" otherwise or for a free, empty block."""
-    if not snap.is_hybrid or block.group is None:
-        return ""
-    return snap.kv_cache_groups[block.group].tag
+    """The block's group tag (``full``, ``SW64``) where groups are told apart; "" for one group or a free, empty block."""
+    return snap.group_tag(block.group)
+
+
+def group_strip_of(snap: CacheSnapshot, block: BlockInfo) -> str:
+    """The colour strip of the block's group where groups are told apart ("" where ``group_tag`` is "")."""
+    return group_strip(block.group) if group_tag(snap, block) else ""
 
 
 def group_badge(snap: CacheSnapshot, group: int) -> str:
@@ -189,7 +192,7 @@ def group_badge(snap: CacheSnapshot, group: int) -> str:
 
 def _block_tooltip(source: StateSource, block: BlockInfo, snap: CacheSnapshot) -> str:
     lines = [f"block {block.block_id}: ref_cnt {block.ref_cnt}"]
-    if snap.is_hybrid and block.group is not None:
+    if group_tag(snap, block):
         group = snap.kv_cache_groups[block.group]
         lines.append(f"KV-cache group {block.group}: {group.description}")
     if block.block_hash is not None:
@@ -233,11 +236,8 @@ class PoolView(View):
             f"({sum(1 for b in snap.blocks if b.is_shared)} shared), "
             f"{states.count(CACHED)} cached and free, {states.count(FREE)} free and empty"
         )
-        if snap.is_hybrid:
-            counts += "; by group: " + ", ".join(
-                f"{group.tag} {snap.blocks_in_group(group.group_id)}" for group in snap.kv_cache_groups
-            )
-        return counts
+        by_group = ", ".join(f"{group.tag} {snap.blocks_in_group(group.group_id)}" for group in snap.labelled_groups)
+        return counts + (f"; by group: {by_group}" if by_group else "")
 
     def render_cell(self, block: BlockInfo, snap: CacheSnapshot) -> str:
         next_evict = block.block_id == snap.next_to_evict
@@ -269,10 +269,8 @@ class PoolView(View):
         foot_line = f'<div style="{style(white_space="nowrap")}">{" ".join(foot) or "&nbsp;"}</div>'
         title = esc(_block_tooltip(self.source, block, snap))
         box = cell_style(block.state, shared=block.is_shared, next_evict=next_evict, width="100px")
-        group = ""
-        if snap.is_hybrid:
-            box += group_strip(block.group)
-            group = f' data-group="{block.group}"' if block.group is not None else ""
+        box += group_strip_of(snap, block)
+        group = f' data-group="{block.group}"' if group_tag(snap, block) else ""
         return (
             f'<div class="mv-block" data-block="{block.block_id}"{group} title="{title}" style="{box}">'
             f"{head}{ref_line}<div>{hash_line}</div>{owner_line}{foot_line}</div>"
@@ -292,7 +290,7 @@ class PoolView(View):
                 legend(
                     block_size=snap.block_size,
                     k_norm_layer=self.layer if self.k_norm else None,
-                    groups=snap.kv_cache_groups,
+                    groups=snap.labelled_groups,
                 )
                 if self.show_legend
                 else ""
@@ -307,7 +305,7 @@ class PoolView(View):
         shown, hidden = self._shown_blocks(snap)
         lines = [f"Block pool: {self._counts(snap)}", "block  state  ref  hash  owners        free queue"]
         width = max([len("group")] + [len(group.tag) for group in snap.kv_cache_groups])
-        if snap.is_hybrid:  # a group column, between the hash and the owners
+        if snap.labelled_groups:  # a group column, between the hash and the owners
             lines[1] = f"block  state  ref  hash  {'group':<{width}}  owners        free queue"
         for block in shown:
             place = "-"
@@ -315,7 +313,7 @@ class PoolView(View):
                 place = f"q{block.free_position + 1}"
                 if block.block_id == snap.next_to_evict:
                     place += " (evict next)"
-            group = f"{group_tag(snap, block) or '-':<{width}}  " if snap.is_hybrid else ""
+            group = f"{group_tag(snap, block) or '-':<{width}}  " if snap.labelled_groups else ""
             lines.append(
                 f"{block.block_id:>5}  {block.state:<5}  {block.ref_cnt:>3}  "
                 f"{short_hash(block.block_hash) or '-':<4}  {group}{(', '.join(block.owners) or '-'):<12}  {place}"
@@ -368,10 +366,9 @@ class FreeQueueView(View):
         block = snap.blocks[block_id]
         next_evict = block_id == snap.next_to_evict
         tag = group_tag(snap, block)
-        width = "70px" if snap.is_hybrid else "58px"  # room for the group's tag
+        width = "70px" if snap.labelled_groups else "58px"  # room for the group's tag
         box = cell_style(block.state, next_evict=next_evict, width=width) + ";min-height:44px;text-align:center"
-        if snap.is_hybrid:
-            box += group_strip(block.group)
+        box += group_strip_of(snap, block)
         marks = ""
         if block_id == snap.next_to_reuse:
             marks = badge("next", INK, "mv-next-reuse")
@@ -414,7 +411,7 @@ class FreeQueueView(View):
             "joins the tail, an empty one the head."
         )
         body = heading("Free block queue", "head → tail (LRU order)")
-        if snap.is_hybrid:
+        if snap.labelled_groups:
             body += (
                 f'<div style="{style(color=MUTED, margin_bottom="4px")}">One queue for every KV-cache group: '
                 "a cached block is cached for one group (its tag); a block popped for reuse may go to any.</div>"

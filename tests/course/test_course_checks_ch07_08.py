@@ -597,14 +597,15 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
         if mistake == "running before allocating":
             request.status = RequestStatus.RUNNING
         if mistake == "no lookup on re-admission" and request.num_cached_tokens >= 0:
-            computed_blocks, num_computed_tokens = [], 0  # "it was looked up on its first admission"
+            # "it was looked up on its first admission"
+            computed_blocks, num_computed_tokens = manager.empty_kv_cache_blocks, 0
         else:
             computed_blocks, num_computed_tokens = manager.get_computed_blocks(request)
         if mistake == "dashboard event before the None check" and scheduler.events.active:
             hit_ids = manager.block_ids_of(computed_blocks)
             scheduler.events.emit(ComputedBlocksFound(request.request_id, hit_ids, num_computed_tokens))
         if mistake == "ignores hits":
-            computed_blocks, num_computed_tokens = [], 0
+            computed_blocks, num_computed_tokens = manager.empty_kv_cache_blocks, 0
         if mistake == "counts the lookup by hand":
             manager.prefix_cache_stats.requests += 1
         num_new_tokens = request.num_tokens - num_computed_tokens
@@ -646,7 +647,7 @@ def _schedule_waiting(scheduler, token_budget, output, *, mistake=None):
             hit = {
                 "dashboard lines": (request.request_id, manager.block_ids_of(computed_blocks)),
                 "dashboard event with the request": (request, manager.block_ids_of(computed_blocks)),
-                "dashboard event with the blocks": (request.request_id, list(computed_blocks)),
+                "dashboard event with the blocks": (request.request_id, computed_blocks),
             }[mistake]
             scheduler.events.emit(ComputedBlocksFound(*hit, num_computed_tokens))
         if request.num_cached_tokens < 0 or mistake == "overwrites num_cached_tokens":
@@ -774,7 +775,7 @@ def test_ch08_schedule_waiting_accepts_the_optional_dashboard_lines(capsys):
         ),
         (
             "dashboard event with the blocks",
-            "block_ids must be a tuple of the hit blocks' ids (ints), got KVCacheBlock",
+            "block_ids must be a tuple of the hit blocks' ids (ints), got KVCacheBlocks",
             "cached tokens cost no budget",
         ),
         (

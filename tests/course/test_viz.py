@@ -587,7 +587,7 @@ def test_shared_blocks_show_one_k_norm_read_from_the_cache_tensor(llm):
         snap = dashboard.snapshot()
         norms = engine.model_runner.block_statistic(0).tolist()
         a, b = (r for r in snap.requests if r.request_id in ("knorm-a", "knorm-b"))
-        shared = [x for x in a.block_ids if x in b.block_ids]
+        shared = [x for x in a.block_ids[0] if x in b.block_ids[0]]
         assert len(shared) >= 2 and b.num_hit_blocks >= 2
         for block_id in shared:
             assert snap.blocks[block_id].ref_cnt == 2

@@ -164,9 +164,10 @@ def test_a_single_group_snapshot_has_one_full_attention_group():
     a = Request("A", A_TOKENS, block_size=BLOCK_SIZE)
     admit(manager, a)
     snap = StateSource(manager, requests=[a]).snapshot()
-    assert snap.groups == ("full attention",) and snap.num_groups == 1 and not snap.is_hybrid
+    assert snap.groups == ("full attention",) and snap.num_groups == 1
+    assert snap.labelled_groups == () and snap.group_tag(0) == ""  # one group: nothing to tell apart
     (info,) = snap.requests
-    assert info.block_ids_by_group == (info.block_ids,) == ((0, 1, 2, 3),)
+    assert info.block_ids == ((0, 1, 2, 3),)  # one table per group
     assert [b.group for b in snap.blocks] == [0, 0, 0, 0, None, None]  # held by group 0; free and empty: none
     assert snap.cached_by_group == (snap.cached,)
 
@@ -209,7 +210,7 @@ def hybrid(hybrid_path):
 
     llm = LLM(hybrid_path, block_size=HYBRID_BLOCK_SIZE, num_blocks=48, attention_backend="torch", device="cpu")
     manager = llm.llm_engine.kv_cache_manager
-    assert manager.is_hybrid
+    assert len(manager.managers) == 2
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     dashboard = EngineDashboard(llm, k_norm=False, min_interval=0.0)
     llm.generate([{"prompt_token_ids": P1}], params)
@@ -230,7 +231,7 @@ def _request(snap, request_id):
 def test_the_snapshot_describes_both_groups_and_every_table(hybrid):
     llm, _, snap = hybrid
     manager = llm.llm_engine.kv_cache_manager
-    assert snap.is_hybrid and snap.num_groups == 2
+    assert snap.labelled_groups == snap.kv_cache_groups and snap.num_groups == 2
     assert snap.groups == ("full attention", f"sliding window {WINDOW} tokens")
     assert [(g.group_id, g.sliding_window, g.layer_ids) for g in snap.kv_cache_groups] == [
         (0, None, (1, 3)),
@@ -238,15 +239,14 @@ def test_the_snapshot_describes_both_groups_and_every_table(hybrid):
     ]
     for request_id in ("c", "d"):
         info = _request(snap, request_id)
-        assert info.block_ids_by_group == tuple(map(tuple, manager.get_block_ids_by_group(request_id)))
-        assert info.block_ids == info.block_ids_by_group[0]  # the old field: group 0's table
+        assert info.block_ids == tuple(map(tuple, manager.get_block_ids_by_group(request_id)))
     assert [b.block_id for b in snap.blocks] == list(range(48))  # the null block is not a block of the pool
 
 
 def test_a_request_whose_window_moved_shows_nulls_in_its_sliding_window_row(hybrid):
     llm, _, snap = hybrid
     c = _request(snap, "c")
-    full, sliding = c.block_ids_by_group
+    full, sliding = c.block_ids
     # c computed 281 tokens: its next token's window starts at token 281 - 63 = 218, in block 13.
     assert c.num_computed_tokens == 281
     assert sliding[:13] == (-1,) * 13 and -1 not in sliding[13:] and len(sliding) == 18
@@ -330,8 +330,8 @@ def test_owners_and_groups_cover_the_blocks_of_both_groups(hybrid):
             assert block.group is None
     # c and d share their hit blocks in both groups.
     c, d = _request(snap, "c"), _request(snap, "d")
-    assert snap.blocks[c.block_ids_by_group[0][0]].owners == ("c", "d")
-    shared_sliding = snap.blocks[d.block_ids_by_group[1][13]]
+    assert snap.blocks[c.block_ids[0][0]].owners == ("c", "d")
+    shared_sliding = snap.blocks[d.block_ids[1][13]]
     assert shared_sliding.owners == ("c", "d") and shared_sliding.group == 1
     assert any(b.group == 1 and b.ref_cnt == 0 and b.block_hash for b in snap.blocks)  # a cached, free SW block
 
@@ -412,7 +412,7 @@ def test_six_groups_render_each_with_its_own_tag_and_colour():
     assert snap.kv_cache_groups[3].description == "sliding window 8 tokens (3 of 5)"
     assert len({group_color(group.group_id) for group in snap.kv_cache_groups}) == 6
     (b,) = [r for r in snap.requests if r.request_id == "B"]
-    assert len(b.block_ids_by_group) == 6
+    assert len(b.block_ids) == 6
     for name, view in _views(manager, requests, requests["B"].all_token_ids, None).items():
         text = view.to_text()
         view.to_html()

@@ -91,7 +91,7 @@ class WriteTracker:
             tenant = scheduled.request.cache_salt or ""
             start, end = scheduled.num_computed_tokens, scheduled.num_computed_tokens + scheduled.num_new_tokens
             for logical in range(start // block_size, (end - 1) // block_size + 1):
-                block_id = scheduled.block_ids[logical]
+                block_id = scheduled.block_ids[0][logical]  # the one KV-cache group's table
                 self.writer[block_id] = ("pending", tenant)
                 touched.append((block_id, tenant))
         for request_id, tenant, block_id in self.pending_hits:

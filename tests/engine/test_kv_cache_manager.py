@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mini_vllm.kv_cache_manager import KVCacheManager, longest_cache_hit
+from mini_vllm.kv_cache_manager import KVCacheBlocks, KVCacheManager, longest_cache_hit
 from mini_vllm.request import Request
 
 SHARED = list(range(1000, 1048))  # 48 tokens: three full 16-token blocks
@@ -22,12 +22,16 @@ def free_queue(manager):
 
 
 def admit(manager, request):
-    """What the scheduler does for a waiting request: lookup, then allocate the rest."""
+    """What the scheduler does for a waiting request: lookup, then allocate the rest.
+
+    Returns the hit and the new blocks of the one KV-cache group (``KVCacheBlocks.blocks[0]``) as lists.
+    """
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     new = manager.allocate_slots(request, request.num_tokens - num_hit_tokens, num_hit_tokens, hits)
-    if new is not None:
-        request.num_computed_tokens = request.num_tokens
-    return hits, new
+    if new is None:
+        return list(hits.blocks[0]), None
+    request.num_computed_tokens = request.num_tokens
+    return list(hits.blocks[0]), list(new.blocks[0])
 
 
 def refs(manager, block_ids):
@@ -64,7 +68,7 @@ def test_lookup_is_capped_so_the_last_token_is_recomputed():
     manager.free(first)
     again = Request("B", SHARED)
     hits, num_tokens = manager.get_computed_blocks(again)
-    assert len(hits) == 2 and num_tokens == 32  # not 3 blocks / 48 tokens
+    assert len(hits.blocks[0]) == 2 and num_tokens == 32  # not 3 blocks / 48 tokens
 
 
 def test_lookup_stops_at_the_first_miss():
@@ -76,7 +80,7 @@ def test_lookup_stops_at_the_first_miss():
     manager.free(first)
     pool._maybe_evict_cached_block(pool.blocks[1])
     hits, num_tokens = manager.get_computed_blocks(Request("B", SHARED + list(range(16))))
-    assert ids(hits) == [0] and num_tokens == 16
+    assert ids(hits.blocks[0]) == [0] and num_tokens == 16
 
 
 def test_get_computed_blocks_takes_no_references_and_counts_stats():
@@ -87,7 +91,7 @@ def test_get_computed_blocks_takes_no_references_and_counts_stats():
     before = free_queue(manager)
     b = Request("B", SHARED + [2, 3])
     hits, num_tokens = manager.get_computed_blocks(b)
-    assert num_tokens == 48 and all(block.ref_cnt == 0 for block in hits)
+    assert num_tokens == 48 and all(block.ref_cnt == 0 for block in hits.blocks[0])
     assert free_queue(manager) == before
     stats = manager.prefix_cache_stats
     # A lookup counts when its request is admitted (vLLM 0.33), not when it is made.
@@ -139,7 +143,7 @@ def test_decode_and_chunks_of_a_running_request_count_nothing():
 def test_lookahead_slots_are_allocated_but_never_cached():
     manager = KVCacheManager(num_blocks=10, block_size=16)
     a = Request("A", list(range(31)))
-    new = manager.allocate_slots(a, 31, num_lookahead_tokens=2)  # 33 slots: 3 blocks
+    (new,) = manager.allocate_slots(a, 31, num_lookahead_tokens=2).blocks  # 33 slots: 3 blocks
     assert len(new) == 3
     assert [block.block_hash is not None for block in new] == [True, False, False]
     with pytest.raises(ValueError, match="num_lookahead_tokens"):
@@ -153,10 +157,10 @@ def test_allocate_slots_counts_evictable_hits_toward_what_is_needed():
     manager.free(a)
     b = Request("B", SHARED + [2])
     hits, num_tokens = manager.get_computed_blocks(b)
-    assert len(hits) == 3
+    assert len(hits.blocks[0]) == 3
     # 3 free hits + 1 new block = all 4 free blocks: fits exactly.
     new = manager.allocate_slots(b, 1, num_tokens, hits)
-    assert new is not None and len(new) == 1
+    assert new is not None and len(new.blocks[0]) == 1
     manager.check_invariants()
 
 
@@ -182,12 +186,30 @@ def test_allocate_slots_rejects_non_positive_token_counts():
         manager.allocate_slots(Request("A", [1, 2]), 0)
 
 
-def test_allocate_slots_returns_empty_list_when_no_block_is_needed():
+def test_allocate_slots_returns_no_blocks_when_none_is_needed():
     manager = KVCacheManager(num_blocks=4, block_size=16)
     a = Request("A", list(range(10)))
-    assert len(manager.allocate_slots(a, 5)) == 1
+    assert manager.allocate_slots(a, 5).get_block_ids() == ([0],)
     a.num_computed_tokens = 5
-    assert manager.allocate_slots(a, 5) == []
+    assert manager.allocate_slots(a, 5).get_block_ids() == ([],)
+
+
+def test_a_single_group_manager_answers_in_kv_cache_blocks_as_a_hybrid_one_does():
+    """One shape for every model (issue 40): one group is a KVCacheBlocks of one list, never a bare list."""
+    manager = KVCacheManager(num_blocks=10, block_size=16)
+    a = Request("A", SHARED + [1])
+    hits, num_tokens = manager.get_computed_blocks(a)
+    assert isinstance(hits, KVCacheBlocks) and hits.blocks == ((),) and num_tokens == 0
+    new = manager.allocate_slots(a, a.num_tokens, num_tokens, hits)
+    assert isinstance(new, KVCacheBlocks) and new.get_block_ids() == ([0, 1, 2, 3],)
+    manager.free(a)
+    b = Request("B", SHARED + [2])
+    hits, num_tokens = manager.get_computed_blocks(b)
+    assert isinstance(hits, KVCacheBlocks) and hits.get_block_ids() == ([0, 1, 2],) and num_tokens == 48
+    new = manager.allocate_slots(b, 1, num_tokens, hits)
+    assert (hits + new).get_block_ids() == ([0, 1, 2, 3],) and manager.block_ids_of(hits + new) == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="KVCacheBlocks that get_computed_blocks returned"):
+        manager.allocate_slots(Request("C", SHARED + [3]), 1, 48, list(hits.blocks[0]))
 
 
 def test_blocks_are_cached_at_schedule_time_so_a_same_step_request_hits_them():
@@ -198,7 +220,7 @@ def test_blocks_are_cached_at_schedule_time_so_a_same_step_request_hits_them():
     hits_a, _ = manager.get_computed_blocks(a)
     manager.allocate_slots(a, a.num_tokens, 0, hits_a)
     hits_b, num_tokens_b = manager.get_computed_blocks(b)
-    assert ids(hits_b) == [0, 1, 2] and num_tokens_b == 48
+    assert hits_b.get_block_ids() == ([0, 1, 2],) and num_tokens_b == 48
 
 
 def test_chunked_prefill_caches_each_chunk_full_blocks():
@@ -248,7 +270,7 @@ def test_reset_prefix_cache():
     assert manager.reset_prefix_cache() is False
     manager.free(a)
     assert manager.reset_prefix_cache() is True
-    assert manager.get_computed_blocks(Request("B", SHARED + [2])) == ([], 0)
+    assert manager.get_computed_blocks(Request("B", SHARED + [2])) == (manager.empty_kv_cache_blocks, 0)
     manager.check_invariants()
 
 
@@ -258,7 +280,7 @@ def test_caching_disabled_hashes_nothing_and_never_hits():
     admit(manager, a)
     assert all(block.block_hash is None for block in manager.block_pool.blocks)
     manager.free(a)
-    assert manager.get_computed_blocks(Request("B", SHARED + [1])) == ([], 0)
+    assert manager.get_computed_blocks(Request("B", SHARED + [1])) == (manager.empty_kv_cache_blocks, 0)
     stats = manager.prefix_cache_stats
     assert (stats.requests, stats.queries, stats.hits) == (0, 0, 0)  # vLLM records nothing with caching off
     manager.check_invariants()

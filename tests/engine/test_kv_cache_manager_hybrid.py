@@ -7,6 +7,8 @@ behaviour a reader of chapter 08b is told about, with small numbers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mini_vllm.block_pool import NULL_BLOCK_ID
@@ -18,7 +20,7 @@ from mini_vllm.kv_cache_interface import (
     make_kv_cache_config,
     max_blocks_per_request,
 )
-from mini_vllm.kv_cache_manager import KVCacheManager
+from mini_vllm.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from mini_vllm.request import Request
 from mini_vllm.single_type_kv_cache_manager import find_sliding_window_cache_hit, sliding_window_contiguous_blocks
 
@@ -33,15 +35,16 @@ def hybrid_manager(num_blocks: int = 40, window: int = WINDOW, **kwargs) -> KVCa
 
 
 def admit(manager: KVCacheManager, request: Request, max_new_tokens: int | None = None):
-    hits, num_hit_tokens = manager.get_computed_blocks(request)
+    """Look up and allocate; returns the hit's blocks per group (``KVCacheBlocks.blocks``), its tokens, the new blocks."""
+    computed_blocks, num_hit_tokens = manager.get_computed_blocks(request)
     num_new = request.num_tokens - num_hit_tokens
     if max_new_tokens is not None:
         num_new = min(num_new, max_new_tokens)
-    new_blocks = manager.allocate_slots(request, num_new, num_hit_tokens, hits)
+    new_blocks = manager.allocate_slots(request, num_new, num_hit_tokens, computed_blocks)
     if new_blocks is not None:
         request.num_computed_tokens = num_hit_tokens + num_new
     manager.check_invariants()
-    return hits, num_hit_tokens, new_blocks
+    return computed_blocks.blocks, num_hit_tokens, new_blocks
 
 
 def decode(manager: KVCacheManager, request: Request, token: int = 7) -> None:
@@ -58,9 +61,9 @@ def test_groups_come_full_attention_first_with_equal_layer_counts():
         "SlidingWindowSpec",
     ]
     assert config.kv_cache_groups[0].layer_ids == (1, 3) and config.kv_cache_groups[1].layer_ids == (0, 2)
-    assert config.num_layers_per_block == 2 and config.is_hybrid
+    assert config.num_layers_per_block == 2 and len(config.kv_cache_groups) == 2
     single = make_kv_cache_config([None] * 4, 16, 10)
-    assert not single.is_hybrid and single.num_layers_per_block == 4
+    assert len(single.kv_cache_groups) == 1 and single.num_layers_per_block == 4
 
 
 def _layout(pattern: str, repeats: int) -> list[int | None]:
@@ -108,12 +111,12 @@ def test_the_hybrid_manager_switched_off_caches_every_layer_as_full_attention():
     ]
 
 
-def test_a_single_group_engine_returns_plain_lists():
-    manager = KVCacheManager(20, BLOCK)
-    request = Request("r", list(range(10)), BLOCK)
-    hits, _, new_blocks = admit(manager, request)
-    assert hits == [] and isinstance(new_blocks, list) and len(new_blocks) == 3
-    assert not manager.is_hybrid
+def test_a_single_group_engine_answers_per_group_like_a_hybrid_one():
+    for manager, num_groups in ((KVCacheManager(20, BLOCK), 1), (hybrid_manager(), 2)):
+        request = Request("r", list(range(10)), BLOCK)
+        hits, _, new_blocks = admit(manager, request)
+        assert hits == ((),) * num_groups  # the manager's shared empty KVCacheBlocks
+        assert isinstance(new_blocks, KVCacheBlocks) and [len(group) for group in new_blocks.blocks] == [3] * num_groups
 
 
 def test_blocks_leave_the_window_as_the_request_decodes_and_stay_cached():
@@ -155,7 +158,7 @@ def test_the_hit_is_what_every_group_can_serve_and_a_junction_gets_pinned():
     shared = prompt[:17]
     second = Request("c", shared + [1, 2, 3, 4, 5, 6, 7, 8], BLOCK)
     hits, num_hit_tokens, _ = admit(manager, second)
-    assert num_hit_tokens == 0 and hits == ([], [])
+    assert num_hit_tokens == 0 and hits == ((), ())
     assert manager.shared_prefix_boundary["c"] == 16  # ... and the junction at token 16 is pinned
     manager.free(second)
     # ... so the third prompt with that prefix hits the 16 tokens in both groups.
@@ -223,8 +226,10 @@ def test_a_hybrid_engine_needs_blocks_in_both_groups_and_refuses_what_never_fits
 def test_per_group_hits_are_required_in_a_hybrid_engine():
     manager = hybrid_manager()
     request = Request("a", list(range(8)), BLOCK)
-    with pytest.raises(ValueError, match="per-group"):
+    with pytest.raises(ValueError, match="one sequence for each of the 2 KV-cache groups"):
         manager.allocate_slots(request, 8, 4, [manager.block_pool.blocks[0]])
+    with pytest.raises(ValueError, match="one sequence for each of the 2 KV-cache groups"):
+        manager.allocate_slots(request, 8, 4, KVCacheBlocks(([manager.block_pool.blocks[0]],)))
 
 
 def test_a_config_and_manager_disagreeing_on_size_is_refused():
@@ -263,7 +268,8 @@ def test_the_lookup_runs_to_its_fixed_point_over_the_specs():
     manager, request = _manager_with_cached(
         [None, 5, 13], {0: set(range(8)), 1: {3, 7}, 2: {0, 1, 2, 3, 4}}, num_prompt_blocks=8
     )
-    (full, short, long), num_tokens = manager.get_computed_blocks(request)
+    hits, num_tokens = manager.get_computed_blocks(request)
+    full, short, long = hits.blocks
     assert num_tokens == 4 * BLOCK
     assert [b.block_id for b in full] == [0, 1, 2, 3]
     assert [b.block_id for b in short] == [NULL_BLOCK_ID] * 3 + [13]
@@ -278,7 +284,8 @@ def test_groups_that_share_a_spec_are_looked_up_together():
         [None, 9, 9], {0: set(range(6)), 1: {1, 2, 4, 5}, 2: {1, 2, 5}}, num_prompt_blocks=6
     )
     assert len(manager.spec_groups) == 2
-    (full, first, second), num_tokens = manager.get_computed_blocks(request)
+    hits, num_tokens = manager.get_computed_blocks(request)
+    full, first, second = hits.blocks
     assert num_tokens == 3 * BLOCK
     assert [b.block_id for b in first] == [NULL_BLOCK_ID, 11, 12]
     assert [b.block_id for b in second] == [NULL_BLOCK_ID, 21, 22]
@@ -313,3 +320,18 @@ def test_which_blocks_a_sliding_window_group_caches(retention, window, cached):
     (sliding,) = manager.sliding_window_managers
     mask = sliding.cacheable_block_mask(0, 8, [24])
     assert mask is None if cached is None else [i for i, keep in enumerate(mask) if keep] == cached
+
+
+def test_no_model_kind_branch_outside_the_construction_of_the_manager():
+    """Issue 40: the engine, the scheduler and the widgets run one path for any number of KV-cache groups.
+
+    The manager picks its lookup once, when it is built (``find_cache_hit``, as vLLM picks its coordinator);
+    nothing asks "is this model hybrid?" afterwards.
+    """
+    import mini_vllm
+
+    root = Path(mini_vllm.__file__).parent
+    found = sorted(str(path.relative_to(root)) for path in root.rglob("*.py") if "is_hybrid" in path.read_text())
+    assert not found, f"an is_hybrid branch is back in {found}"
+    assert KVCacheManager(4, BLOCK).find_cache_hit.__func__ is KVCacheManager.find_unitary_cache_hit
+    assert hybrid_manager().find_cache_hit.__func__ is KVCacheManager.find_hybrid_cache_hit

@@ -78,7 +78,8 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(chunk=st.integers(1, 40))
     def admit(self, chunk):
         request = self.waiting[0]
-        hits, num_hit_tokens = self.manager.get_computed_blocks(request)
+        computed_blocks, num_hit_tokens = self.manager.get_computed_blocks(request)
+        (hits,) = computed_blocks.blocks  # the one KV-cache group's
         # Oracle 1: the lookup.
         cap = (request.num_tokens - 1) // BLOCK_SIZE
         assert len(hits) <= cap and num_hit_tokens == len(hits) * BLOCK_SIZE
@@ -92,7 +93,7 @@ class KVCacheMachine(RuleBasedStateMachine):
                 expected = self._expected_content(request, index * BLOCK_SIZE + offset)
                 assert self.slot_contents[(block.block_id, offset)] == expected
         num_new = min(chunk, request.num_tokens - num_hit_tokens)
-        if self.manager.allocate_slots(request, num_new, num_hit_tokens, hits) is None:
+        if self.manager.allocate_slots(request, num_new, num_hit_tokens, computed_blocks) is None:
             return
         self.waiting.pop(0)
         request.num_computed_tokens = num_hit_tokens
@@ -166,7 +167,7 @@ def test_lookup_oracle_on_random_prompts():
         base = rng.choice(PREFIXES)
         tokens = base[: rng.randint(0, len(base))] + [rng.randint(100, 102) for _ in range(rng.randint(1, 8))]
         request = Request(f"q{i}", tokens, block_size=BLOCK_SIZE)
-        hits, _ = manager.get_computed_blocks(request)
+        (hits,) = manager.get_computed_blocks(request)[0].blocks
         # Brute force: the longest block-aligned prefix shared with any prompt seen before.
         best = 0
         cap = (len(tokens) - 1) // BLOCK_SIZE

@@ -54,7 +54,7 @@ class FakeModelStep:
             for position in range(
                 scheduled.num_computed_tokens, scheduled.num_computed_tokens + scheduled.num_new_tokens
             ):
-                block_id = scheduled.block_ids[position // BLOCK_SIZE]
+                block_id = scheduled.block_ids[0][position // BLOCK_SIZE]
                 slot = block_id * BLOCK_SIZE + position % BLOCK_SIZE
                 writes.append((slot, (request.cache_salt, position, request.all_token_ids[position])))
         error, self.fail_next = self.fail_next, None

@@ -144,10 +144,6 @@ class HybridMiniSide:
         self.manager = make(workload)
         self.requests: dict[str, Request] = {}
 
-    def by_group(self, blocks):
-        """Hits or new blocks as one list per group (a one-group engine returns its list alone)."""
-        return blocks if self.manager.is_hybrid else (blocks,)
-
     def apply(self, op: dict) -> dict:
         manager, kind = self.manager, op["op"]
         result: dict = {"op": kind}
@@ -157,11 +153,11 @@ class HybridMiniSide:
             request = self.requests[op["rid"]]
             hits, num_hit_tokens = manager.get_computed_blocks(request)
             result["hit_tokens"] = num_hit_tokens
-            result["hit_ids"] = [_ids(group) for group in self.by_group(hits)]
+            result["hit_ids"] = [_ids(group) for group in hits.blocks]
             result["shared_prefix_boundary"] = manager.shared_prefix_boundary.get(request.request_id, 0)
             num_new_tokens = min(request.num_tokens - num_hit_tokens, op["max_new_tokens"])
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
-            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in self.by_group(new_blocks)]
+            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in new_blocks.blocks]
             if new_blocks is not None:
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
         elif kind == "alloc":
@@ -169,7 +165,7 @@ class HybridMiniSide:
             new_blocks = manager.allocate_slots(
                 request, op["num_new_tokens"], num_lookahead_tokens=op["num_lookahead_tokens"]
             )
-            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in self.by_group(new_blocks)]
+            result["new_ids"] = None if new_blocks is None else [_ids(group) for group in new_blocks.blocks]
             if new_blocks is not None:
                 request.num_computed_tokens += op["num_new_tokens"]
         elif kind == "append":
@@ -549,7 +545,7 @@ def _one_group_at_a_time(workload: dict) -> KVCacheManager:
     """Groups that share a spec looked up one by one (each bounded by the last), not together."""
     manager = make_manager(workload)
     manager.spec_groups = tuple((group,) for group in manager.managers)
-    manager.is_simple_hybrid = False
+    manager.one_lookup_round = False
     return manager
 
 

@@ -89,8 +89,9 @@ class MiniSide:
             num_new_tokens = min(request.num_tokens - num_hit_tokens, op["max_new_tokens"])
             new_blocks = manager.allocate_slots(request, num_new_tokens, num_hit_tokens, hits)
             result["hit_tokens"] = num_hit_tokens
-            result["hit_ids"] = [block.block_id for block in hits]
-            result["new_ids"] = None if new_blocks is None else [block.block_id for block in new_blocks]
+            (hit_blocks,) = hits.blocks  # one KV-cache group: the driver reports vLLM's group 0
+            result["hit_ids"] = [block.block_id for block in hit_blocks]
+            result["new_ids"] = None if new_blocks is None else new_blocks.get_block_ids()[0]
             if new_blocks is not None:
                 request.num_computed_tokens = num_hit_tokens + num_new_tokens
         elif kind == "alloc":
@@ -98,7 +99,7 @@ class MiniSide:
             new_blocks = manager.allocate_slots(
                 request, op["num_new_tokens"], num_lookahead_tokens=op["num_lookahead_tokens"]
             )
-            result["new_ids"] = None if new_blocks is None else [block.block_id for block in new_blocks]
+            result["new_ids"] = None if new_blocks is None else new_blocks.get_block_ids()[0]
             if new_blocks is not None:
                 request.num_computed_tokens += op["num_new_tokens"]
         elif kind == "append":
