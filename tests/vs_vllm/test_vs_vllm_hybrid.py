@@ -247,3 +247,25 @@ def test_chapter_08b_chat_reference_has_every_setting_and_equal_engines():
         (chat,) = run["workloads"]
         assert chat["name"] == "multi_turn_chat" and len(chat["rows"]) == 5
         assert chat["cached_equal"] and chat["tokens_equal"] and chat["counters_equal"]
+
+
+def test_relay_model_keeps_the_first_layers_real_weights_and_refuses_a_layer_count_it_lacks(tmp_path):
+    """Without vLLM, on the bundled model (4 layers): 2 kept, every other tensor unchanged, layer_types for 2."""
+    import json
+
+    from safetensors import safe_open
+
+    from mini_vllm.model import default_model_path
+    from mini_vllm.tools.compare_vllm.harness import relay_model
+
+    source = default_model_path()
+    target = relay_model(source, "sf", 64, str(tmp_path), num_layers=2)
+    config = json.loads((tmp_path / "default_model-sf-2-layers" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["layer_types"]) == (2, ["sliding_attention", "full_attention"])
+    with safe_open(f"{source}/model.safetensors", "pt") as full, safe_open(f"{target}/model.safetensors", "pt") as kept:
+        expected = [name for name in full.keys() if ".layers.2." not in name and ".layers.3." not in name]
+        assert sorted(kept.keys()) == sorted(expected) and len(expected) < len(list(full.keys()))
+        assert all(kept.get_tensor(name).equal(full.get_tensor(name)) for name in expected)
+    for wrong in (0, 5):
+        with pytest.raises(ValueError, match="num_layers must be 1..4"):
+            relay_model(source, "sf", 64, str(tmp_path / f"wrong-{wrong}"), num_layers=wrong)
