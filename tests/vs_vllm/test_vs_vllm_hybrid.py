@@ -9,17 +9,29 @@ Qwen3 implements no per-layer window: it refuses this config). Requests: prompts
 than the window, shared prefixes that diverge (the junction), the same prompt
 again, a growing chat, and a pool so small that requests are preempted.
 
+Then SmolLM2-135M-Instruct (``make real-model``), its first 6 layers re-laid by
+its ``config.json`` as the layouts people serve (2:1, Gemma 3's 5:1, every
+layer sliding), in the smallest pool vLLM accepts and a roomy one, and chapter
+08b's chat under each ``prefix_cache_retention_interval`` and with the hybrid
+manager off (``RELAID``; ``run_relaid_side_by_side``, both engines at once).
+
 Equal per request: ``num_cached_tokens`` and the greedy tokens; per workload:
-the prefix-cache counters and the preemptions. vLLM starts once (one
-subprocess, ~1 min). Skipped, with the reason, without ``.venv-vllm``; under
-``CI=true`` that is a failure (tests/prerequisites.py).
+the prefix-cache counters and the preemptions. vLLM starts once per half (one
+subprocess, ~1 min each on 2 cores). Skipped, with the reason, without ``.venv-vllm``
+or the real model; under ``CI=true`` that is a failure (tests/prerequisites.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from mini_vllm.tools.compare_vllm import run_hybrid_side_by_side, vllm_missing_reason, vllm_python
+from mini_vllm.tools.compare_vllm import (
+    CHAT_LAYOUTS,
+    CHAT_NUM_LAYERS,
+    run_hybrid_side_by_side,
+    vllm_missing_reason,
+    vllm_python,
+)
 from prerequisites import missing
 
 
@@ -98,32 +110,30 @@ def test_a_wrong_sliding_window_lookup_is_caught(side_by_side):
     assert [r["num_cached_tokens"] for r in wrong["requests"]] != vllm_cached
 
 
-# -- SmolLM2-135M re-laid as the hybrid layouts people serve (config override, same weights) -------------
+# -- SmolLM2-135M re-laid as the hybrid layouts people serve (config override, its first 6 layers) -------
+# Its first RELAID_NUM_LAYERS layers (their real weights) keep what is compared, the grouping, as on all 30:
+# vLLM's group size is the smallest bucket, so 2:1 gives 2 sliding-window groups and 1 full-attention group
+# (4 + 2 layers; 20 + 10 of 30), 5:1 gives 5 + 1 (5 + 1; 25 + 5), all sliding gives 1; no layout pads, on
+# 6 layers or 30. Five times fewer layers make every forward pass cheaper: the set fits in make test.
 # (pattern, pool, workloads, settings for both engines). The pools of the eviction runs are the smallest
 # vLLM accepts at max_model_len 512, block size 32, window 64 (its start-up check: 16 blocks for the
 # full-attention group, 17 per sliding-window group, and its null block): 2:1 50, 5:1 101, every layer
-# sliding 17.
+# sliding 17. Chapter 08b's chat (CHAT_LAYOUTS: 5:1 in a roomy pool under retention 0, None and 128 and the
+# hybrid manager off) is part of the set: its committed reference is checked against this live run.
+RELAID_NUM_LAYERS = CHAT_NUM_LAYERS
 RELAID = [
     ("ssf", 50, ["eviction_and_preemption"], {}),
-    ("sssssf", 101, ["eviction_and_preemption"], {}),
+    ("sssssf", 101, ["eviction_and_preemption", "junction"], {}),
     ("s", 17, ["eviction_and_preemption"], {}),
-    ("sssssf", 240, ["junction", "multi_turn_chat"], {}),
+    *CHAT_LAYOUTS,
     ("s", 64, ["junction", "multi_turn_chat"], {}),
     ("ssf", 160, ["junction", "multi_turn_chat"], {}),
-    ("ssf", 160, ["multi_turn_chat"], {"prefix_cache_retention_interval": None}),
-    ("ssf", 160, ["multi_turn_chat"], {"prefix_cache_retention_interval": 64}),
-    ("ssf", 160, ["multi_turn_chat"], {"disable_hybrid_kv_cache_manager": True}),
 ]
-RELAID_OPT_IN = "MINI_VLLM_RELAID_E2E"
 
 
 @pytest.fixture(scope="module")
 def relaid(tmp_path_factory) -> dict:
-    """Every RELAID engine, one vLLM subprocess for all of them (minutes: opt-in, see RELAID_OPT_IN)."""
-    import os
-
-    if not os.environ.get(RELAID_OPT_IN):
-        pytest.skip(f"{RELAID_OPT_IN}=1 runs the re-laid layouts against real vLLM (about 10 minutes)")
+    """Every RELAID engine, one vLLM subprocess for all of them, beside mini-vLLM's (about a minute on 2 cores)."""
     if vllm_python() is None:
         missing("vllm", vllm_missing_reason())
     from mini_vllm.tools.compare_vllm.harness import run_relaid_side_by_side
@@ -132,7 +142,8 @@ def relaid(tmp_path_factory) -> dict:
     path = real_model_path()
     if path is None:
         missing("real-model", "SmolLM2-135M-Instruct is not installed: run `make real-model`")
-    return run_relaid_side_by_side(path, RELAID, str(tmp_path_factory.mktemp("relaid")))
+    folder = str(tmp_path_factory.mktemp("relaid"))
+    return run_relaid_side_by_side(path, RELAID, folder, num_layers=RELAID_NUM_LAYERS, at_once=True)
 
 
 @pytest.mark.parametrize("index", range(len(RELAID)), ids=[f"{p}-{n}-{s}" for p, n, _, s in RELAID])
@@ -143,7 +154,7 @@ def test_every_layout_gets_the_same_hits_and_tokens_as_vllm(relaid, index):
     if not run["settings"].get("disable_hybrid_kv_cache_manager"):  # vLLM's groups: as many as ours
         from mini_vllm.kv_cache_interface import make_kv_cache_config
 
-        windows = [64 if pattern[i % len(pattern)] == "s" else None for i in range(30)]
+        windows = [64 if pattern[i % len(pattern)] == "s" else None for i in range(relaid["num_layers"])]
         assert len(groups) == len(make_kv_cache_config(windows, 32, 1).kv_cache_groups), groups
     for workload in run["workloads"]:
         different = [row for row in workload["rows"] if not (row["cached_equal"] and row["tokens_equal"])]
@@ -152,16 +163,109 @@ def test_every_layout_gets_the_same_hits_and_tokens_as_vllm(relaid, index):
         assert workload["mini"]["num_preemptions"] == workload["vllm"]["num_preemptions"]
 
 
+def test_six_layers_group_as_thirty_do(relaid):
+    """The reason 6 layers stand for 30: vLLM 0.33's rule gives each layout the same groups on both."""
+    from mini_vllm.kv_cache_interface import make_kv_cache_config
+
+    def group_sizes(pattern: str, num_layers: int) -> list[int]:
+        windows = [64 if pattern[i % len(pattern)] == "s" else None for i in range(num_layers)]
+        return [len(group.layer_ids) for group in make_kv_cache_config(windows, 32, 1).kv_cache_groups]
+
+    assert relaid["num_layers"] == RELAID_NUM_LAYERS
+    for pattern, expected in (("ssf", [2, 2, 2]), ("sssssf", [1] * 6), ("s", [6])):
+        six, thirty = group_sizes(pattern, 6), group_sizes(pattern, 30)
+        assert sorted(six) == expected and len(thirty) == len(six), (pattern, six, thirty)
+    vllm_groups = {run["pattern"]: len(run["vllm_kv_cache"]["groups"]) for run in relaid["runs"] if not run["settings"]}
+    assert vllm_groups == {"ssf": 3, "sssssf": 6, "s": 1}
+
+
+def test_the_small_pools_evict_and_preempt(relaid):
+    """The smallest pools are small enough to matter: each layout's eviction workload preempts."""
+    for run in relaid["runs"][:3]:
+        (eviction, *_) = run["workloads"]
+        assert eviction["mini"]["num_preemptions"] > 0, (run["pattern"], eviction["mini"])
+
+
 def test_retention_changes_what_the_next_turn_of_a_chat_hits(relaid):
     """Under retention 0 a turn hits at most up to where the previous prompt ended (the reply's blocks were
     never cached); every block cached (None), or the hybrid manager off, hits at least as much."""
     cached = {
-        (run["pattern"], tuple(sorted(run["settings"].items()))): [row["mini_cached"] for row in workload["rows"]]
+        tuple(sorted(run["settings"].items())): [row["mini_cached"] for row in workload["rows"]]
         for run in relaid["runs"]
         for workload in run["workloads"]
-        if workload["name"] == "multi_turn_chat" and run["pattern"] == "ssf"
+        if workload["name"] == "multi_turn_chat" and run["pattern"] == "sssssf"
     }
-    sparse = cached[("ssf", ())]
-    dense = cached[("ssf", (("prefix_cache_retention_interval", None),))]
-    off = cached[("ssf", (("disable_hybrid_kv_cache_manager", True),))]
+    sparse = cached[()]
+    dense = cached[(("prefix_cache_retention_interval", None),)]
+    off = cached[(("disable_hybrid_kv_cache_manager", True),)]
     assert all(d >= s for d, s in zip(dense, sparse)) and all(o >= s for o, s in zip(off, sparse))
+    assert dense != sparse  # the chat is long enough for the setting to show
+
+
+def _what_is_compared(run: dict) -> dict:
+    """A run's per-request hits and token verdicts and per-workload counters, without the timings."""
+    untimed = ("mini_ttft_s", "vllm_ttft_s")
+    counters = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
+    return {
+        workload["name"]: {
+            "rows": [{k: v for k, v in row.items() if k not in untimed} for row in workload["rows"]],
+            "mini": {k: workload["mini"][k] for k in counters},
+            "vllm": {k: workload["vllm"][k] for k in counters},
+        }
+        for workload in run["workloads"]
+    }
+
+
+def test_chapter_08b_chat_reference_is_what_a_live_run_gives(relaid):
+    """Chapter 08b shows the committed chat where vLLM is missing: it must be what vLLM and mini-vLLM give now
+    (after a change, `python -m mini_vllm compare-vllm --write-references` writes it again)."""
+    import json
+
+    from mini_vllm.tools.compare_vllm import CHAT_REFERENCE_RUN, reference_path
+
+    committed = json.loads(reference_path(CHAT_REFERENCE_RUN).read_text())
+    assert committed["num_layers"] == relaid["num_layers"]
+    live = {(run["pattern"], run["num_blocks"], json.dumps(run["settings"])): run for run in relaid["runs"]}
+    for run in committed["runs"]:
+        now = _what_is_compared(live[(run["pattern"], run["num_blocks"], json.dumps(run["settings"]))])
+        for name, then in _what_is_compared(run).items():
+            assert then == now[name], (run["settings"], name)
+
+
+def test_chapter_08b_chat_reference_has_every_setting_and_equal_engines():
+    """Without vLLM: the committed chat has a run per setting, one row per turn, and both engines agree."""
+    import json
+
+    from mini_vllm.tools.compare_vllm import CHAT_LAYOUTS, CHAT_NUM_LAYERS, CHAT_REFERENCE_RUN, reference_path
+
+    committed = json.loads(reference_path(CHAT_REFERENCE_RUN).read_text())
+    assert committed["num_layers"] == CHAT_NUM_LAYERS
+    assert [(r["pattern"], r["num_blocks"], r["settings"]) for r in committed["runs"]] == [
+        (pattern, num_blocks, settings) for pattern, num_blocks, _, settings in CHAT_LAYOUTS
+    ]
+    for run in committed["runs"]:
+        (chat,) = run["workloads"]
+        assert chat["name"] == "multi_turn_chat" and len(chat["rows"]) == 5
+        assert chat["cached_equal"] and chat["tokens_equal"] and chat["counters_equal"]
+
+
+def test_relay_model_keeps_the_first_layers_real_weights_and_refuses_a_layer_count_it_lacks(tmp_path):
+    """Without vLLM, on the bundled model (4 layers): 2 kept, every other tensor unchanged, layer_types for 2."""
+    import json
+
+    from safetensors import safe_open
+
+    from mini_vllm.model import default_model_path
+    from mini_vllm.tools.compare_vllm.harness import relay_model
+
+    source = default_model_path()
+    target = relay_model(source, "sf", 64, str(tmp_path), num_layers=2)
+    config = json.loads((tmp_path / "default_model-sf-2-layers" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["layer_types"]) == (2, ["sliding_attention", "full_attention"])
+    with safe_open(f"{source}/model.safetensors", "pt") as full, safe_open(f"{target}/model.safetensors", "pt") as kept:
+        expected = [name for name in full.keys() if ".layers.2." not in name and ".layers.3." not in name]
+        assert sorted(kept.keys()) == sorted(expected) and len(expected) < len(list(full.keys()))
+        assert all(kept.get_tensor(name).equal(full.get_tensor(name)) for name in expected)
+    for wrong in (0, 5):
+        with pytest.raises(ValueError, match="num_layers must be 1..4"):
+            relay_model(source, "sf", 64, str(tmp_path / f"wrong-{wrong}"), num_layers=wrong)

@@ -51,6 +51,10 @@ from .cli import main
 from .harness import compare_workload, run_both, run_hybrid_side_by_side, run_matrix, run_side_by_side
 from .mini_runner import _resolve_prompt, run_mini, run_mini_workloads
 from .references import (
+    CHAT_LAYOUTS,
+    CHAT_NUM_LAYERS,
+    CHAT_REFERENCE_RUN,
+    CHAT_SETTINGS,
     HYBRID_REFERENCE_RUN,
     PROBES_WITH,
     REFERENCE_DIR,
@@ -84,6 +88,10 @@ from .workloads import (
 )
 
 __all__ = [
+    "CHAT_LAYOUTS",
+    "CHAT_NUM_LAYERS",
+    "CHAT_REFERENCE_RUN",
+    "CHAT_SETTINGS",
     "DEFAULT_NUM_BLOCKS",
     "DRIVER",
     "HYBRID_REFERENCE_RUN",

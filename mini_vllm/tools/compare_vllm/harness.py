@@ -8,6 +8,7 @@ workload at every block size), ``run_side_by_side`` (one block size) and
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from pathlib import Path
@@ -73,15 +74,32 @@ def compare_workload(workload: dict, ours: dict, theirs: dict) -> dict:
 
 
 def run_both(
-    path: str, engines: list[dict], dtype: str = "float32", threads: int = 1, probes: bool = False
+    path: str,
+    engines: list[dict],
+    dtype: str = "float32",
+    threads: int = 1,
+    probes: bool = False,
+    at_once: bool = False,
 ) -> tuple[dict, dict]:
     """Every engine spec through vLLM, then through mini-vLLM, and each workload compared.
+
+    ``at_once``: mini-vLLM runs here while vLLM's subprocess runs (on two cores, the time of
+    the longer side instead of the sum). The hits and tokens are the same either way; the
+    timings are not comparable then (the two engines share the machine).
 
     Returns ``({"model", "dtype", "vllm_version", "threads", "runs": [{"block_size",
     "num_blocks", "workloads": [compare_workload(...)]}]}, vLLM's whole answer)``.
     """
-    theirs = run_vllm(path, engines, dtype=dtype, threads=threads, probes=probes)
-    ours = run_mini(path, engines, dtype=dtype, threads=threads)
+    if at_once:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1) as vllm_side:  # the thread only waits for the subprocess
+            pending = vllm_side.submit(run_vllm, path, engines, dtype=dtype, threads=threads, probes=probes)
+            ours = run_mini(path, engines, dtype=dtype, threads=threads)
+            theirs = pending.result()
+    else:
+        theirs = run_vllm(path, engines, dtype=dtype, threads=threads, probes=probes)
+        ours = run_mini(path, engines, dtype=dtype, threads=threads)
     runs = []
     for spec, mine, real in zip(engines, ours, theirs["engines"]):
         compared = [
@@ -196,26 +214,48 @@ def run_hybrid_side_by_side(
     return result
 
 
-def relay_model(model_path: str, pattern: str, sliding_window: int, folder: str) -> str:
-    """``model_path`` re-laid by its ``config.json`` alone: layer ``i`` slides when ``pattern[i % len(pattern)]``
-    is "s" (else full attention), with window ``sliding_window``; the weights are the same files (linked).
+def relay_model(model_path: str, pattern: str, sliding_window: int, folder: str, num_layers: int | None = None) -> str:
+    """``model_path`` re-laid by its ``config.json``: layer ``i`` slides when ``pattern[i % len(pattern)]``
+    is "s" (else full attention), with window ``sliding_window``. ``num_layers``: keep only the first
+    ``num_layers`` layers (their real weights, the embeddings and the final norm, written to a new
+    ``model.safetensors``); None keeps them all, and the weights are the same files (linked).
     Returns the new model folder, made in ``folder``."""
-    import json
-
     source = Path(model_path)
-    target = Path(folder) / f"{source.name}-{pattern}"
+    config = json.loads((source / "config.json").read_text())
+    num_layers = config["num_hidden_layers"] if num_layers is None else num_layers
+    if not 0 < num_layers <= config["num_hidden_layers"]:
+        raise ValueError(f"num_layers must be 1..{config['num_hidden_layers']}, got {num_layers}")
+    truncated = num_layers < config["num_hidden_layers"]
+    target = Path(folder) / (f"{source.name}-{pattern}" + (f"-{num_layers}-layers" if truncated else ""))
     target.mkdir(parents=True)
     for path in source.iterdir():
-        if path.name != "config.json":
+        if path.name != "config.json" and not (truncated and path.suffix == ".safetensors"):
             (target / path.name).symlink_to(path.resolve())
-    config = json.loads((source / "config.json").read_text())
-    num_layers = config["num_hidden_layers"]
+    if truncated:
+        _write_first_layers(source, target, num_layers)
+    config["num_hidden_layers"] = num_layers
     config["layer_types"] = [
         "sliding_attention" if pattern[i % len(pattern)] == "s" else "full_attention" for i in range(num_layers)
     ]
     config["sliding_window"] = sliding_window
     (target / "config.json").write_text(json.dumps(config))
     return str(target)
+
+
+def _write_first_layers(source: Path, target: Path, num_layers: int) -> None:
+    """Every tensor of ``source``'s ``model.safetensors`` but those of layers ``num_layers`` and up, to ``target``'s."""
+    import re
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    tensors = {}
+    with safe_open(str(source / "model.safetensors"), "pt") as weights:
+        for name in weights.keys():
+            layer = re.search(r"\.layers\.(\d+)\.", name)
+            if layer is None or int(layer.group(1)) < num_layers:
+                tensors[name] = weights.get_tensor(name)
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
 
 
 def run_relaid_side_by_side(
@@ -225,19 +265,22 @@ def run_relaid_side_by_side(
     block_size: int = 32,
     sliding_window: int = 64,
     threads: int = 1,
+    num_layers: int | None = None,
+    at_once: bool = False,
 ) -> dict:
     """``model_path`` re-laid in several layouts, through both engines; vLLM starts once (one subprocess).
 
     ``layouts``: ``(pattern, num_blocks, workload names, settings)`` per engine (``relay_model``'s
     pattern; ``build_hybrid_workloads``' names; settings such as
     ``prefix_cache_retention_interval``, under vLLM's names, for both engines). ``max_model_len`` is 512.
-    Returns ``run_matrix``'s dict, each run with its ``"pattern"`` and ``"settings"``.
+    ``num_layers``: only the model's first layers (``relay_model``); ``at_once``: ``run_both``'s.
+    Returns ``run_matrix``'s dict, each run with its ``"pattern"`` and ``"settings"``, and ``"num_layers"``.
     """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     patterns = dict.fromkeys(pattern for pattern, *_ in layouts)  # each layout once, in order
-    models = {pattern: relay_model(model_path, pattern, sliding_window, folder) for pattern in patterns}
+    models = {pattern: relay_model(model_path, pattern, sliding_window, folder, num_layers) for pattern in patterns}
     engines = [
         {
             "model": models[pattern],
@@ -249,7 +292,9 @@ def run_relaid_side_by_side(
         }
         for pattern, num_blocks, names, settings in layouts
     ]
-    result, theirs = run_both(model_path, engines, threads=threads)
+    result, theirs = run_both(model_path, engines, threads=threads, at_once=at_once)
     for run, (pattern, _, _, settings), engine in zip(result["runs"], layouts, theirs["engines"]):
         run.update(pattern=pattern, settings=settings, vllm_kv_cache=engine.get("kv_cache"))
+    first = Path(models[next(iter(patterns))]) / "config.json"
+    result["num_layers"] = json.loads(first.read_text())["num_hidden_layers"]
     return result
