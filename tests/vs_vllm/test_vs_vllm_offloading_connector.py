@@ -258,7 +258,7 @@ def make_workload(seed: int, connector_class=RecordingConnector) -> tuple[dict, 
                     "rid": s.request.request_id,
                     "num_computed": s.num_computed_tokens,
                     "num_new": s.num_new_tokens,
-                    "block_ids": list(s.block_ids),
+                    "block_ids": list(s.block_ids[0]),  # the tier serves one KV-cache group
                 }
                 for s in output.scheduled
             ],
