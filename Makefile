@@ -139,7 +139,7 @@ test-latest: latest-venv
 latest-tests: | $(LATEST_PY)
 	@printf "today's releases: "; $(LATEST_PY) -m pip list --format=freeze | grep -iE "^(torch|triton|transformers|kernels|ipywidgets|jupyterlab|nbval|tokenizers)==" | tr '\n' ' '; echo
 	$(TEST_ENV) $(LATEST_PY) -m pytest $(FAST_FOLDERS) tests/notebooks -m "$(FAST_MARKERS)" $(NO_CACHE) $(XDIST) $(DURATIONS)
-	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m real_model $(NO_CACHE)
+	$(TEST_ENV) $(LATEST_PY) -m pytest tests/project/test_hub_kernels_beside_ours.py -m "real_model or slow" $(NO_CACHE)
 
 # ruff (configured in pyproject.toml): the linter (syntax errors, pyflakes, `X | None` annotations)
 # and the formatter's check over every Python file; `ruff format .` fixes what the second one reports.

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from prerequisites import distribution_installed
 
 
@@ -99,6 +101,7 @@ def test_the_kernels_folder_is_no_top_level_package():
     assert result.stdout.strip() == "None" or "site-packages" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_triton_imported_before_the_kernels_leaves_them_working():
     """A program may import Triton before mini_vllm.kernels chooses the interpreter (``import triton``,
     or ``torch._dynamo``, which PyTorch loads for ``torch.compile`` and for a model built on the meta

@@ -22,6 +22,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import yaml
 from traitlets.config import Config
 
@@ -96,6 +98,7 @@ def test_start_is_executable_and_runs_the_command_it_is_given():
     assert done.stdout.strip() == "1"
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_postbuild_prepares_the_working_copy_and_jupyter_as_make_lab_does(tmp_path):
     """postBuild's Python step, run on a copy of the course with its own HOME (the checkout is not touched)."""
     step = re.search(r"^python - <<'PY'\n(.*?)^PY$", (BINDER / "postBuild").read_text(), flags=re.S | re.M).group(1)

@@ -121,6 +121,7 @@ def test_the_hub_package_is_installed_here():
     assert hub_installed(), "pyproject's test extra installs Hugging Face's kernels; this environment lacks it"
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("place", sorted(PLACES))
 def test_every_backend_generates_and_the_kernel_checks_pass(place, tmp_path):
     result = run_in(place, HUB_IS_THEIRS, BACKENDS_GENERATE, KERNEL_CHECKS, script_dir=tmp_path)
@@ -129,6 +130,7 @@ def test_every_backend_generates_and_the_kernel_checks_pass(place, tmp_path):
     assert "✓ store_kv:" in result.stdout and "✓ paged_decode:" in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 @pytest.mark.parametrize("place", sorted(PLACES))
 def test_transformers_loads_the_bundled_model(place, tmp_path):
     from mini_vllm.model import default_model_path

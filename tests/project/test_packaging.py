@@ -85,6 +85,7 @@ def built_wheel(tmp_path_factory) -> Path:
     return unpacked
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_the_wheel_claims_no_import_name_but_mini_vllm(built_wheel):
     """`kernels` is Hugging Face's kernel hub package (transformers imports it): a wheel of
     ours installs mini_vllm only, with the kernels/ folder inside it as mini_vllm/kernels/."""
@@ -95,6 +96,7 @@ def test_the_wheel_claims_no_import_name_but_mini_vllm(built_wheel):
     assert wanted <= shipped, f"not in the wheel: {sorted(wanted - shipped)}"
 
 
+@pytest.mark.slow  # make test runs it; make test-fast leaves it out
 def test_an_installed_wheel_finds_its_kernels_and_their_c_sources(built_wheel, tmp_path):
     """Imported from the unpacked wheel (not the checkout), mini_vllm.kernels reads its own folder,
     and the cpu backend's C sources lie beside their Python modules."""
