@@ -433,7 +433,13 @@ def likely_mistake(error: BaseException) -> str:
                 "the pool's hash map is not a dict (`in`, `[...]` and loops do not work on it): look a hash up with "
                 "block_pool.get_cached_block(block_hash), which returns the block or None"
             )
-        if "not iterable" in text and "KVCacheBlock" in text:
+        if "'KVCacheBlocks'" in text:  # get_computed_blocks' hit: no len(), indexing or loop of its own
+            return (
+                "new_computed_blocks is a KVCacheBlocks (one list of blocks per KV-cache group, in .blocks), not a "
+                "list: you need not look inside it. Pass it to allocate_slots as it is, and count the hit's tokens "
+                "with num_new_local_computed_tokens"
+            )
+        if "not iterable" in text and "'KVCacheBlock'" in text:
             return "you passed one block where a list (or any iterable) of blocks is expected: wrap it, [block]"
         if "not iterable" in text:
             return "something you loop over is not a collection (a single value, or None): check what you pass"

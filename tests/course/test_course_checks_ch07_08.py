@@ -734,6 +734,20 @@ def test_ch08_schedule_waiting_names_mistakes_learner_passes_got_other_hints_for
     rejects(check_schedule_waiting, _with_mistake(mistake), expected_message)
 
 
+@pytest.mark.parametrize("look_inside", [len, list, lambda blocks: blocks[0]], ids=["len", "list", "index"])
+def test_ch08_schedule_waiting_names_a_hit_treated_as_a_list(look_inside):
+    """A learner pass: len(), list() or [0] of the KVCacheBlocks hit got "make a list first" and "wrap it,
+    [block]", hints that contradict each other and name neither the hit nor its token count."""
+
+    def counts_the_hit_itself(scheduler, token_budget, output):
+        request = scheduler.waiting[0]
+        look_inside(scheduler.kv_cache_manager.get_computed_blocks(request)[0])
+        return _schedule_waiting(scheduler, token_budget, output)
+
+    message = rejects(check_schedule_waiting, counts_the_hit_itself, "new_computed_blocks is a KVCacheBlocks")
+    assert "num_new_local_computed_tokens" in message and "wrap it" not in message and "make a list" not in message
+
+
 def test_ch08_a_fixed_scenario_catches_the_missing_budget_guard():
     """Not left to a random scenario: the fixed one in which a prompt spends the whole budget catches it."""
 
